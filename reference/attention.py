@@ -1,0 +1,40 @@
+"""The attention oracle every attention comparison in the project uses."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """Plain softmax attention with GQA.
+
+    q: [B, H, T_q, d]; k, v: [B, H_kv, T_k, d] with H a multiple of H_kv. Query head h
+    reads KV head h // (H / H_kv). scale defaults to 1 / sqrt(d). With causal=True the
+    queries are the last T_q positions of the T_k keys (bottom-right aligned), so query j
+    sees keys 0 .. T_k - T_q + j. upcast=True computes in float32 (the oracle); upcast=False
+    computes in q's dtype, which is how the low-precision error of the same math is measured.
+    Returns [B, H, T_q, d] in q's dtype.
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    dtype = torch.float32 if upcast else q.dtype
+    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
+    kc = kc.repeat_interleave(n_rep, dim=1)
+    vc = vc.repeat_interleave(n_rep, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+    if causal:
+        t_q, t_k = q.shape[2], k.shape[2]
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.matmul(probs, vc).to(q.dtype)

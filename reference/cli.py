@@ -1,0 +1,111 @@
+"""`python -m reference`: storage and bit-width tables computed from the analytic model.
+
+Every number printed here is computed from `reference.storage` (formula), not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+from tabulate import tabulate
+
+from .config import PNMixConfig
+from .models import MODEL_SHAPES
+from .storage import bit_widths, storage_model
+
+GIB = 1024**3
+
+
+def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
+    return PNMixConfig(
+        b_high=args.b_high,
+        b_low=args.b_low,
+        ratio=args.ratio,
+        group_size=args.group_size,
+        residual_length=args.residual_length,
+        n_sink=args.n_sink,
+        value_bits=args.value_bits,
+        value_group_size=args.value_group_size,
+    )
+
+
+def _label(cfg: PNMixConfig) -> str:
+    return f"H{cfg.b_high}({cfg.ratio:.0%})L{cfg.b_low} G{cfg.group_size} V{cfg.value_bits}"
+
+
+def bits_rows(configs: list[PNMixConfig], head_dim: int, n_quantized: int) -> list[list]:
+    """One row per config: average bits and bytes per token per KV head (residual excluded)."""
+    rows = []
+    for cfg in configs:
+        bw = bit_widths(cfg, head_dim, n_quantized)
+        per_token = (bw.key_total + bw.value_effective) * head_dim / 8
+        rows.append([_label(cfg), bw.key_effective, bw.key_metadata, bw.key_total, bw.value_effective, per_token])
+    return rows
+
+
+def model_rows(configs: list[PNMixConfig], model: str, batch: int, length: int) -> list[list]:
+    """KV-cache bytes of every layer of `model` holding `length` tokens for each of `batch` sequences."""
+    shape = MODEL_SHAPES[model]
+    fp16 = 2 * shape.layers * batch * shape.kv_heads * length * shape.head_dim * 2
+    rows = [["FP16", fp16 / GIB, 1.0]]
+    for cfg in configs:
+        report = storage_model(cfg, batch, shape.kv_heads, shape.head_dim, length, torch.float16)
+        total = shape.layers * report.total
+        rows.append([_label(cfg), total / GIB, fp16 / total])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = PNMixConfig()
+    parser = argparse.ArgumentParser(prog="python -m reference", description=__doc__)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--b-high", type=int, default=defaults.b_high)
+    parser.add_argument("--b-low", type=int, default=defaults.b_low)
+    parser.add_argument("--ratio", type=float, default=defaults.ratio)
+    parser.add_argument("--group-size", type=int, default=defaults.group_size)
+    parser.add_argument("--residual-length", type=int, default=defaults.residual_length)
+    parser.add_argument("--n-sink", type=int, default=defaults.n_sink)
+    parser.add_argument("--value-bits", type=int, default=defaults.value_bits)
+    parser.add_argument("--value-group-size", type=int, default=None)
+    parser.add_argument("--n-quantized", type=int, default=32768, help="T_q of the bit-width convention")
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default="Qwen3-8B")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=8192 + 141, help="tokens per sequence")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also show the paper's Table 14 bit-width sweep next to the config"
+    )
+    args = parser.parse_args(argv)
+    try:
+        configs = [_config_from_args(args)]
+        if args.sweep:
+            base = configs[0]
+            configs += [
+                dataclasses.replace(base, b_high=h, b_low=lo)
+                for h, lo in ((4, 2), (4, 1), (3, 2), (2, 1), (2, 2))
+                if (h, lo) != (base.b_high, base.b_low)
+            ]
+        bits = bits_rows(configs, args.head_dim, args.n_quantized)
+        models = model_rows(configs, args.model, args.batch, args.length)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    print(
+        f"Average bits per element, head_dim {args.head_dim}, T_q = {args.n_quantized}, "
+        "residual excluded (computed from reference.storage)\n"
+    )
+    headers = ["config", "key bits", "mask bits", "key bits total", "value bits", "bytes/token/KV head"]
+    print(tabulate(bits, headers=headers, tablefmt="github", floatfmt=("", ".4f", ".2e", ".4f", ".4f", ".2f")))
+    shape = MODEL_SHAPES[args.model]
+    print(
+        f"\nKV cache of {shape.name} ({shape.layers} layers, {shape.kv_heads} KV heads, head_dim "
+        f"{shape.head_dim}; {shape.source}), batch {args.batch}, {args.length} tokens each, "
+        "residual and sinks included (computed)\n"
+    )
+    print(tabulate(models, headers=["cache", "GiB", "FP16 / this"], tablefmt="github", floatfmt=".3f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The storage CLI prints numbers from the analytic model; docstring examples run."""
+
+import doctest
+import importlib
+
+import pytest
+
+from reference import PNMixConfig, bit_widths, storage_model
+from reference.cli import main
+
+
+def test_cli_prints_the_worked_example_and_model_bytes(capsys):
+    assert main(["--model", "Qwen3-8B", "--batch", "32", "--length", "8333"]) == 0
+    out = capsys.readouterr().out
+    assert "| H3(50%)L1 G128 V2 |     2.2634 |" in out
+    gib = 36 * storage_model(PNMixConfig(), 32, 8, 128, 8333).total / 1024**3
+    assert f"{gib:.3f}" in out
+    assert f"{2 * 36 * 32 * 8 * 8333 * 128 * 2 / 1024**3:.3f}" in out
+
+
+def test_cli_sweep_lists_other_bit_widths(capsys):
+    main(["--sweep", "--head-dim", "64"])
+    out = capsys.readouterr().out
+    assert "H4(50%)L2" in out and "H2(50%)L1" in out
+    assert f"{bit_widths(PNMixConfig(b_high=4, b_low=2), 64).key_effective:.4f}" in out
+
+
+def test_cli_rejects_bad_config_with_the_config_message(capsys):
+    with pytest.raises(SystemExit):
+        main(["--ratio", "2"])
+    assert "ratio must be in [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["reference.quant", "reference.packing", "reference.storage"])
+def test_docstring_examples(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0

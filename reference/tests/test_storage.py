@@ -1,0 +1,76 @@
+"""Storage accounting: the paper's worked example, hand-computed bytes, layout rule."""
+
+import pytest
+import torch
+
+from reference import PNMixConfig, bit_widths, measure, storage_model, token_layout
+
+
+def test_paper_worked_example_2263_bits():
+    bw = bit_widths(PNMixConfig(), head_dim=128)
+    assert bw.key_effective == pytest.approx((32768 * 2.25 + 32 * 16) / 32800, rel=1e-12)
+    assert round(bw.key_effective, 3) == 2.263
+    # The pair mask: 64 pairs -> 8 bytes per KV head, metadata on top of the effective cost.
+    assert bw.key_metadata == pytest.approx(64 / (32800 * 128), rel=1e-12)
+    assert bw.key_total == pytest.approx(bw.key_effective + bw.key_metadata)
+
+
+def test_value_bits_of_the_main_config_and_unquantized_values():
+    assert bit_widths(PNMixConfig(), 128).value_effective == pytest.approx((32768 * 2.25 + 32 * 16) / 32800)
+    assert bit_widths(PNMixConfig(value_bits=16), 128).value_effective == pytest.approx(16.0)
+
+
+def test_stored_field_widths_count_what_is_stored():
+    # H4(50%)L1 stores a 1-bit low plane and a 3-bit high field in 4 bits: 1 + 0.5 * 4 = 3 payload bits.
+    bw = bit_widths(PNMixConfig(b_high=4, b_low=1, n_sink=0), 128)
+    assert bw.key_effective == pytest.approx(3.0 + 0.25)
+
+
+@pytest.mark.parametrize(
+    ("length", "expected"),
+    [(0, (0, 0, 0)), (1, (1, 0, 0)), (32, (32, 0, 0)), (33, (32, 0, 1)), (160, (32, 128, 0)), (300, (32, 256, 12))],
+)
+def test_token_layout_default(length, expected):
+    assert tuple(token_layout(PNMixConfig(), length)) == expected
+
+
+def test_token_layout_residual_of_several_groups():
+    cfg = PNMixConfig(group_size=16, residual_length=64, n_sink=4)
+    assert tuple(token_layout(cfg, 4 + 63)) == (4, 0, 63)
+    assert tuple(token_layout(cfg, 4 + 64)) == (4, 64, 0)
+    assert tuple(token_layout(cfg, 4 + 200)) == (4, 192, 8)
+
+
+def test_storage_model_hand_computed():
+    # B=2, H_kv=3, d=16, 300 tokens, G=N=128, fp16: 32 sinks, 256 quantized, 12 residual.
+    r = storage_model(PNMixConfig(), 2, 3, 16, 300)
+    n = 2 * 3
+    assert r.key_low == n * 256 * 16 // 8
+    assert r.key_high == n * (256 * 2 // 8) * 8  # 4 salient pairs -> 8 channels, 2-bit fields
+    assert r.key_scale == r.key_zero == n * 2 * 16 * 2
+    assert r.sink_key == r.sink_value == n * 32 * 16 * 2
+    assert r.residual_key == r.residual_value == n * 12 * 16 * 2
+    assert r.mask == n * 1
+    assert r.value_payload == n * 256 * 16 * 2 // 8
+    assert r.value_scale == r.value_zero == n * 256 * 1 * 2
+    assert r.total == sum(r.as_dict().values())
+
+
+def test_storage_model_follows_dtypes():
+    base = storage_model(PNMixConfig(), 1, 1, 16, 300)
+    f32 = storage_model(PNMixConfig(scale_dtype=torch.float32), 1, 1, 16, 300, dtype=torch.float32)
+    assert f32.key_scale == 2 * base.key_scale and f32.sink_key == 2 * base.sink_key
+    unq = storage_model(PNMixConfig(value_bits=16), 1, 1, 16, 300)
+    assert unq.value_payload == 256 * 16 * 2 and unq.value_scale == 0
+
+
+def test_measure_sums_bytes_by_component():
+    r = measure({"mask": torch.zeros(3, dtype=torch.uint8), "sink_key": [torch.zeros(2, dtype=torch.float16)] * 2})
+    assert r.mask == 3 and r.sink_key == 8 and r.total == 11
+    with pytest.raises(ValueError, match="unknown storage components"):
+        measure({"keys": torch.zeros(1)})
+
+
+def test_bit_widths_needs_an_empty_residual():
+    with pytest.raises(ValueError, match="n_quantized"):
+        bit_widths(PNMixConfig(), 128, n_quantized=1000)

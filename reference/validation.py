@@ -1,0 +1,97 @@
+"""Input checks shared by every cache implementation: errors name the argument and what was expected."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import PNMixConfig, check_head_dim
+
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_tensor(name: str, t: object, ndim: int = 4) -> torch.Tensor:
+    """A floating [B, H, T, d] tensor of a supported dtype (finiteness is `check_finite`)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims [batch, heads, tokens, head_dim], got shape {tuple(t.shape)}")
+    if t.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    return t
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf")
+
+
+def check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what: str) -> None:
+    """All tensors share `what` ('dtype' or 'device')."""
+    values = [getattr(t, what) for t in tensors]
+    if any(v != values[0] for v in values):
+        pairs = ", ".join(f"{n}: {v}" for n, v in zip(names, values, strict=True))
+        raise ValueError(f"{', '.join(names)} must share one {what}, got {pairs}")
+
+
+def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig) -> None:
+    """Values must fit the scale/zero storage dtype, or the stored zero would overflow."""
+    limit = torch.finfo(config.scale_dtype).max
+    if t.numel() and float(t.float().abs().max()) > limit:
+        raise ValueError(
+            f"{name} has magnitude {float(t.float().abs().max()):.4g}, above the largest "
+            f"{config.scale_dtype} scale/zero ({limit:.4g}); use a wider scale_dtype"
+        )
+
+
+def check_kv(k: object, v: object, config: PNMixConfig) -> None:
+    """Keys and values [B, H_kv, T, d] of one shape, dtype and device, T >= 1."""
+    check_tensor("k", k)
+    check_tensor("v", v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    check_same(("k", "v"), (k, v), "dtype")
+    check_same(("k", "v"), (k, v), "device")
+    if k.shape[2] < 1:
+        raise ValueError("k and v must hold at least one token (dim 2), got 0")
+    check_head_dim(config, k.shape[-1])
+    check_finite("k", k)
+    check_finite("v", v)
+    check_quantizable("k", k, config)
+    if config.values_quantized:
+        check_quantizable("v", v, config)
+
+
+def check_prefill(q: object, k: object, v: object, config: PNMixConfig) -> None:
+    """Prefill q [B, H, T, d] with k, v [B, H_kv, T, d]; H a multiple of H_kv."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    check_same(("q", "k", "v"), (q, k, v), "device")
+    check_same(("q", "k", "v"), (q, k, v), "dtype")
+    check_kv(k, v, config)
+    check_finite("q", q)
+    check_query_heads(q, k.shape[0], k.shape[1], k.shape[-1])
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must cover the same prefill tokens (dim 2), got {q.shape[2]} and {k.shape[2]}")
+
+
+def check_query_heads(q: torch.Tensor, batch: int, kv_heads: int, head_dim: int) -> None:
+    """q's batch and head_dim match the cache and its heads are a multiple of the KV heads."""
+    if q.shape[0] != batch:
+        raise ValueError(f"q batch (dim 0) must be {batch}, got {q.shape[0]}")
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"q head_dim (dim 3) must be {head_dim}, got {q.shape[-1]}")
+    if q.shape[1] % kv_heads:
+        raise ValueError(f"q heads (dim 1) must be a multiple of the KV heads ({kv_heads}), got {q.shape[1]}")
+
+
+def check_matches_cache(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+    """An appended tensor matches the cache's batch, heads, head_dim, dtype and device."""
+    if (t.shape[0], t.shape[1], t.shape[3]) != (shape[0], shape[1], shape[3]):
+        raise ValueError(
+            f"{name} must be [batch={shape[0]}, kv_heads={shape[1]}, tokens, head_dim={shape[3]}] "
+            f"like the cache, got {tuple(t.shape)}"
+        )
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have the cache's dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on the cache's device {device}, got {t.device}")

@@ -1,0 +1,1 @@
+"""Report generator comparing implementations and methods."""
