@@ -74,3 +74,17 @@ def test_measure_sums_bytes_by_component():
 def test_bit_widths_needs_an_empty_residual():
     with pytest.raises(ValueError, match="n_quantized"):
         bit_widths(PNMixConfig(), 128, n_quantized=1000)
+
+
+@pytest.mark.parametrize("head_dim", [4, 20, 24, 64])
+def test_measured_equals_model_for_awkward_head_dims(head_dim):
+    from reference import ReferenceCache
+
+    cfg = PNMixConfig(group_size=8, residual_length=16, n_sink=3, ratio=0.3)
+    gen = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(1, 2, 30, head_dim, generator=gen).half()
+    k, v = torch.randn(2, 1, 2, 30, head_dim, generator=gen).half()
+    cache = ReferenceCache.from_prefill(q, k, v, cfg)
+    model = storage_model(cfg, 1, 2, head_dim, 30)
+    assert cache.storage() == model
+    assert model.mask == 2 * -(-head_dim // 16)  # one bit per pair, rounded up to whole bytes
