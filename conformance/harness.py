@@ -1,0 +1,92 @@
+"""Building caches for a drawn case through the protocol, state by state (not a test module)."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from reference import ReferenceCache
+
+from . import strategies as cs
+from .api import Capabilities
+
+
+@dataclass
+class State:
+    """One moment of a scenario: the cache under test, the reference cache, the token history."""
+
+    cache: object
+    ref: ReferenceCache
+    q_prefill: torch.Tensor
+    all_k: torch.Tensor
+    all_v: torch.Tensor
+    step: int  # 0 after prefill, i after the i-th append
+
+    @property
+    def length(self) -> int:
+        return self.all_k.shape[-2]
+
+
+def fitted(impl, case: cs.Case, device: torch.device) -> cs.Case:
+    """The case fitted to the implementation's claims; skips if the device is not claimed."""
+    caps: Capabilities = impl.capabilities
+    if device.type not in caps.devices:
+        pytest.skip(f"{impl.name} does not claim device {device.type}")
+    return case.fit(caps)
+
+
+def states(impl, case: cs.Case, device: torch.device) -> Iterator[State]:
+    """Prefill, then each append of the case, yielding the state after every call."""
+    q, k, v = cs.prefill_tensors(case, device)
+    cache = impl.create(case.config)
+    cache.prefill(q, k, v)
+    ref = ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), case.config)
+    all_k, all_v = k.cpu(), v.cpu()
+    yield State(cache, ref, q.cpu(), all_k, all_v, 0)
+    for i in range(len(case.appends)):
+        new_k, new_v = cs.append_tensors(case, i, device)
+        cache.append(new_k, new_v)
+        ref.append(new_k.cpu(), new_v.cpu())
+        all_k, all_v = torch.cat([all_k, new_k.cpu()], -2), torch.cat([all_v, new_v.cpu()], -2)
+        yield State(cache, ref, q.cpu(), all_k, all_v, i + 1)
+
+
+def final_state(impl, case: cs.Case, device: torch.device) -> State:
+    *_, last = states(impl, case, device)
+    return last
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    """The raw bit pattern of a float tensor, so -0.0 and 0.0 differ (bit-identity checks)."""
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(width)
+
+
+def held_bytes(obj: object) -> int:
+    """Bytes of the distinct tensor storages reachable from obj's attributes (its own memory)."""
+    seen_objects: set[int] = set()
+    storages: dict[tuple, int] = {}
+
+    def visit(x: object) -> None:
+        if id(x) in seen_objects:
+            return
+        seen_objects.add(id(x))
+        if isinstance(x, torch.Tensor):
+            s = x.untyped_storage()
+            storages[(x.device.type, x.device.index, s.data_ptr())] = s.nbytes()
+        elif isinstance(x, dict):
+            for value in x.values():
+                visit(value)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            for value in x:
+                visit(value)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, types.FunctionType)):
+            for value in vars(x).values():
+                visit(value)
+
+    visit(obj)
+    return sum(storages.values())

@@ -1,0 +1,5 @@
+"""Built-in implementations, selectable by name with --impl."""
+
+BUILTINS = {
+    "reference": "conformance.impls.reference:make",
+}

@@ -1,0 +1,77 @@
+"""Resolve an implementation name: a built-in, an installed plug-in, or `package.module:factory`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+from .api import Capabilities, missing_names
+from .impls import BUILTINS
+
+ENTRY_POINT_GROUP = "pnmix.implementations"
+
+
+class NotDefined(Exception):
+    """Raised when the suite calls a protocol name the implementation does not define."""
+
+
+class _Stubbed:
+    """An implementation with its missing protocol names replaced by functions that say so."""
+
+    def __init__(self, impl: object, missing: list[str], origin: str) -> None:
+        self._impl, self._missing, self._origin = impl, set(missing), origin
+
+    def __getattr__(self, name: str):
+        if name in self._missing:
+            if name == "capabilities":
+                return Capabilities()
+            if name in ("name", "version"):
+                return getattr(self._impl, "__name__", self._origin) if name == "name" else "unknown"
+
+            def stub(*args, **kwargs):
+                raise NotDefined(f"{name} is not defined in {self._origin}")
+
+            return stub
+        return getattr(self._impl, name)
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_names() -> list[str]:
+    return sorted(set(BUILTINS) | set(_entry_points()))
+
+
+def load(name: str) -> object:
+    """The implementation object named `name`; ValueError with the choices if unknown."""
+    if name in BUILTINS:
+        obj, origin = _import(BUILTINS[name]), BUILTINS[name]
+    elif ":" in name:
+        obj, origin = _import(name), name
+    else:
+        eps = _entry_points()
+        if name not in eps:
+            raise ValueError(
+                f"unknown implementation {name!r}: expected one of {available_names()}, a plug-in registered "
+                f"under the entry-point group {ENTRY_POINT_GROUP!r}, or an import path 'package.module:factory'"
+            )
+        obj, origin = eps[name].load(), f"{ENTRY_POINT_GROUP}:{name}"
+    # A class or a factory function is called; an implementation object is used as it is.
+    impl = obj() if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "create")) else obj
+    missing = missing_names(impl)
+    return _Stubbed(impl, missing, origin) if missing else impl
+
+
+def _import(target: str) -> object:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"an import path must look like 'package.module:factory', got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import {module_name!r} for implementation {target!r}: {err}") from err
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{module_name!r} has no attribute {attr!r} (implementation {target!r})") from None

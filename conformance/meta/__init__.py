@@ -1,0 +1,1 @@
+"""Self-checks of the suite: deliberately broken implementations that the properties must catch."""

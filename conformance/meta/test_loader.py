@@ -1,0 +1,48 @@
+"""Selecting implementations: built-ins, import paths, clear errors, stubs for missing names."""
+
+import pytest
+
+from conformance import loader
+from conformance.api import Capabilities, missing_names
+
+
+class Partial:
+    """An implementation that defines only part of the protocol."""
+
+    name = "partial"
+    version = "0"
+    capabilities = Capabilities()
+
+    def create(self, config):
+        return None
+
+
+def test_builtin_reference_satisfies_the_protocol():
+    impl = loader.load("reference")
+    assert impl.name == "reference" and missing_names(impl) == []
+
+
+def test_import_path_factory_and_class():
+    assert loader.load("conformance.meta.mutants:accepts_nan").name == "accepts_nan"
+    assert loader.load("conformance.meta.test_loader:Partial").name == "partial"
+
+
+def test_missing_names_become_stubs_that_say_so():
+    impl = loader.load("conformance.meta.test_loader:Partial")
+    with pytest.raises(loader.NotDefined, match=r"pack_mask is not defined in conformance\.meta\.test_loader:Partial"):
+        impl.pack_mask(None)
+    assert impl.create(None) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no-such-impl", "unknown implementation 'no-such-impl'"),
+        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("conformance.impls.reference:nothing", "has no attribute 'nothing'"),
+        (":make", "must look like 'package.module:factory'"),
+    ],
+)
+def test_bad_names_are_explained(name, message):
+    with pytest.raises(ValueError, match=message):
+        loader.load(name)

@@ -1,0 +1,227 @@
+"""Every hypothesis strategy of the suite, bounded, in one module (imported as `cs`).
+
+A drawn `Case` is concrete (a config, shapes, token counts, a data seed and a value kind),
+so awkward sizes can be pinned with `@example(case=Case(...))`. `Case.fit(capabilities)`
+maps a case onto what an implementation claims (deterministically, no filtering), so the
+same draws serve every implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from hypothesis import strategies as st
+
+from reference import PNMixConfig
+from reference.config import check_head_dim
+
+from .api import Capabilities
+
+MAX_BATCH = 3
+MAX_KV_HEADS = 3
+MAX_REP = 8  # GQA group sizes 1..8
+HEAD_DIMS = (4, 8, 12, 16, 20, 24, 32)
+GROUP_SIZES = (8, 16)
+RATIOS = (0.0, 0.1, 0.25, 0.3, 0.5, 0.75, 1.0)
+SINKS = (0, 1, 3, 8)
+FP16_SAFE = 60000.0  # below float16's largest finite value even after rounding to bfloat16
+
+#: Value kinds. "moderate" kinds keep attention logits finite in float16.
+KINDS = ("normal", "constant", "near_constant", "wide_range", "extremes", "subnormal", "signed_zeros")
+MODERATE_KINDS = ("normal", "constant", "near_constant", "wide_range")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    config: PNMixConfig
+    batch: int
+    kv_heads: int
+    n_rep: int
+    head_dim: int
+    dtype: torch.dtype
+    prompt: int  # prefill tokens
+    appends: tuple[int, ...]  # tokens per later append call
+    seed: int
+    kind: str = "normal"
+
+    @property
+    def heads(self) -> int:
+        return self.kv_heads * self.n_rep
+
+    @property
+    def total(self) -> int:
+        return self.prompt + sum(self.appends)
+
+    def fit(self, caps: Capabilities) -> Case:
+        """The nearest case within `caps` (same seed and kind)."""
+        cfg = self.config
+        key_bits = sorted(caps.key_bits, key=lambda hb: (abs(hb[0] - cfg.b_high) + abs(hb[1] - cfg.b_low), hb))[0]
+        value_bits = sorted(caps.value_bits, key=lambda b: (abs(b - cfg.value_bits), b))[0]
+        cfg = dataclasses.replace(
+            cfg,
+            b_high=key_bits[0],
+            b_low=key_bits[1],
+            value_bits=value_bits,
+            scale_dtype=cfg.scale_dtype if cfg.scale_dtype in caps.scale_dtypes else caps.scale_dtypes[0],
+            pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts else caps.pair_layouts[0],
+            n_sink=cfg.n_sink if caps.sinks else 0,
+        )
+        head_dim = self.head_dim
+        if head_dim > caps.max_head_dim or not _head_dim_ok(cfg, head_dim):
+            head_dim = max(d for d in HEAD_DIMS if d <= caps.max_head_dim and _head_dim_ok(cfg, d))
+        prompt = min(self.prompt, caps.max_tokens)
+        appends, room = [], caps.max_tokens - prompt
+        for n in self.appends:
+            if room <= 0:
+                break
+            appends.append(min(n, room))
+            room -= appends[-1]
+        dtype = self.dtype if self.dtype in caps.dtypes else caps.dtypes[0]
+        return dataclasses.replace(
+            self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
+        )
+
+
+def _head_dim_ok(cfg: PNMixConfig, head_dim: int) -> bool:
+    try:
+        check_head_dim(cfg, head_dim)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def configs(draw, *, n_sink: int | None = None) -> PNMixConfig:
+    """Configurations of the paper's sweep (Table 14) at small group sizes."""
+    b_low = draw(st.sampled_from((1, 2, 3, 4)))
+    b_high = draw(st.sampled_from([b for b in (1, 2, 3, 4, 8) if b >= b_low]))
+    group = draw(st.sampled_from(GROUP_SIZES))
+    return PNMixConfig(
+        b_high=b_high,
+        b_low=b_low,
+        ratio=draw(st.sampled_from(RATIOS)),
+        group_size=group,
+        residual_length=group * draw(st.sampled_from((1, 2))),
+        n_sink=draw(st.sampled_from(SINKS)) if n_sink is None else n_sink,
+        value_bits=draw(st.sampled_from((2, 1, 4, 8, 16))),
+        value_group_size=draw(st.sampled_from((None, 8))),
+        pair_layout=draw(st.sampled_from(("split", "adjacent"))),
+        scale_dtype=draw(st.sampled_from((torch.float16, torch.float32, torch.bfloat16))),
+    )
+
+
+@st.composite
+def cases(
+    draw,
+    *,
+    kinds: tuple[str, ...] = MODERATE_KINDS,
+    max_prompt: int = 160,
+    max_appends: int = 6,
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32),
+    n_sink: int | None = None,
+) -> Case:
+    """A whole scenario: config, shapes, prompt length, a split of later appends, data."""
+    cfg = draw(configs(n_sink=n_sink))
+    head_dim = draw(st.sampled_from([d for d in HEAD_DIMS if _head_dim_ok(cfg, d)]))
+    appends = draw(st.lists(st.integers(1, 2 * cfg.residual_length + 3), max_size=max_appends))
+    return Case(
+        config=cfg,
+        batch=draw(st.integers(1, MAX_BATCH)),
+        kv_heads=draw(st.integers(1, MAX_KV_HEADS)),
+        n_rep=draw(st.integers(1, MAX_REP)),
+        head_dim=head_dim,
+        dtype=draw(st.sampled_from(dtypes)),
+        prompt=draw(st.integers(1, max_prompt)),
+        appends=tuple(appends),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        kind=draw(st.sampled_from(kinds)),
+    )
+
+
+def values(shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int) -> torch.Tensor:
+    """Adversarial but finite values of one kind, reproducible from the seed."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda: torch.randn(shape, generator=gen)  # noqa: E731
+    unif = lambda: torch.rand(shape, generator=gen)  # noqa: E731
+    if kind == "unit":
+        x = rand()
+    elif kind == "normal":
+        x = rand() * float(torch.tensor([0.05, 1.0, 8.0])[seed % 3])
+    elif kind == "constant":  # every key group and every value group constant
+        x = torch.full(shape, float(rand().flatten()[0]) * 3)
+    elif kind == "near_constant":  # a few float16 ulps around one value
+        x = 1.5 + torch.randint(-2, 3, shape, generator=gen) * 2.0**-10
+    elif kind == "wide_range":  # five decades; |x| < ~500 keeps float16 attention logits finite
+        x = rand() * torch.pow(10.0, unif() * 5 - 3)
+    elif kind == "extremes":
+        choices = torch.tensor([FP16_SAFE, -FP16_SAFE, 0.0, 1.0, -1.0, 2.0**-14])
+        x = choices[torch.randint(0, len(choices), shape, generator=gen)]
+    elif kind == "subnormal":  # float16 subnormals and their neighbours
+        x = (torch.randint(-1023, 1024, shape, generator=gen) * 2.0**-24).where(unif() < 0.9, rand() * 2.0**-14)
+    elif kind == "signed_zeros":
+        x = torch.where(unif() < 0.5, torch.zeros(shape), rand())
+    else:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
+    x = x.to(dtype)
+    # -0.0 wherever a zero landed in half of the cases: bit-exact paths must keep its sign.
+    if seed % 2:
+        x = torch.where((x == 0) & (unif() < 0.5), torch.tensor(-0.0, dtype=dtype), x)
+    return x
+
+
+def prefill_tensors(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B, H, P, d], k and v [B, H_kv, P, d] of the prompt."""
+    q = values((case.batch, case.heads, case.prompt, case.head_dim), case.dtype, _q_kind(case.kind), case.seed)
+    k = values((case.batch, case.kv_heads, case.prompt, case.head_dim), case.dtype, case.kind, case.seed + 1)
+    v = values((case.batch, case.kv_heads, case.prompt, case.head_dim), case.dtype, case.kind, case.seed + 2)
+    return q.to(device), k.to(device), v.to(device)
+
+
+def append_tensors(case: Case, index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v of the index-th append call."""
+    shape = (case.batch, case.kv_heads, case.appends[index], case.head_dim)
+    seed = case.seed + 1000 * (index + 1)
+    return values(shape, case.dtype, case.kind, seed).to(device), values(shape, case.dtype, case.kind, seed + 1).to(
+        device
+    )
+
+
+def decode_queries(case: Case, n: int, device) -> torch.Tensor:
+    """n new queries [B, H, n, d]."""
+    shape = (case.batch, case.heads, n, case.head_dim)
+    return values(shape, case.dtype, _q_kind(case.kind), case.seed + 7).to(device)
+
+
+def _q_kind(kind: str) -> str:
+    # Queries stay moderate (unit normal): saliency needs distinct norms, and attention logits
+    # must stay finite when the reference computes them in float16.
+    return "unit"
+
+
+# Bad inputs for the error property: (what to break, expected error type, message fragment).
+BAD_APPENDS = (
+    ("nan_in_k", ValueError, "k contains NaN or Inf"),
+    ("inf_in_v", ValueError, "v contains NaN or Inf"),
+    ("wrong_kv_heads", ValueError, "kv_heads"),
+    ("wrong_batch", ValueError, "batch"),
+    ("wrong_head_dim", ValueError, "head_dim"),
+    ("wrong_dtype", TypeError, "dtype"),
+    ("k_v_mismatch", ValueError, "same shape"),
+    ("no_tokens", ValueError, "at least one token"),
+    ("not_a_tensor", TypeError, "torch.Tensor"),
+)
+BAD_PREFILLS = (
+    ("odd_head_dim", ValueError, "head_dim must be even"),
+    ("heads_not_multiple", ValueError, "multiple of the KV heads"),
+    ("nan_in_q", ValueError, "q contains NaN or Inf"),
+    ("float64", TypeError, "float16, bfloat16 or float32"),
+    ("batch_mismatch", ValueError, "batch"),
+    ("length_mismatch", ValueError, "same prefill tokens"),
+)
+BAD_QUERIES = (
+    ("too_many_queries", ValueError, "holds only"),
+    ("nan_in_q", ValueError, "q contains NaN or Inf"),
+    ("wrong_head_dim", ValueError, "head_dim"),
+    ("wrong_dtype", TypeError, "dtype"),
+)

@@ -1,0 +1,60 @@
+"""Property 2: every 1-bit channel of every group reconstructs only to its bin midpoints
+(3 min + max) / 4 or (min + 3 max) / 4 (Eq. 7), and each value goes to the nearer one."""
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import example, given
+
+from conformance import strategies as cs
+from conformance.harness import final_state, fitted
+from conformance.tolerances import float32_slack, spacing
+from reference import PNMixConfig, token_layout
+
+ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=3)
+
+
+@given(case=cs.cases(kinds=cs.KINDS))
+@example(case=cs.Case(ONE_BIT, 2, 2, 3, 16, torch.float16, 37, (5, 16), 11, "normal"))
+@example(case=cs.Case(ONE_BIT, 1, 1, 1, 8, torch.float16, 19, (), 3, "constant"))
+@example(case=cs.Case(ONE_BIT, 1, 3, 2, 12, torch.bfloat16, 33, (9,), 4, "extremes"))
+def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, case):
+    if not impl.capabilities.midpoint_one_bit:
+        pytest.skip(f"{impl.name} does not claim Eq. 7 midpoints for 1-bit groups")
+    case = dataclasses.replace(case, config=dataclasses.replace(case.config, b_low=1))
+    case = fitted(impl, case, device)
+    cfg = case.config
+    if cfg.b_low != 1:
+        pytest.skip(f"{impl.name} claims no 1-bit channels")
+    state = final_state(impl, case, device)
+    n_sink, n_q, _ = token_layout(cfg, state.length)
+    if n_q == 0:
+        return
+    one_bit = ~state.cache.pair_mask.cpu() if cfg.b_high > 1 else torch.ones_like(state.cache.pair_mask.cpu())
+    channels = _channels(one_bit, cfg.pair_layout)  # [B, H_kv, d] bool
+    x = state.all_k[..., n_sink : n_sink + n_q, :].double()
+    x_hat = state.cache.dequantize()[0].cpu()[..., n_sink : n_sink + n_q, :].double()
+    groups = x.unflatten(-2, (n_q // cfg.group_size, cfg.group_size))
+    lo, hi = groups.amin(-2, keepdim=True), groups.amax(-2, keepdim=True)
+    low_level, high_level = (3 * lo + hi) / 4, (lo + 3 * hi) / 4
+    got = x_hat.unflatten(-2, groups.shape[-3:-1])
+    # The stored scale and zero are rounded to scale_dtype: levels move by at most that rounding.
+    zero, scale = lo + (hi - lo) / 4, (hi - lo) / 2
+    tol = spacing(zero, cfg.scale_dtype) + spacing(scale, cfg.scale_dtype) + float32_slack(lo, hi)
+    near_low = (got - low_level).abs() <= tol
+    near_high = (got - high_level).abs() <= tol
+    sel = channels.unsqueeze(-2).unsqueeze(-2).expand_as(got)
+    assert bool((near_low | near_high)[sel].all()), "a 1-bit value reconstructs to neither bin midpoint"
+    # Nearer level: only values farther than the tolerance from the midpoint between levels count.
+    mid = (lo + hi) / 2
+    clearly_low = sel & (groups < mid - tol)
+    clearly_high = sel & (groups > mid + tol)
+    assert bool(near_low[clearly_low].all()), "a value below the group midpoint went to the upper level"
+    assert bool(near_high[clearly_high].all()), "a value above the group midpoint went to the lower level"
+
+
+def _channels(pair_mask: torch.Tensor, layout: str) -> torch.Tensor:
+    from reference import channel_mask_from_pairs
+
+    return channel_mask_from_pairs(pair_mask, layout)

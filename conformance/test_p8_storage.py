@@ -1,0 +1,32 @@
+"""Property 8: the storage report equals the reference's analytic model byte for byte, and
+the bytes of the tensors the cache actually holds."""
+
+import pytest
+import torch
+from hypothesis import example, given
+
+from conformance import strategies as cs
+from conformance.harness import fitted, held_bytes, states
+from reference import PNMixConfig, storage_model
+
+
+@given(case=cs.cases())
+@example(case=cs.Case(PNMixConfig(group_size=8, residual_length=8), 2, 3, 1, 20, torch.float16, 45, (7, 1), 1))
+@example(case=cs.Case(PNMixConfig(value_bits=16, n_sink=0), 1, 1, 2, 4, torch.bfloat16, 129, (1,), 2))
+def test_storage_report_is_exact(impl, device, case):
+    case = fitted(impl, case, device)
+    for state in states(impl, case, device):
+        report = state.cache.storage()
+        model = storage_model(case.config, case.batch, case.kv_heads, case.head_dim, state.length, case.dtype)
+        assert report == model, f"step {state.step}: report {report} differs from the analytic model {model}"
+
+
+@given(case=cs.cases())
+@example(case=cs.Case(PNMixConfig(group_size=8, residual_length=8, n_sink=3), 1, 2, 1, 16, torch.float16, 30, (9,), 3))
+def test_storage_report_counts_the_tensors_held(impl, device, case):
+    if not impl.capabilities.storage_introspectable:
+        pytest.skip(f"{impl.name} holds memory the suite cannot see from the cache object")
+    case = fitted(impl, case, device)
+    for state in states(impl, case, device):
+        held = held_bytes(state.cache)
+        assert state.cache.storage().total == held, f"step {state.step}: report total != {held} bytes held"

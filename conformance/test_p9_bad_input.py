@@ -1,0 +1,119 @@
+"""Property 9: each documented bad input raises the documented error, naming the argument,
+and a rejected call leaves the cache exactly as it was."""
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from conformance import strategies as cs
+from conformance.harness import bits_of, final_state, fitted
+from reference import PNMixConfig
+
+CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
+
+
+def observe(cache) -> dict:
+    """Everything the protocol can see of a cache."""
+    k, v = cache.dequantize()
+    return {
+        "length": cache.length,
+        "saliency": cache.saliency_computations,
+        "storage": cache.storage(),
+        "mask": cache.pair_mask.clone(),
+        "k": bits_of(k).clone(),
+        "v": bits_of(v).clone(),
+    }
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    for key, value in before.items():
+        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
+        assert same, f"a rejected call changed the cache's {key}"
+
+
+def bad_append(what, k, v):
+    if what == "nan_in_k":
+        return k.clone().index_fill_(2, torch.tensor([0], device=k.device), float("nan")), v
+    if what == "inf_in_v":
+        return k, v.clone().index_fill_(2, torch.tensor([0], device=v.device), float("inf"))
+    if what == "wrong_kv_heads":
+        return torch.cat([k, k], 1), torch.cat([v, v], 1)
+    if what == "wrong_batch":
+        return torch.cat([k, k], 0), torch.cat([v, v], 0)
+    if what == "wrong_head_dim":
+        return k[..., :-2], v[..., :-2]
+    if what == "wrong_dtype":
+        other = torch.float32 if k.dtype != torch.float32 else torch.float16
+        return k.to(other), v.to(other)
+    if what == "k_v_mismatch":
+        return k, torch.cat([v, v], 2)
+    if what == "no_tokens":
+        return k[..., :0, :], v[..., :0, :]
+    if what == "not_a_tensor":
+        return k.tolist(), v
+    raise AssertionError(what)
+
+
+def bad_prefill(what, q, k, v):
+    if what == "odd_head_dim":
+        return q[..., :-1], k[..., :-1], v[..., :-1]
+    if what == "heads_not_multiple":  # 3 query heads over 2 KV heads
+        return torch.cat([q[:, :1]] * 3, 1), torch.cat([k[:, :1]] * 2, 1), torch.cat([v[:, :1]] * 2, 1)
+    if what == "nan_in_q":
+        return q.clone().fill_(float("nan")), k, v
+    if what == "float64":
+        return q.double(), k.double(), v.double()
+    if what == "batch_mismatch":
+        return torch.cat([q, q], 0), k, v
+    if what == "length_mismatch":
+        return torch.cat([q, q], 2), k, v
+    raise AssertionError(what)
+
+
+def bad_query(what, q, length):
+    if what == "too_many_queries":
+        return torch.cat([q] * (length // q.shape[2] + 1), 2)
+    if what == "nan_in_q":
+        return q.clone().fill_(float("nan"))
+    if what == "wrong_head_dim":
+        return q[..., :-2]
+    if what == "wrong_dtype":
+        return q.to(torch.float32 if q.dtype != torch.float32 else torch.float16)
+    raise AssertionError(what)
+
+
+@given(case=cs.cases(max_appends=2), bad=st.sampled_from(cs.BAD_APPENDS))
+@example(case=cs.Case(CFG, 1, 2, 2, 8, torch.float16, 20, (3,), 1), bad=cs.BAD_APPENDS[0])
+def test_bad_append_is_rejected_and_changes_nothing(impl, device, case, bad):
+    what, error, fragment = bad
+    case = fitted(impl, case, device)
+    state = final_state(impl, case, device)
+    before = observe(state.cache)
+    k, v = bad_append(what, *cs.append_tensors(cs.Case(**{**case.__dict__, "appends": (3,)}), 0, device))
+    with pytest.raises(error, match=fragment):
+        state.cache.append(k, v)
+    assert_unchanged(before, observe(state.cache))
+
+
+@given(case=cs.cases(max_appends=0), bad=st.sampled_from(cs.BAD_PREFILLS))
+@example(case=cs.Case(CFG, 1, 2, 2, 8, torch.float16, 5, (), 2), bad=cs.BAD_PREFILLS[0])
+def test_bad_prefill_is_rejected(impl, device, case, bad):
+    what, error, fragment = bad
+    case = fitted(impl, case, device)
+    q, k, v = bad_prefill(what, *cs.prefill_tensors(case, device))
+    with pytest.raises(error, match=fragment):
+        impl.create(case.config).prefill(q, k, v)
+
+
+@given(case=cs.cases(max_appends=2), bad=st.sampled_from(cs.BAD_QUERIES))
+@example(case=cs.Case(CFG, 1, 2, 2, 8, torch.float16, 5, (), 3), bad=cs.BAD_QUERIES[0])
+def test_bad_query_is_rejected_and_changes_nothing(impl, device, case, bad):
+    what, error, fragment = bad
+    case = fitted(impl, case, device)
+    state = final_state(impl, case, device)
+    before = observe(state.cache)
+    q = bad_query(what, cs.decode_queries(case, 1, device), state.length)
+    with pytest.raises(error, match=fragment):
+        state.cache.attend(q)
+    assert_unchanged(before, observe(state.cache))
