@@ -64,6 +64,8 @@ class Cache(Protocol):
     """One layer's cache for a batch of equal-length sequences."""
 
     length: int  # tokens held per sequence
+    # Optional: `capacity` (int) for a cache preallocated to that many tokens; its storage is
+    # then compared with reference.storage_model(..., capacity=capacity).
     saliency_computations: int  # times Eq. 6 was evaluated (PN-Mix: exactly once, at prefill)
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...

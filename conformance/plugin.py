@@ -20,6 +20,7 @@ import pytest
 from reports.files import utc_stamp, write_json
 
 from . import loader
+from .impls import BUILTINS
 
 XFAIL_DIR = Path(__file__).parent / "xfails"
 _IMPLS = pytest.StashKey[list]()
@@ -33,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         help="implementation to check: a built-in name, an installed plug-in or 'package.module:factory' "
-        "(repeatable; env PNMIX_IMPL=a,b; default: reference)",
+        "(repeatable; env PNMIX_IMPL=a,b; default: every built-in)",
     )
     group.addoption("--xfails", action="append", default=[], help="extra known-failure file of node ids")
     group.addoption("--conformance-json", default=None, help="where to write the JSON result of this run")
@@ -41,7 +42,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    names = config.getoption("--impl") or [n for n in os.environ.get("PNMIX_IMPL", "").split(",") if n] or ["reference"]
+    names = config.getoption("--impl") or [n for n in os.environ.get("PNMIX_IMPL", "").split(",") if n]
+    names = names or list(BUILTINS)
     impls = []
     for name in dict.fromkeys(names):
         try:

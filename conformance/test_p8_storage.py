@@ -17,7 +17,10 @@ def test_storage_report_is_exact(impl, device, case):
     case = fitted(impl, case, device)
     for state in states(impl, case, device):
         report = state.cache.storage()
-        model = storage_model(case.config, case.batch, case.kv_heads, case.head_dim, state.length, case.dtype)
+        capacity = getattr(state.cache, "capacity", None)  # a preallocated cache reports its allocation
+        model = storage_model(
+            case.config, case.batch, case.kv_heads, case.head_dim, state.length, case.dtype, capacity=capacity
+        )
         assert report == model, f"step {state.step}: report {report} differs from the analytic model {model}"
 
 

@@ -1,6 +1,10 @@
-"""PN-Mix public API. The configuration and the storage model are the spec's (`reference`)."""
+"""PN-Mix public API: `PNMixCache` on Triton kernels. Configuration and storage model are the spec's."""
 
 from reference.config import PNMixConfig
 from reference.storage import StorageReport, bit_widths, storage_model
 
-__all__ = ["PNMixConfig", "StorageReport", "bit_widths", "storage_model"]
+__version__ = "0.1.0"
+
+from .cache import PNMixCache
+
+__all__ = ["PNMixCache", "PNMixConfig", "StorageReport", "__version__", "bit_widths", "storage_model"]

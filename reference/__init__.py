@@ -33,7 +33,17 @@ from .quant import (
     quantize_keys,
 )
 from .saliency import channel_mask_from_pairs, pair_channels, pair_norms, pair_saliency, select_salient_pairs
-from .storage import COMPONENTS, BitWidths, StorageReport, TokenLayout, bit_widths, measure, storage_model, token_layout
+from .storage import (
+    COMPONENTS,
+    BitWidths,
+    StorageReport,
+    TokenLayout,
+    allocation,
+    bit_widths,
+    measure,
+    storage_model,
+    token_layout,
+)
 
 __version__ = "0.1.0"
 
@@ -47,6 +57,7 @@ __all__ = [
     "ReferenceCache",
     "StorageReport",
     "TokenLayout",
+    "allocation",
     "asymmetric_params",
     "attention_ref",
     "bit_widths",

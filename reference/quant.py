@@ -2,7 +2,8 @@
 
 Numerics, fixed here so that every implementation reproduces the codes bit for bit:
 
-1. min and max of each group are taken in float32;
+1. min and max of each group are taken in float32, and -0.0 is read as +0.0 (x + 0.0), so
+   the sign of a zero never decides a stored bit;
 2. scale and zero are computed in float32 (Eq. 2, or Eq. 7 when b == 1) with operations
    that are exact or correctly rounded and cannot be fused differently by a compiler
    (`(max - min) * 0.25` and `* 0.5` are exact, so `min + (max - min) * 0.25` is the same
@@ -46,7 +47,8 @@ def group_min_max(x: torch.Tensor, group_size: int, dim: int) -> tuple[torch.Ten
     if n % group_size:
         raise ValueError(f"length {n} along dim {dim} is not a multiple of group_size {group_size}")
     grouped = x.float().unflatten(dim, (n // group_size, group_size))
-    return grouped.amin(dim=dim + 1), grouped.amax(dim=dim + 1)
+    # + 0.0 turns -0.0 into +0.0: which zero amin/amax return is not specified.
+    return grouped.amin(dim=dim + 1) + 0.0, grouped.amax(dim=dim + 1) + 0.0
 
 
 def asymmetric_params(xmin: torch.Tensor, xmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:

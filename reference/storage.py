@@ -74,6 +74,21 @@ def token_layout(config: PNMixConfig, length: int) -> TokenLayout:
     return TokenLayout(n_sink, n_quantized, rest - n_quantized)
 
 
+def allocation(config: PNMixConfig, length: int, capacity: int | None = None) -> TokenLayout:
+    """Tokens each region has room for: exactly `token_layout(length)` for a dynamic cache;
+    for a cache preallocated to `capacity` tokens (the paper's static protocol), the most each
+    region can ever hold: min(capacity, n_sink) sinks, token_layout(capacity).n_quantized
+    quantized tokens, and one residual page of N tokens (fewer if the capacity is smaller).
+    """
+    if capacity is None:
+        return token_layout(config, length)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < length:
+        raise ValueError(f"capacity must be an int >= length ({length}), got {capacity!r}")
+    sinks = min(capacity, config.n_sink)
+    residual = min(config.residual_length, capacity - sinks)
+    return TokenLayout(sinks, token_layout(config, capacity).n_quantized, residual)
+
+
 def storage_model(
     config: PNMixConfig,
     batch: int,
@@ -81,13 +96,15 @@ def storage_model(
     head_dim: int,
     length: int,
     dtype: torch.dtype = torch.float16,
+    capacity: int | None = None,
 ) -> StorageReport:
     """Analytic persistent bytes of a cache holding `length` tokens (see `token_layout`).
 
-    dtype is the dtype of the exact tokens (sinks, residual, unquantized values).
+    dtype is the dtype of the exact tokens (sinks, residual, unquantized values). With a
+    capacity, the bytes of a cache preallocated to that many tokens (see `allocation`).
     """
     check_head_dim(config, head_dim)
-    sinks, n_q, n_res = token_layout(config, length)
+    sinks, n_q, n_res = allocation(config, length, capacity)
     elt = torch.empty((), dtype=dtype).element_size()
     sb = torch.empty((), dtype=config.scale_dtype).element_size()
     d = head_dim

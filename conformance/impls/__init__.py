@@ -2,4 +2,5 @@
 
 BUILTINS = {
     "reference": "conformance.impls.reference:make",
+    "triton": "pnmix.protocol:make",
 }

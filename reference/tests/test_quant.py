@@ -97,3 +97,10 @@ def test_quantize_keys_uses_high_bits_on_salient_channels_only():
 def test_group_length_must_divide():
     with pytest.raises(ValueError, match="not a multiple of group_size"):
         quantize(torch.zeros(1, 10), bits=2, group_size=4, dim=-1)
+
+
+def test_signed_zero_never_reaches_scale_or_zero():
+    x = torch.tensor([[-0.0, 0.0, -0.0, 0.0]])
+    for bits in (1, 2):
+        q = quantize(x, bits=bits, group_size=4, dim=-1)
+        assert not torch.signbit(q.zero).any() and not torch.signbit(q.scale).any()

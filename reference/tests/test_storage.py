@@ -1,9 +1,11 @@
 """Storage accounting: the paper's worked example, hand-computed bytes, layout rule."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from reference import PNMixConfig, bit_widths, measure, storage_model, token_layout
+from reference import PNMixConfig, allocation, bit_widths, measure, storage_model, token_layout
 
 
 def test_paper_worked_example_2263_bits():
@@ -88,3 +90,17 @@ def test_measured_equals_model_for_awkward_head_dims(head_dim):
     model = storage_model(cfg, 1, 2, head_dim, 30)
     assert cache.storage() == model
     assert model.mask == 2 * -(-head_dim // 16)  # one bit per pair, rounded up to whole bytes
+
+
+def test_static_allocation_counts_capacity():
+    cfg = PNMixConfig()
+    # 8192 + 141 capacity: 32 sinks, 8192 quantized tokens (64 pages), one 128-token residual page.
+    assert tuple(allocation(cfg, 10, 8333)) == (32, 8192, 128)
+    assert tuple(allocation(cfg, 10, 20)) == (20, 0, 0)
+    assert tuple(allocation(cfg, 10, 100)) == (32, 0, 68)
+    static = storage_model(cfg, 1, 1, 128, 10, capacity=8333)
+    full = storage_model(cfg, 1, 1, 128, 32 + 8192)  # the same sinks and quantized region, no residual
+    page = 128 * 128 * 2  # one residual page of fp16 keys (or values)
+    assert static == dataclasses.replace(full, residual_key=page, residual_value=page)
+    with pytest.raises(ValueError, match="capacity must be an int >= length"):
+        storage_model(cfg, 1, 1, 128, 500, capacity=400)

@@ -1,0 +1,7 @@
+"""Triton kernels of PN-Mix. Importing this package decides compiled vs interpreted (pnmix._runtime)."""
+
+from .. import _runtime  # noqa: F401  (must run before any triton.jit below)
+from .attention import decode_attention
+from .quantize import dequantize_plane, encode_pack, group_params
+
+__all__ = ["decode_attention", "dequantize_plane", "encode_pack", "group_params"]

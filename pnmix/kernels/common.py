@@ -1,0 +1,53 @@
+"""Device functions shared by every kernel: Eq. 2 / Eq. 7 parameters, encoding, unpacking.
+
+They follow the numerics of `reference.quant` operation for operation (float32, correctly
+rounded division, half-up rounding from the stored scale and zero), so codes are bit-identical.
+"""
+
+import triton
+import triton.language as tl
+
+from .. import _runtime  # noqa: F401
+
+
+@triton.jit
+def eq2_eq7_params(xmin, xmax, bits):
+    """Float32 scale and zero of groups with the given min/max: Eq. 7 where bits == 1, else Eq. 2."""
+    span = xmax - xmin
+    levels = ((1 << bits) - 1).to(tl.float32)
+    scale = tl.where(bits == 1, span * 0.5, tl.math.div_rn(span, levels))
+    zero = tl.where(bits == 1, xmin + span * 0.25, xmin)
+    return scale, zero
+
+
+@triton.jit
+def encode(x, scale, zero, bits):
+    """Codes (int32) of float32 x from stored scale/zero (upcast): clip(floor((x - z) / s + 0.5))."""
+    safe = tl.where(scale == 0.0, 1.0, scale)
+    q = tl.floor(tl.math.div_rn(x - zero, safe) + 0.5)
+    q = tl.where(scale == 0.0, 0.0, q)
+    q = tl.minimum(tl.maximum(q, 0.0), ((1 << bits) - 1).to(tl.float32))
+    return q.to(tl.int32)
+
+
+@triton.jit
+def unpack_field(packed_ptr, pos, col, row_stride, mask, WIDTH: tl.constexpr, BITS: tl.constexpr):
+    """The BITS-bit code at (pos, col) of a plane packed along pos, 8 // WIDTH fields per byte.
+
+    pos: [R, 1] or [R, C] positions along the packed axis; col: column offsets (elements).
+    """
+    per: tl.constexpr = 8 // WIDTH
+    byte = tl.load(packed_ptr + (pos // per) * row_stride + col, mask=mask, other=0).to(tl.int32)
+    return (byte >> ((pos % per) * WIDTH)) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """float32 x rounded to DTYPE, to nearest even (done by hand for bfloat16: the Triton
+    interpreter truncates there, and the stored bits must match the spec's on every backend)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DTYPE)

@@ -1,0 +1,92 @@
+"""The Triton implementation as seen by the conformance suite (`--impl triton`)."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.api import Capabilities
+from reference import PNMixConfig, packing
+
+from . import __version__, _runtime
+from .cache import PNMixCache
+from .kernels import dequantize_plane, encode_pack
+
+
+def _identity_params(b: int, h: int, rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Packing given codes is encoding them with scale 1 and zero 0: the same kernel, no copy.
+    return torch.ones(b, h, rows, cols, device=device), torch.zeros(b, h, rows, cols, device=device)
+
+
+def _slot(channel_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    slot = torch.full(channel_mask.shape, -1, dtype=torch.int32, device=channel_mask.device)
+    columns = torch.arange(index.shape[-1], dtype=torch.int32, device=slot.device).expand_as(index).contiguous()
+    return slot.scatter_(-1, index.long(), columns)
+
+
+class TritonImplementation:
+    name = "triton"
+    version = __version__
+    capabilities = Capabilities(
+        dtypes=(torch.float16, torch.bfloat16),
+        devices=("cpu",) if _runtime.INTERPRETED else ("cuda",),
+        # The interpreter runs kernels in numpy: small shapes keep CI within minutes.
+        max_tokens=96 if _runtime.INTERPRETED else 320,
+        max_head_dim=16 if _runtime.INTERPRETED else 32,
+    )
+
+    def create(self, config: PNMixConfig) -> PNMixCache:
+        return PNMixCache(config)
+
+    def pack_keys(self, codes, channel_mask, config):
+        b, h, t, d = codes.shape
+        bits = torch.where(channel_mask, config.b_high, config.b_low).to(torch.int32)
+        index = packing.salient_channel_index(channel_mask).to(torch.int32).contiguous()
+        x = codes.float().contiguous()
+        scale, zero = _identity_params(b, h, 1, d, codes.device)
+        low = torch.empty(b, h, t * packing.field_width(config.b_low) // 8, d, dtype=torch.uint8, device=codes.device)
+        encode_pack(x, t, "tokens", bits, scale, zero, low, field_bits=config.b_low)
+        hi_bits = config.b_high - config.b_low
+        high = torch.zeros(b, h, t * packing.field_width(hi_bits) // 8, index.shape[-1], dtype=torch.uint8,
+                           device=codes.device)  # fmt: skip
+        if hi_bits:
+            encode_pack(x, t, "tokens", bits, scale, zero, high, field_bits=hi_bits, shift=config.b_low, colmap=index)
+        return low, high
+
+    def unpack_keys(self, low, high, channel_mask, config):
+        b, h, _, d = low.shape
+        t = low.shape[2] * 8 // packing.field_width(config.b_low)
+        index = packing.salient_channel_index(channel_mask)
+        codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=low.device)
+        scale, zero = _identity_params(b, h, 1, d, low.device)
+        dequantize_plane(low, scale, zero, codes, group=max(t, 1), along="tokens", low_bits=config.b_low,
+                         high=high, high_bits=config.b_high - config.b_low, slot=_slot(channel_mask, index),
+                         codes=True)  # fmt: skip
+        return codes
+
+    def pack_values(self, codes, config):
+        b, h, t, d = codes.shape
+        scale, zero = _identity_params(b, h, t, 1, codes.device)
+        out = torch.empty(b, h, t, d * packing.field_width(config.value_bits) // 8, dtype=torch.uint8,
+                          device=codes.device)  # fmt: skip
+        encode_pack(codes.float().contiguous(), d, "channels", config.value_bits, scale, zero, out,
+                    field_bits=config.value_bits)  # fmt: skip
+        return out
+
+    def unpack_values(self, packed, config):
+        b, h, t, n = packed.shape
+        d = n * 8 // packing.field_width(config.value_bits)
+        scale, zero = _identity_params(b, h, t, 1, packed.device)
+        codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=packed.device)
+        dequantize_plane(packed, scale, zero, codes, group=d, along="channels", low_bits=config.value_bits,
+                         codes=True)  # fmt: skip
+        return codes
+
+    def pack_mask(self, pair_mask):
+        return packing.pack_mask(pair_mask)
+
+    def unpack_mask(self, packed, n_pairs):
+        return packing.unpack_mask(packed, n_pairs)
+
+
+def make() -> TritonImplementation:
+    return TritonImplementation()

@@ -1,0 +1,145 @@
+"""Each kernel against the spec across a parametrized grid (awkward sizes on purpose).
+
+Exact things (scales, zeros, packed bytes, codes, dequantized values) are compared with
+torch.equal; attention uses the suite's measured-tolerance policy.
+"""
+
+import pytest
+import torch
+
+import reference as R
+from conformance.tolerances import attention_bound
+from pnmix import PNMixCache, _runtime
+from pnmix.kernels import dequantize_plane, encode_pack, group_params
+
+pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
+DEV = _runtime.kernel_device()
+
+
+def data(shape, dtype, seed, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEV)
+
+
+def slot_of(channel_mask):
+    index = R.packing.salient_channel_index(channel_mask).to(torch.int32).contiguous()
+    slot = torch.full(channel_mask.shape, -1, dtype=torch.int32, device=channel_mask.device)
+    return index, slot.scatter_(-1, index.long(), torch.arange(index.shape[-1], dtype=torch.int32,
+                                                                device=DEV).expand_as(index).contiguous())  # fmt: skip
+
+
+@pytest.mark.parametrize(("b_high", "b_low"), [(3, 1), (4, 2), (4, 1), (2, 2), (8, 3), (1, 1)])
+@pytest.mark.parametrize("group", [8, 24])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [12, 20])
+def test_key_quantize_pack_is_bit_identical(b_high, b_low, group, dtype, head_dim):
+    b, h, t = 2, 3, 2 * group
+    k = data((b, h, t, head_dim), dtype, b_high * 7 + group)
+    pairs = R.select_salient_pairs(torch.rand(b, h, head_dim // 2, generator=torch.Generator().manual_seed(1)), 3)
+    channel = R.channel_mask_from_pairs(pairs, "split").to(DEV)
+    bits = torch.where(channel, b_high, b_low).to(torch.int32)
+    ref = R.quantize_keys(k.cpu(), channel.cpu(), b_high, b_low, group)
+    scale = torch.empty(b, h, t // group, head_dim, dtype=torch.float16, device=DEV)
+    zero = torch.empty_like(scale)
+    group_params(k, group, "tokens", bits, scale, zero)
+    assert torch.equal(scale.cpu(), ref.scale) and torch.equal(zero.cpu(), ref.zero)
+    ref_low, ref_high = R.pack_key_codes(ref.codes, channel.cpu(), b_high, b_low)
+    low = torch.empty(ref_low.shape, dtype=torch.uint8, device=DEV)
+    encode_pack(k, group, "tokens", bits, scale, zero, low, field_bits=b_low)
+    assert torch.equal(low.cpu(), ref_low)
+    index, slot = slot_of(channel)
+    high = torch.zeros(ref_high.shape, dtype=torch.uint8, device=DEV)
+    if b_high > b_low:
+        encode_pack(k, group, "tokens", bits, scale, zero, high, field_bits=b_high - b_low, shift=b_low, colmap=index)
+    assert torch.equal(high.cpu(), ref_high)
+    out = torch.empty(b, h, t, head_dim, device=DEV)
+    dequantize_plane(low, scale, zero, out, group=group, along="tokens", low_bits=b_low, high=high,
+                     high_bits=b_high - b_low, slot=slot)  # fmt: skip
+    assert torch.equal(out.cpu(), R.dequantize(ref, group, -2))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize(("head_dim", "group"), [(16, 16), (24, 8), (32, 16)])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_value_quantize_pack_is_bit_identical(bits, head_dim, group, scale_dtype):
+    b, h, t = 3, 1, 17
+    v = data((b, h, t, head_dim), torch.bfloat16, bits + head_dim)
+    ref = R.quantize(v.cpu(), bits, group, -1, scale_dtype)
+    scale = torch.empty(b, h, t, head_dim // group, dtype=scale_dtype, device=DEV)
+    zero = torch.empty_like(scale)
+    group_params(v, group, "channels", bits, scale, zero)
+    assert torch.equal(scale.cpu(), ref.scale) and torch.equal(zero.cpu(), ref.zero)
+    packed = torch.empty(b, h, t, head_dim * R.field_width(bits) // 8, dtype=torch.uint8, device=DEV)
+    encode_pack(v, group, "channels", bits, scale, zero, packed, field_bits=bits)
+    assert torch.equal(packed.cpu(), R.pack_value_codes(ref.codes, bits))
+    out = torch.empty(b, h, t, head_dim, device=DEV)
+    dequantize_plane(packed, scale, zero, out, group=group, along="channels", low_bits=bits)
+    assert torch.equal(out.cpu(), R.dequantize(ref, group, -1))
+
+
+@pytest.mark.parametrize(("batch", "n_kv", "n_rep"), [(1, 1, 1), (3, 2, 4), (2, 1, 7)])
+@pytest.mark.parametrize(("length", "t_new"), [(1, 1), (17, 1), (17, 2), (54, 1), (97, 1), (97, 3)])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, dtype):
+    cfg = R.PNMixConfig(group_size=8, residual_length=16, n_sink=5, pair_layout="adjacent")
+    d = 16
+    q = data((batch, n_kv * n_rep, length, d), dtype, 1, 1.0)
+    k, v = data((batch, n_kv, length, d), dtype, 2), data((batch, n_kv, length, d), dtype, 3)
+    cache = PNMixCache.from_prefill(q, k, v, cfg)
+    ref = R.ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), cfg)
+    new_q = data((batch, n_kv * n_rep, t_new, d), dtype, 4, 1.0)
+    out = cache.attend(new_q, num_splits=splits).cpu()
+    k_hat, v_hat = ref.dequantize()
+    oracle = R.attention_ref(new_q.cpu().double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = R.attention_ref(new_q.cpu(), k_hat.to(dtype), v_hat.to(dtype), causal=True, upcast=False)
+    err = (out.double() - oracle).abs().max().item()
+    bound = attention_bound(oracle, low, dtype)
+    print(f"max err {err:.3g}, bound {bound:.3g}")
+    assert err <= bound
+
+
+def test_static_and_dynamic_caches_agree_and_account_exactly():
+    cfg = R.PNMixConfig(group_size=8, residual_length=16, n_sink=3)
+    q, k, v = (
+        data((2, 4, 20, 16), torch.float16, 5),
+        data((2, 2, 20, 16), torch.float16, 6),
+        data((2, 2, 20, 16), torch.float16, 7),
+    )
+    static = PNMixCache.from_prefill(q, k, v, cfg, max_cache_len=64)
+    dynamic = PNMixCache.from_prefill(q, k, v, cfg)
+    allocated = static.storage()
+    for step in range(4):
+        new_k, new_v = data((2, 2, 11, 16), torch.float16, 10 + step), data((2, 2, 11, 16), torch.float16, 20 + step)
+        static.append(new_k, new_v)
+        dynamic.append(new_k, new_v)
+        assert static.storage() == allocated == R.storage_model(cfg, 2, 2, 16, static.length, capacity=64)
+        assert dynamic.storage() == R.storage_model(cfg, 2, 2, 16, dynamic.length)
+        assert torch.equal(static.dequantize()[0], dynamic.dequantize()[0])
+    new_q = data((2, 4, 1, 16), torch.float16, 30)
+    assert torch.equal(static.attend(new_q), dynamic.attend(new_q))
+    before = static.storage()
+    with pytest.raises(ValueError, match="past its capacity max_cache_len=64"):
+        static.append(*[data((2, 2, 1, 16), torch.float16, 40)] * 2)
+    assert static.length == 64 and static.storage() == before
+
+
+def test_prompt_longer_than_capacity_is_rejected():
+    t = data((1, 1, 10, 8), torch.float16, 1)
+    with pytest.raises(ValueError, match="past its capacity max_cache_len=9"):
+        PNMixCache.from_prefill(t, t, t, max_cache_len=9)
+    with pytest.raises(ValueError, match="max_cache_len must be a positive int"):
+        PNMixCache(max_cache_len=0)
+
+
+@pytest.mark.skipif(not _runtime.INTERPRETED, reason="checks the interpreter's device rule")
+def test_tensors_off_the_kernel_device_are_rejected_by_name():
+    t = torch.zeros(1, 1, 4, 8, device="meta", dtype=torch.float16)
+    with pytest.raises(ValueError, match="q must be on cpu for the Triton interpreter"):
+        PNMixCache.from_prefill(t, t, t)
+
+
+def test_float32_inputs_are_rejected_clearly():
+    t = data((1, 1, 4, 8), torch.float32, 1)
+    with pytest.raises(TypeError, match="k must be float16 or bfloat16 for PNMixCache"):
+        PNMixCache.from_prefill(t, t, t)
