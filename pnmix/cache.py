@@ -101,10 +101,8 @@ class PNMixCache:
         self._check_capacity(k.shape[2])
         cfg = self.config
         b, h, _, d = k.shape
-        sigma = saliency.pair_saliency(q, k, cfg.pair_layout)
-        pair_mask = saliency.select_salient_pairs(sigma, cfg.n_salient_pairs(d))
+        self._mask = spec_packing.pack_mask(saliency.prefill_pair_mask(q, k, cfg))
         self.saliency_computations += 1
-        self._mask = spec_packing.pack_mask(pair_mask)
         self._shape, self._dtype, self._device = (b, h, d), k.dtype, k.device
         alloc = allocation(cfg, 0, self.capacity)
         n_sal = 2 * cfg.n_salient_pairs(d)
@@ -273,15 +271,7 @@ class PNMixCache:
         """Causal decode attention of q [B, H, T_new, d] (the last T_new positions) -> [B, H, T_new, d]."""
         self._require_prefill()
         b, h, d = self._shape
-        validation.check_tensor("q", q)
-        validation.check_query_heads(q, b, h, d)
-        if q.dtype != self._dtype:
-            raise TypeError(f"q must have the cache's dtype {self._dtype}, got {q.dtype}")
-        if q.device != self._device:
-            raise ValueError(f"q must be on the cache's device {self._device}, got {q.device}")
-        validation.check_finite("q", q)
-        if q.shape[2] > self.length:
-            raise ValueError(f"q has {q.shape[2]} tokens (dim 2) but the cache holds only {self.length}")
+        validation.check_query(q, b, h, d, self._dtype, self._device, self.length)
         cfg = self.config
         p = self.packed()
         region = PackedRegion(

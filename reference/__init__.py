@@ -32,7 +32,14 @@ from .quant import (
     quantize,
     quantize_keys,
 )
-from .saliency import channel_mask_from_pairs, pair_channels, pair_norms, pair_saliency, select_salient_pairs
+from .saliency import (
+    channel_mask_from_pairs,
+    pair_channels,
+    pair_norms,
+    pair_saliency,
+    prefill_pair_mask,
+    select_salient_pairs,
+)
 from .storage import (
     COMPONENTS,
     BitWidths,
@@ -77,6 +84,7 @@ __all__ = [
     "pair_channels",
     "pair_norms",
     "pair_saliency",
+    "prefill_pair_mask",
     "quantize",
     "quantize_keys",
     "select_salient_pairs",

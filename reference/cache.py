@@ -84,10 +84,8 @@ class ReferenceCache:
         if self._shape is not None:
             raise RuntimeError("prefill was already called on this cache; create a new cache per sequence")
         validation.check_prefill(q, k, v, self.config)
-        sigma = saliency.pair_saliency(q, k, self.config.pair_layout)
-        pair_mask = saliency.select_salient_pairs(sigma, self.config.n_salient_pairs(k.shape[-1]))
+        self._mask = packing.pack_mask(saliency.prefill_pair_mask(q, k, self.config))
         self.saliency_computations += 1
-        self._mask = packing.pack_mask(pair_mask)
         self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
         b, h, _, d = k.shape
         self._sink_k, self._sink_v, self._res_k, self._res_v = (k.new_empty(b, h, 0, d) for _ in range(4))
@@ -207,15 +205,8 @@ class ReferenceCache:
         scaling 1/sqrt(d), float32 softmax, GQA head h reads KV head h // (H / H_kv).
         """
         self._require_prefill()
-        validation.check_tensor("q", q)
-        validation.check_query_heads(q, self._shape[0], self._shape[1], self._shape[3])
-        if q.dtype != self._dtype:
-            raise TypeError(f"q must have the cache's dtype {self._dtype}, got {q.dtype}")
-        if q.device != self._device:
-            raise ValueError(f"q must be on the cache's device {self._device}, got {q.device}")
-        validation.check_finite("q", q)
-        if q.shape[2] > self.length:
-            raise ValueError(f"q has {q.shape[2]} tokens (dim 2) but the cache holds only {self.length}")
+        b, h, _, d = self._shape
+        validation.check_query(q, b, h, d, self._dtype, self._device, self.length)
         k, v = self.dequantize()
         return attention_ref(q, k, v, causal=True, upcast=True)
 

@@ -59,3 +59,12 @@ def channel_mask_from_pairs(pair_mask: torch.Tensor, layout: str) -> torch.Tenso
     if layout == "split":
         return torch.cat([pair_mask, pair_mask], dim=-1)
     raise ValueError(f"pair_layout must be 'adjacent' or 'split', got {layout!r}")
+
+
+def prefill_pair_mask(q: torch.Tensor, k: torch.Tensor, config) -> torch.Tensor:
+    """PN-Mix's selection: Eq. 6 over the prompt, top floor(r * d / 2) pairs per sequence and KV head.
+
+    q: [B, H, T, d], k: [B, H_kv, T, d] post-RoPE prefill states; returns bool [B, H_kv, d/2].
+    """
+    sigma = pair_saliency(q, k, config.pair_layout)
+    return select_salient_pairs(sigma, config.n_salient_pairs(k.shape[-1]))

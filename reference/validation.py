@@ -95,3 +95,16 @@ def check_matches_cache(name: str, t: torch.Tensor, shape: tuple[int, ...], dtyp
         raise TypeError(f"{name} must have the cache's dtype {dtype}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} must be on the cache's device {device}, got {t.device}")
+
+
+def check_query(q: object, batch: int, kv_heads: int, head_dim: int, dtype, device, length: int) -> None:
+    """New queries q [B, H, T_new, d] for a cache of this shape, dtype and device holding `length` tokens."""
+    check_tensor("q", q)
+    check_query_heads(q, batch, kv_heads, head_dim)
+    if q.dtype != dtype:
+        raise TypeError(f"q must have the cache's dtype {dtype}, got {q.dtype}")
+    if q.device != device:
+        raise ValueError(f"q must be on the cache's device {device}, got {q.device}")
+    check_finite("q", q)
+    if q.shape[2] > length:
+        raise ValueError(f"q has {q.shape[2]} tokens (dim 2) but the cache holds only {length}")
