@@ -3,11 +3,12 @@
     python -m benchmarks.gpu_check [--out DIR] [--skip-conformance] [--tiny]
 
 With CUDA: runs `pytest conformance --impl triton` and the kernel tests compiled, then times
-PNMixCache.attend (triton.testing.do_bench, median) at B in {1, 32, 110} and contexts
-{1K, 8K, 32K} for one Qwen3-8B attention layer (8 KV heads, 32 query heads, head_dim 128),
-next to FP16 scaled_dot_product_attention on the same shapes and the device's measured copy
-bandwidth. Bytes read by PN-Mix are the cache's bytes from reference.storage (packed keys and
-values, scales, zeros, mask, sinks, residual) plus q and the output. --tiny runs the same
+PNMixCache.attend (triton.testing.do_bench, median) for PN-Mix, KIVI-2 and Kitty at B in
+{1, 32, 110} and contexts {1K, 8K, 32K} for one Qwen3-8B attention layer (8 KV heads, 32
+query heads, head_dim 128), next to FP16 scaled_dot_product_attention on the same shapes and
+the device's measured copy bandwidth. Bytes read by a quantized cache are its bytes from
+reference.storage (packed keys and values, scales, zeros, selection metadata, sinks,
+residual) plus q and the output. --tiny runs the same
 harness on small shapes without CUDA (Triton interpreter, wall-clock timing, not predictive).
 Results go to a new JSON file named with the device and UTC time; nothing is overwritten.
 """
@@ -27,10 +28,12 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from reference import PNMixConfig, storage_model
+from reference import storage_model
+from reference.methods import METHODS
 from reports.files import utc_stamp, write_json
 
 KV_HEADS, N_REP, HEAD_DIM, PROMPT = 8, 4, 128, 141
+QUANTIZED = ("PN-Mix", "KIVI-2", "Kitty")  # timed on the same Triton decode kernel
 FULL = {"batches": (1, 32, 110), "contexts": (1024, 8192, 32768), "chunk": 4096}
 TINY = {"batches": (2,), "contexts": (300,), "chunk": 128}  # sinks, two quantized pages, residual
 
@@ -68,7 +71,7 @@ def copy_bandwidth(cuda: bool, nbytes: int) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def build_cache(batch: int, context: int, chunk: int, device: str):
+def build_cache(method: str, batch: int, context: int, chunk: int, device: str):
     from pnmix import PNMixCache
 
     gen = torch.Generator(device=device).manual_seed(batch * 7919 + context)
@@ -76,7 +79,10 @@ def build_cache(batch: int, context: int, chunk: int, device: str):
     rand = lambda *s: torch.randn(*s, generator=gen, device=device, dtype=torch.float16)  # noqa: E731
     prompt = min(PROMPT, context)
     cache = PNMixCache.from_prefill(
-        rand(*shape(KV_HEADS * N_REP, prompt)), rand(*shape(KV_HEADS, prompt)), rand(*shape(KV_HEADS, prompt))
+        rand(*shape(KV_HEADS * N_REP, prompt)),
+        rand(*shape(KV_HEADS, prompt)),
+        rand(*shape(KV_HEADS, prompt)),
+        METHODS[method](),
     )
     while cache.length < context:
         n = min(chunk, context - cache.length)
@@ -85,32 +91,27 @@ def build_cache(batch: int, context: int, chunk: int, device: str):
 
 
 def microbenchmark(cfg: dict, cuda: bool) -> list[dict]:
+    """One row per (method, batch, context): median ms, bytes read, effective GB/s."""
     device = "cuda" if cuda else "cpu"
     rows = []
     points = [(b, c) for b in cfg["batches"] for c in cfg["contexts"]]
+
+    def row(method, batch, context, ms, nbytes):
+        return {"method": method, "batch": batch, "context": context, "ms": ms, "bytes": nbytes,
+                "gbps": nbytes / (ms * 1e-3) / 1e9}  # fmt: skip
+
     for batch, context in tqdm(points, desc="decode attention", unit="point"):
-        cache, q = build_cache(batch, context, cfg["chunk"], device)
-        pn_bytes = storage_model(PNMixConfig(), batch, KV_HEADS, HEAD_DIM, context).total + 2 * q.numel() * 2
-        pn_ms = timer(lambda c=cache, x=q: c.attend(x), cuda)
-        del cache
+        q = None
+        for method in QUANTIZED:
+            cache, q = build_cache(method, batch, context, cfg["chunk"], device)
+            nbytes = storage_model(METHODS[method](), batch, KV_HEADS, HEAD_DIM, context).total + 2 * q.numel() * 2
+            rows.append(row(method, batch, context, timer(lambda c=cache, x=q: c.attend(x), cuda), nbytes))
+            del cache
         k = torch.randn(batch, KV_HEADS, context, HEAD_DIM, device=device, dtype=torch.float16)
         v = torch.randn_like(k)
-        fp16_bytes = 2 * k.numel() * 2 + 2 * q.numel() * 2
         sdpa = lambda x=q, kk=k, vv=v: torch.nn.functional.scaled_dot_product_attention(x, kk, vv, enable_gqa=True)  # noqa: E731
-        fp16_ms = timer(sdpa, cuda)
+        rows.append(row("FP16 (SDPA)", batch, context, timer(sdpa, cuda), 2 * k.numel() * 2 + 2 * q.numel() * 2))
         del k, v
-        rows.append(
-            {
-                "batch": batch,
-                "context": context,
-                "pnmix_ms": pn_ms,
-                "pnmix_bytes": pn_bytes,
-                "pnmix_gbps": pn_bytes / (pn_ms * 1e-3) / 1e9,
-                "fp16_sdpa_ms": fp16_ms,
-                "fp16_bytes": fp16_bytes,
-                "fp16_gbps": fp16_bytes / (fp16_ms * 1e-3) / 1e9,
-            }
-        )
         if cuda:
             torch.cuda.empty_cache()
     return rows
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     result["copy_gbps"] = copy_bandwidth(cuda, 2**31 if cuda and not args.tiny else 2**22)
     rows = microbenchmark(TINY if args.tiny else FULL, cuda)
     for row in rows:
-        row["pnmix_fraction_of_copy"] = row["pnmix_gbps"] / result["copy_gbps"]
+        row["fraction_of_copy"] = row["gbps"] / result["copy_gbps"]
     result["decode_attention"] = rows
     safe = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-")[:40]
     path = write_json(out / f"gpu-check-{safe}-{utc_stamp()}.json", result)

@@ -11,6 +11,7 @@ head h // (H / H_kv)). Packed layouts are those of `reference.packing`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -43,6 +44,8 @@ class Capabilities:
     storage_introspectable: bool = True
     max_tokens: int = 320
     max_head_dim: int = 32
+    prefill_selection: bool = True
+    preset: Callable[[PNMixConfig], PNMixConfig] | None = None
 
     def supports(self, config: PNMixConfig) -> str | None:
         """None if `config` is within the claims, else the reason it is not."""

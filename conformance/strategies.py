@@ -14,7 +14,7 @@ import torch
 from hypothesis import strategies as st
 
 from reference import PNMixConfig
-from reference.config import check_head_dim
+from reference.config import CRITERIA, check_head_dim
 
 from .api import Capabilities
 
@@ -25,7 +25,7 @@ HEAD_DIMS = (4, 8, 12, 16, 20, 24, 32)
 GROUP_SIZES = (8, 16)
 RATIOS = (0.0, 0.1, 0.25, 0.3, 0.5, 0.75, 1.0)
 SINKS = (0, 1, 3, 8)
-FP16_SAFE = 60000.0  # below float16's largest finite value even after rounding to bfloat16
+FP16_SAFE = 30000.0  # under half of float16's largest value: even a 1-bit Eq. 2 scale (max - min) fits
 
 #: Value kinds. "moderate" kinds keep attention logits finite in float16.
 KINDS = ("normal", "constant", "near_constant", "wide_range", "extremes", "subnormal", "signed_zeros")
@@ -55,7 +55,7 @@ class Case:
 
     def fit(self, caps: Capabilities) -> Case:
         """The nearest case within `caps` (same seed and kind)."""
-        cfg = self.config
+        cfg = self.config if caps.preset is None else caps.preset(self.config)
         key_bits = sorted(caps.key_bits, key=lambda hb: (abs(hb[0] - cfg.b_high) + abs(hb[1] - cfg.b_low), hb))[0]
         value_bits = sorted(caps.value_bits, key=lambda b: (abs(b - cfg.value_bits), b))[0]
         cfg = dataclasses.replace(
@@ -67,6 +67,8 @@ class Case:
             pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts else caps.pair_layouts[0],
             n_sink=cfg.n_sink if caps.sinks else 0,
         )
+        if caps.preset is not None:
+            cfg = caps.preset(cfg)
         head_dim = self.head_dim
         if head_dim > caps.max_head_dim or not _head_dim_ok(cfg, head_dim):
             head_dim = max(d for d in HEAD_DIMS if d <= caps.max_head_dim and _head_dim_ok(cfg, d))
@@ -108,6 +110,7 @@ def configs(draw, *, n_sink: int | None = None) -> PNMixConfig:
         value_group_size=draw(st.sampled_from((None, 8))),
         pair_layout=draw(st.sampled_from(("split", "adjacent"))),
         scale_dtype=draw(st.sampled_from((torch.float16, torch.float32, torch.bfloat16))),
+        criterion=draw(st.sampled_from(CRITERIA)),
     )
 
 

@@ -31,8 +31,8 @@ def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, c
     n_sink, n_q, _ = token_layout(cfg, state.length)
     if n_q == 0:
         return
-    one_bit = ~state.cache.pair_mask.cpu() if cfg.b_high > 1 else torch.ones_like(state.cache.pair_mask.cpu())
-    channels = _channels(one_bit, cfg.pair_layout)  # [B, H_kv, d] bool
+    high = state.ref.page_channel_masks()  # [B, H_kv, pages, d]: b_high channels of each page
+    channels = ~high if cfg.b_high > 1 else torch.ones_like(high)
     x = state.all_k[..., n_sink : n_sink + n_q, :].double()
     x_hat = state.cache.dequantize()[0].cpu()[..., n_sink : n_sink + n_q, :].double()
     groups = x.unflatten(-2, (n_q // cfg.group_size, cfg.group_size))
@@ -44,7 +44,7 @@ def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, c
     tol = spacing(zero, cfg.scale_dtype) + spacing(scale, cfg.scale_dtype) + float32_slack(lo, hi)
     near_low = (got - low_level).abs() <= tol
     near_high = (got - high_level).abs() <= tol
-    sel = channels.unsqueeze(-2).unsqueeze(-2).expand_as(got)
+    sel = channels.unsqueeze(-2).expand_as(got)
     assert bool((near_low | near_high)[sel].all()), "a 1-bit value reconstructs to neither bin midpoint"
     # Nearer level: only values farther than the tolerance from the midpoint between levels count.
     mid = (lo + hi) / 2
@@ -52,9 +52,3 @@ def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, c
     clearly_high = sel & (groups > mid + tol)
     assert bool(near_low[clearly_low].all()), "a value below the group midpoint went to the upper level"
     assert bool(near_high[clearly_high].all()), "a value above the group midpoint went to the lower level"
-
-
-def _channels(pair_mask: torch.Tensor, layout: str) -> torch.Tensor:
-    from reference import channel_mask_from_pairs
-
-    return channel_mask_from_pairs(pair_mask, layout)

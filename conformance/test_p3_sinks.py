@@ -24,7 +24,7 @@ def test_sink_tokens_are_bit_identical(impl, device, case, n_sink):
         pytest.skip(f"{impl.name} does not claim sink tokens")
     case = fitted(impl, dataclasses.replace(case, config=dataclasses.replace(case.config, n_sink=n_sink)), device)
     for state in states(impl, case, device):
-        n = min(state.length, n_sink)
+        n = min(state.length, case.config.n_sink)  # the method may keep more exact (FP16: every token)
         sink_k, sink_v = state.cache.sinks()
         assert sink_k.shape[-2] == n and sink_v.shape[-2] == n, f"step {state.step}: {n} sinks expected"
         assert torch.equal(bits_of(sink_k.cpu()), bits_of(state.all_k[..., :n, :])), f"sink keys, step {state.step}"

@@ -8,7 +8,7 @@ from hypothesis import example, given
 from conformance import strategies as cs
 from conformance.harness import bits_of, final_state, fitted
 from conformance.tolerances import TIE_RELATIVE, reconstruction_bound
-from reference import PNMixConfig, channel_mask_from_pairs, token_layout
+from reference import PNMixConfig, token_layout
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=1)
 
@@ -52,8 +52,8 @@ def test_codes_scales_and_reconstruction(impl, device, case):
     k_hat = state.cache.dequantize()[0].cpu()[..., region, :].double()
     groups = x.double().unflatten(-2, (n_q // cfg.group_size, cfg.group_size))
     lo, hi = groups.amin(-2), groups.amax(-2)
-    channel_mask = channel_mask_from_pairs(state.cache.pair_mask.cpu(), cfg.pair_layout).unsqueeze(-2)
-    levels = torch.where(channel_mask, 2**cfg.b_high - 1, 2**cfg.b_low - 1).double()
+    high = state.ref.page_channel_masks()  # [B, H_kv, pages, d]
+    levels = torch.where(high, 2**cfg.b_high - 1, 2**cfg.b_low - 1).double()
     bound = reconstruction_bound(lo, hi, got.scale.cpu().double(), got.zero.cpu().double(), levels)
     err = (k_hat.unflatten(-2, groups.shape[-3:-1]) - groups).abs().amax(-2)
     assert bool((err <= bound).all()), f"key reconstruction error {float((err - bound).max()):.3g} above the bound"

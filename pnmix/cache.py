@@ -101,11 +101,14 @@ class PNMixCache:
         self._check_capacity(k.shape[2])
         cfg = self.config
         b, h, _, d = k.shape
-        self._mask = spec_packing.pack_mask(saliency.prefill_pair_mask(q, k, cfg))
-        self.saliency_computations += 1
+        if cfg.selection == "prefill-pairs":
+            self._mask = spec_packing.pack_mask(saliency.prefill_pair_mask(q, k, cfg))
+            self.saliency_computations += 1
+        else:
+            self._mask = k.new_empty((b, h, 0), dtype=torch.uint8)
         self._shape, self._dtype, self._device = (b, h, d), k.dtype, k.device
         alloc = allocation(cfg, 0, self.capacity)
-        n_sal = 2 * cfg.n_salient_pairs(d)
+        n_sal = cfg.n_salient_channels(d)
         rows = lambda n, w: n * w // 8 if self.capacity else None  # noqa: E731
         cap = lambda n: n if self.capacity else None  # noqa: E731
         new = lambda cols, dtype, capacity: _Rows(b, h, cols, dtype, k.device, capacity)  # noqa: E731
@@ -118,6 +121,8 @@ class PNMixCache:
             "key_scale": new(d, sd, cap(nq // cfg.group_size)),
             "key_zero": new(d, sd, cap(nq // cfg.group_size)),
         }
+        if cfg.selection == "page-channels":  # Kitty's per-page channel ranks, d bytes a page
+            self._mask = new(d, torch.uint8, cap(nq // cfg.group_size))
         if cfg.values_quantized:
             groups = d // cfg.value_group(d)
             self._q["value_payload"] = new(d * field_width(cfg.value_bits) // 8, torch.uint8, cap(nq))
@@ -167,10 +172,13 @@ class PNMixCache:
             self._res_v.replace(all_v[:, :, full:])
         self.length += take + k.shape[2]
 
-    def _channel_metadata(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(bits per channel, salient-channel index, channel -> high-plane column) from the mask."""
+    def _selection(self) -> torch.Tensor:
+        """The selection metadata tensor as held (pair mask, page ranks, or empty)."""
+        return self._mask.data if isinstance(self._mask, _Rows) else self._mask
+
+    def _channel_metadata(self, channel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(bits per channel, salient-channel index, channel -> high-plane column) of a channel mask."""
         cfg = self.config
-        channel = self.channel_mask
         bits = torch.where(channel, cfg.b_high, cfg.b_low).to(torch.int32)
         index = spec_packing.salient_channel_index(channel).to(torch.int32).contiguous()
         slot = torch.full(channel.shape, -1, dtype=torch.int32, device=channel.device)
@@ -181,27 +189,46 @@ class PNMixCache:
     def _flush(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize and pack whole pages k, v [B, H_kv, n * N, d] onto the quantized region."""
         cfg, n = self.config, k.shape[2]
-        g = cfg.group_size
-        bits, index, _ = self._channel_metadata()
+        g, midpoint = cfg.group_size, cfg.one_bit == "midpoint"
+        w_lo, w_hi = field_width(cfg.b_low), field_width(cfg.b_high - cfg.b_low)
         q = self._q
         scale, zero = q["key_scale"].grow(n // g), q["key_zero"].grow(n // g)
-        group_params(k, g, "tokens", bits, scale, zero)
-        low = q["key_low"].grow(n * field_width(cfg.b_low) // 8)
-        encode_pack(k, g, "tokens", bits, scale, zero, low, field_bits=cfg.b_low)
-        high = q["key_high"].grow(n * field_width(cfg.b_high - cfg.b_low) // 8)
-        if cfg.b_high > cfg.b_low:
-            encode_pack(k, g, "tokens", bits, scale, zero, high, field_bits=cfg.b_high - cfg.b_low,
-                        shift=cfg.b_low, colmap=index)  # fmt: skip
+        low, high = q["key_low"].grow(n * w_lo // 8), q["key_high"].grow(n * w_hi // 8)
+        for a, b, channel in self._spans(k):
+            bits, index, _ = self._channel_metadata(channel)
+            kp, sp, zp = k[:, :, a:b], scale[:, :, a // g : b // g], zero[:, :, a // g : b // g]
+            group_params(kp, g, "tokens", bits, sp, zp, midpoint)
+            encode_pack(kp, g, "tokens", bits, sp, zp, low[:, :, a * w_lo // 8 : b * w_lo // 8], field_bits=cfg.b_low)
+            if cfg.b_high > cfg.b_low:
+                encode_pack(kp, g, "tokens", bits, sp, zp, high[:, :, a * w_hi // 8 : b * w_hi // 8],
+                            field_bits=cfg.b_high - cfg.b_low, shift=cfg.b_low, colmap=index)  # fmt: skip
         if cfg.values_quantized:
             vg = cfg.value_group(v.shape[-1])
             vs, vz = q["value_scale"].grow(n), q["value_zero"].grow(n)
-            group_params(v, vg, "channels", cfg.value_bits, vs, vz)
+            group_params(v, vg, "channels", cfg.value_bits, vs, vz, midpoint)
             payload = q["value_payload"].grow(n)
             encode_pack(v, vg, "channels", cfg.value_bits, vs, vz, payload, field_bits=cfg.value_bits)
         else:
             q["value_payload"].grow(n).copy_(v)
             q["value_scale"].grow(n)
             q["value_zero"].grow(n)
+
+    def _spans(self, k: torch.Tensor | None = None):
+        """(start, end, channel mask) of token spans sharing one selection: the whole flush, or,
+        for Kitty, each page (whose channels are chosen now from k, or read back when k is None)."""
+        cfg = self.config
+        g = cfg.group_size
+        if cfg.selection != "page-channels":
+            n = k.shape[2] if k is not None else self._q["key_scale"].used * g
+            return [(0, n, self.channel_mask)]
+        n_boost = cfg.n_salient_channels(self._shape[2])
+        if k is not None:
+            ranks = saliency.page_channel_ranks(k, g, n_boost)
+            self._mask.grow(ranks.shape[2]).copy_(ranks)
+            self.saliency_computations += ranks.shape[2]
+        else:
+            ranks = self._mask.view()
+        return [(p * g, (p + 1) * g, ranks[:, :, p] < n_boost) for p in range(ranks.shape[2])]
 
     # -- reading ------------------------------------------------------------------------
 
@@ -212,6 +239,10 @@ class PNMixCache:
     @property
     def pair_mask(self) -> torch.Tensor:
         self._require_prefill()
+        if self.config.selection == "page-channels":
+            raise AttributeError("a per-page selection (page-channels) has no single pair mask")
+        if self.config.selection == "none":
+            return torch.zeros(*self._shape[:2], self._shape[2] // 2, dtype=torch.bool, device=self._device)
         return spec_packing.unpack_mask(self._mask, self._shape[2] // 2)
 
     @property
@@ -228,12 +259,15 @@ class PNMixCache:
         b, h, d = self._shape
         n_q = self._q["key_scale"].used * cfg.group_size
         dtype = torch.uint8 if codes else torch.float32
-        _, _, slot = self._channel_metadata()
         p = self.packed()
         keys = torch.empty(b, h, n_q, d, dtype=dtype, device=self._device)
-        dequantize_plane(p["key_low"], p["key_scale"], p["key_zero"], keys, group=cfg.group_size, along="tokens",
-                         low_bits=cfg.b_low, high=p["key_high"], high_bits=cfg.b_high - cfg.b_low, slot=slot,
-                         codes=codes)  # fmt: skip
+        g, w_lo, w_hi = cfg.group_size, field_width(cfg.b_low), field_width(cfg.b_high - cfg.b_low)
+        for a, e, channel in self._spans():
+            _, _, slot = self._channel_metadata(channel)
+            dequantize_plane(p["key_low"][:, :, a * w_lo // 8 : e * w_lo // 8], p["key_scale"][:, :, a // g : e // g],
+                             p["key_zero"][:, :, a // g : e // g], keys[:, :, a:e], group=g, along="tokens",
+                             low_bits=cfg.b_low, high=p["key_high"][:, :, a * w_hi // 8 : e * w_hi // 8],
+                             high_bits=cfg.b_high - cfg.b_low, slot=slot, codes=codes)  # fmt: skip
         if not cfg.values_quantized:
             return keys, None if codes else p["value_payload"].float()
         values = torch.empty(b, h, n_q, d, dtype=dtype, device=self._device)
@@ -276,13 +310,14 @@ class PNMixCache:
         p = self.packed()
         region = PackedRegion(
             self._sink_k.data, self._sink_v.data, self._res_k.data, self._res_v.data, p["key_low"],
-            p["key_high"], p["key_scale"], p["key_zero"], self._mask, p["value_payload"], p["value_scale"],
+            p["key_high"], p["key_scale"], p["key_zero"], self._selection(), p["value_payload"], p["value_scale"],
             p["value_zero"],
         )  # fmt: skip
         return decode_attention(
             q, region, n_sink=self._sink_k.used, n_quantized=self._q["key_scale"].used * cfg.group_size,
             length=self.length, group_size=cfg.group_size, value_group=cfg.value_group(d), b_high=cfg.b_high,
             b_low=cfg.b_low, value_bits=cfg.value_bits, pair_layout=cfg.pair_layout, num_splits=num_splits,
+            selection=cfg.selection, n_boost=cfg.n_salient_channels(d),
         )  # fmt: skip
 
     def storage(self) -> StorageReport:
@@ -295,7 +330,7 @@ class PNMixCache:
                 "sink_value": self._sink_v.data,
                 "residual_key": self._res_k.data,
                 "residual_value": self._res_v.data,
-                "mask": self._mask,
+                "mask": self._selection(),
             }
         )
 

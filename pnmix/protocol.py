@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.api import Capabilities
+from conformance.impls.reference import KITTY_CLAIMS, KIVI_CLAIMS
 from reference import PNMixConfig, packing
 
 from . import __version__, _runtime
@@ -23,16 +24,21 @@ def _slot(channel_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return slot.scatter_(-1, index.long(), columns)
 
 
+def claims(tokens: int = 96, **method) -> Capabilities:
+    """What the Triton kernels claim; the interpreter runs them in numpy, so CI draws small shapes."""
+    return Capabilities(
+        dtypes=(torch.float16, torch.bfloat16),
+        devices=("cpu",) if _runtime.INTERPRETED else ("cuda",),
+        max_tokens=tokens if _runtime.INTERPRETED else 320,
+        max_head_dim=16 if _runtime.INTERPRETED else 32,
+        **method,
+    )
+
+
 class TritonImplementation:
     name = "triton"
     version = __version__
-    capabilities = Capabilities(
-        dtypes=(torch.float16, torch.bfloat16),
-        devices=("cpu",) if _runtime.INTERPRETED else ("cuda",),
-        # The interpreter runs kernels in numpy: small shapes keep CI within minutes.
-        max_tokens=96 if _runtime.INTERPRETED else 320,
-        max_head_dim=16 if _runtime.INTERPRETED else 32,
-    )
+    capabilities = claims()
 
     def create(self, config: PNMixConfig) -> PNMixCache:
         return PNMixCache(config)
@@ -90,3 +96,19 @@ class TritonImplementation:
 
 def make() -> TritonImplementation:
     return TritonImplementation()
+
+
+def _baseline(name: str, capabilities: Capabilities) -> TritonImplementation:
+    impl = TritonImplementation()
+    impl.name, impl.capabilities = name, capabilities
+    return impl
+
+
+def make_kivi() -> TritonImplementation:
+    """KIVI on the same kernels (uniform keys, Eq. 2 at 1 bit); smaller CI shapes, same code paths."""
+    return _baseline("kivi-triton", claims(tokens=48, **KIVI_CLAIMS))
+
+
+def make_kitty() -> TritonImplementation:
+    """Kitty on the same kernels (per-page channel ranks read by the decode kernel)."""
+    return _baseline("kitty-triton", claims(tokens=48, **KITTY_CLAIMS))

@@ -34,7 +34,7 @@ def empty_quantized_region(
         value, value_groups = (d, dtype), 0
     lasts = {
         "key_low": (d, torch.uint8),
-        "key_high": (2 * config.n_salient_pairs(d), torch.uint8),
+        "key_high": (config.n_salient_channels(d), torch.uint8),
         "key_scale": (d, sd),
         "key_zero": (d, sd),
         "value_payload": value,
@@ -61,7 +61,9 @@ class ReferenceCache:
         self._shape: tuple[int, int, int, int] | None = None  # (B, H_kv, -, d)
         self._dtype: torch.dtype | None = None
         self._device: torch.device | None = None
-        self._mask: torch.Tensor | None = None  # packed pair mask [B, H_kv, ceil(d/16)]
+        # Selection metadata: the packed pair mask [B, H_kv, ceil(d/16)] (PN-Mix), nothing
+        # [B, H_kv, 0] (uniform keys) or per-page channel ranks [B, H_kv, pages, d] (Kitty).
+        self._mask: torch.Tensor | None = None
         # Exact tokens [B, H_kv, n, d] and the packed quantized region, set up by prefill.
         self._sink_k = self._sink_v = self._res_k = self._res_v = None
         self._q: dict[str, torch.Tensor] = {}
@@ -84,10 +86,14 @@ class ReferenceCache:
         if self._shape is not None:
             raise RuntimeError("prefill was already called on this cache; create a new cache per sequence")
         validation.check_prefill(q, k, v, self.config)
-        self._mask = packing.pack_mask(saliency.prefill_pair_mask(q, k, self.config))
-        self.saliency_computations += 1
-        self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
         b, h, _, d = k.shape
+        selection = self.config.selection
+        if selection == "prefill-pairs":
+            self._mask = packing.pack_mask(saliency.prefill_pair_mask(q, k, self.config))
+            self.saliency_computations += 1
+        else:
+            self._mask = k.new_empty((b, h, 0, d) if selection == "page-channels" else (b, h, 0), dtype=torch.uint8)
+        self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
         self._sink_k, self._sink_v, self._res_k, self._res_v = (k.new_empty(b, h, 0, d) for _ in range(4))
         self._q = empty_quantized_region(self.config, b, h, d, k.dtype, k.device)
         self._store(k, v)
@@ -117,11 +123,21 @@ class ReferenceCache:
     def _flush(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize N residual tokens (N / G key groups) and append them to the quantized region."""
         cfg = self.config
-        keys = quant.quantize_keys(k, self.channel_mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype)
-        low, high = packing.pack_key_codes(keys.codes, self.channel_mask, cfg.b_high, cfg.b_low)
+        midpoint = cfg.one_bit == "midpoint"
+        if cfg.selection == "page-channels":  # Kitty: each page's channels from its own keys
+            n_boost = cfg.n_salient_channels(k.shape[-1])
+            ranks = saliency.page_channel_ranks(k, cfg.group_size, n_boost)
+            self._mask = torch.cat([self._mask, ranks], dim=2)
+            self.saliency_computations += ranks.shape[2]
+            mask = ranks < n_boost
+        else:
+            mask = self.channel_mask
+        keys = quant.quantize_keys(k, mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype, midpoint)
+        low, high = packing.pack_key_codes(keys.codes, mask, cfg.b_high, cfg.b_low)
         new = {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}
         if cfg.values_quantized:
-            values = quant.quantize(v, cfg.value_bits, cfg.value_group(v.shape[-1]), -1, cfg.scale_dtype)
+            vg = cfg.value_group(v.shape[-1])
+            values = quant.quantize(v, cfg.value_bits, vg, -1, cfg.scale_dtype, midpoint)
             new |= {
                 "value_payload": packing.pack_value_codes(values.codes, cfg.value_bits),
                 "value_scale": values.scale,
@@ -140,14 +156,26 @@ class ReferenceCache:
 
     @property
     def pair_mask(self) -> torch.Tensor:
-        """Salient RoPE pairs chosen at prefill: bool [B, H_kv, d/2]."""
+        """Salient RoPE pairs chosen at prefill: bool [B, H_kv, d/2] (all False for uniform keys)."""
         self._require_prefill()
+        if self.config.selection == "page-channels":
+            raise AttributeError("a per-page selection (page-channels) has no single pair mask; see page_channel_masks")
+        if self.config.selection == "none":
+            return torch.zeros(*self._shape[:2], self._shape[-1] // 2, dtype=torch.bool, device=self._device)
         return packing.unpack_mask(self._mask, self._shape[-1] // 2)
 
     @property
     def channel_mask(self) -> torch.Tensor:
         """Channels quantized with b_high bits: bool [B, H_kv, d]."""
         return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
+
+    def page_channel_masks(self) -> torch.Tensor:
+        """Channels with b_high bits in each quantized page of G tokens: bool [B, H_kv, T_q / G, d]."""
+        self._require_prefill()
+        cfg = self.config
+        if cfg.selection == "page-channels":
+            return self._mask < cfg.n_salient_channels(self._shape[-1])
+        return self.channel_mask.unsqueeze(2).expand(-1, -1, self._q["key_scale"].shape[2], -1)
 
     @property
     def packed_mask(self) -> torch.Tensor:
@@ -163,7 +191,7 @@ class ReferenceCache:
         """Key codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q / G, d] of the quantized region."""
         cfg = self.config
         p = self.packed()
-        codes = packing.unpack_key_codes(p["key_low"], p["key_high"], self.channel_mask, cfg.b_high, cfg.b_low)
+        codes = packing.unpack_key_codes(p["key_low"], p["key_high"], self.page_channel_masks(), cfg.b_high, cfg.b_low)
         return quant.Quantized(codes, p["key_scale"], p["key_zero"])
 
     def value_codes(self) -> quant.Quantized | None:

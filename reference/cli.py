@@ -13,6 +13,7 @@ import torch
 from tabulate import tabulate
 
 from .config import PNMixConfig
+from .methods import METHODS
 from .models import MODEL_SHAPES
 from .storage import bit_widths, storage_model
 
@@ -33,29 +34,30 @@ def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
 
 
 def _label(cfg: PNMixConfig) -> str:
+    if cfg.selection == "none":
+        return f"uniform {cfg.b_low}-bit G{cfg.group_size} V{cfg.value_bits} sinks {cfg.n_sink}"
     return f"H{cfg.b_high}({cfg.ratio:.0%})L{cfg.b_low} G{cfg.group_size} V{cfg.value_bits}"
 
 
-def bits_rows(configs: list[PNMixConfig], head_dim: int, n_quantized: int) -> list[list]:
+def bits_rows(configs: dict[str, PNMixConfig], head_dim: int, n_quantized: int) -> list[list]:
     """One row per config: average bits and bytes per token per KV head (residual excluded)."""
     rows = []
-    for cfg in configs:
+    for name, cfg in configs.items():
         bw = bit_widths(cfg, head_dim, n_quantized)
         per_token = (bw.key_total + bw.value_effective) * head_dim / 8
-        rows.append([_label(cfg), bw.key_effective, bw.key_metadata, bw.key_total, bw.value_effective, per_token])
+        rows.append([name, bw.key_effective, bw.key_metadata, bw.key_total, bw.value_effective, per_token])
     return rows
 
 
-def model_rows(configs: list[PNMixConfig], model: str, batch: int, length: int) -> list[list]:
+def model_rows(configs: dict[str, PNMixConfig], model: str, batch: int, length: int) -> list[list]:
     """KV-cache bytes of every layer of `model` holding `length` tokens for each of `batch` sequences."""
     shape = MODEL_SHAPES[model]
-    fp16 = 2 * shape.layers * batch * shape.kv_heads * length * shape.head_dim * 2
-    rows = [["FP16", fp16 / GIB, 1.0]]
-    for cfg in configs:
-        report = storage_model(cfg, batch, shape.kv_heads, shape.head_dim, length, torch.float16)
-        total = shape.layers * report.total
-        rows.append([_label(cfg), total / GIB, fp16 / total])
-    return rows
+    configs = {"FP16": METHODS["FP16"](), **configs}  # the baseline row, always first
+    totals = {
+        name: shape.layers * storage_model(cfg, batch, shape.kv_heads, shape.head_dim, length, torch.float16).total
+        for name, cfg in configs.items()
+    }
+    return [[name, total / GIB, totals["FP16"] / total] for name, total in totals.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,16 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="also show the paper's Table 14 bit-width sweep next to the config"
     )
+    parser.add_argument(
+        "--methods", action="store_true", help="also show every compared method's default (FP16, KIVI, Kitty, PN-Mix)"
+    )
     args = parser.parse_args(argv)
     try:
-        configs = [_config_from_args(args)]
+        configs = {name: make() for name, make in METHODS.items()} if args.methods else {}
+        base = _config_from_args(args)
+        configs["this config: " + _label(base)] = base
         if args.sweep:
-            base = configs[0]
-            configs += [
-                dataclasses.replace(base, b_high=h, b_low=lo)
-                for h, lo in ((4, 2), (4, 1), (3, 2), (2, 1), (2, 2))
-                if (h, lo) != (base.b_high, base.b_low)
-            ]
+            for h, lo in ((4, 2), (4, 1), (3, 2), (2, 1), (2, 2)):
+                if (h, lo) != (base.b_high, base.b_low):
+                    cfg = dataclasses.replace(base, b_high=h, b_low=lo)
+                    configs[_label(cfg)] = cfg
         bits = bits_rows(configs, args.head_dim, args.n_quantized)
         models = model_rows(configs, args.model, args.batch, args.length)
     except (TypeError, ValueError) as err:

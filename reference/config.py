@@ -11,6 +11,12 @@ import torch
 KEY_BITS = (1, 2, 3, 4, 8)
 VALUE_BITS = (1, 2, 3, 4, 8, 16)
 PAIR_LAYOUTS = ("adjacent", "split")
+#: Which key channels get b_high bits: PN-Mix's pairs chosen once from the prompt (Eq. 6),
+#: none (uniform, as KIVI), or channels chosen per page from that page's keys (as Kitty).
+SELECTIONS = ("prefill-pairs", "none", "page-channels")
+#: 1-bit groups: Eq. 7 bin midpoints (PN-Mix) or Eq. 2 group ends (KIVI's 1-bit keys).
+ONE_BIT = ("midpoint", "ends")
+CRITERIA = ("qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range")
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -49,6 +55,12 @@ class PNMixConfig:
         (i, i + d/2) as Hugging Face `rotate_half` models (Llama, Qwen, SmolLM2) do. The
         default is "split" because that is what the models users load actually store.
     scale_dtype: storage dtype of every scale and zero.
+    selection: "prefill-pairs" (PN-Mix, Eq. 6 once at prefill), "none" (uniform keys, KIVI;
+        needs b_high == b_low) or "page-channels" (Kitty: per key group of G tokens, the
+        floor(r * d) channels of largest mean |k| over that group's own keys).
+    one_bit: "midpoint" (Eq. 7) or "ends" (Eq. 2 with b = 1) for 1-bit groups.
+    criterion: what "prefill-pairs" ranks pairs by: "qk-pair-norm" (Eq. 6, PN-Mix) or the
+        ablations' "k-pair-norm", "k-magnitude", "k-range" (reference.saliency.criterion_scores).
     """
 
     b_high: int = 3
@@ -61,6 +73,9 @@ class PNMixConfig:
     value_group_size: int | None = None
     pair_layout: str = "split"
     scale_dtype: torch.dtype = field(default=torch.float16)
+    selection: str = "prefill-pairs"
+    one_bit: str = "midpoint"
+    criterion: str = "qk-pair-norm"
 
     def __post_init__(self) -> None:
         _check_int("b_high", self.b_high, KEY_BITS)
@@ -92,6 +107,14 @@ class PNMixConfig:
             raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}, got {self.pair_layout!r}")
         if self.scale_dtype not in SCALE_DTYPES:
             raise TypeError(f"scale_dtype must be one of {SCALE_DTYPES}, got {self.scale_dtype}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.selection == "none" and self.b_high != self.b_low:
+            raise ValueError(f"selection 'none' (uniform keys) needs b_high == b_low, got {self.b_high}, {self.b_low}")
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
+        if self.one_bit not in ONE_BIT:
+            raise ValueError(f"one_bit must be one of {ONE_BIT}, got {self.one_bit!r}")
 
     @property
     def values_quantized(self) -> bool:
@@ -102,6 +125,15 @@ class PNMixConfig:
         check_head_dim(self, head_dim)
         # The epsilon keeps e.g. r=0.3, d=20 at 3 pairs despite 0.3 * 10 = 2.9999999999999996.
         return math.floor(self.ratio * (head_dim // 2) + 1e-9)
+
+    def n_salient_channels(self, head_dim: int) -> int:
+        """Channels of a KV head (or of a page, for "page-channels") that get b_high bits."""
+        if self.selection == "prefill-pairs":
+            return 2 * self.n_salient_pairs(head_dim)
+        if self.selection == "page-channels":
+            check_head_dim(self, head_dim)
+            return math.floor(self.ratio * head_dim + 1e-9)
+        return 0
 
     def value_group(self, head_dim: int) -> int:
         """Channels per value quantization group for this head_dim."""
@@ -114,6 +146,8 @@ def check_head_dim(config: PNMixConfig, head_dim: int) -> None:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (RoPE rotates channel pairs), got {head_dim}")
+    if config.selection == "page-channels" and head_dim > 256:
+        raise ValueError(f"head_dim must be <= 256 for per-page channel ranks stored in uint8, got {head_dim}")
     if config.values_quantized:
         group = config.value_group(head_dim)
         if head_dim % group:

@@ -72,13 +72,27 @@ def salient_channel_index(channel_mask: torch.Tensor) -> torch.Tensor:
     return order[..., :n]
 
 
+def _pages(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return list(t.chunk(n, dim=-2)) if n else []
+
+
 def pack_key_codes(
     codes: torch.Tensor, channel_mask: torch.Tensor, b_high: int, b_low: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split key codes [B, H_kv, T_q, d] into (key_low, key_high) packed planes (module doc).
 
-    channel_mask: [B, H_kv, d] bool, True for the channels quantized with b_high bits.
+    channel_mask: [B, H_kv, d] bool, True for the channels quantized with b_high bits; or
+    [B, H_kv, P, d], one mask per page of T_q / P tokens (Kitty), each page's high plane
+    holding that page's channels.
     """
+    if channel_mask.dim() == 4:
+        n = channel_mask.shape[2]
+        planes = [
+            pack_key_codes(c, m, b_high, b_low) for c, m in zip(_pages(codes, n), channel_mask.unbind(2), strict=True)
+        ]
+        if not planes:
+            return pack_key_codes(codes, channel_mask[:, :, 0] if n else channel_mask.any(2), b_high, b_low)
+        return torch.cat([p[0] for p in planes], -2), torch.cat([p[1] for p in planes], -2)
     low = codes & ((1 << b_low) - 1)
     key_low = pack_fields(low, field_width(b_low), dim=-2)
     index = salient_channel_index(channel_mask)  # [B, H_kv, n_sal]
@@ -93,6 +107,12 @@ def unpack_key_codes(
     key_low: torch.Tensor, key_high: torch.Tensor, channel_mask: torch.Tensor, b_high: int, b_low: int
 ) -> torch.Tensor:
     """Inverse of `pack_key_codes`: rebuild codes [B, H_kv, T_q, d] (uint8)."""
+    if channel_mask.dim() == 4:
+        n = channel_mask.shape[2]
+        if n == 0:
+            return unpack_key_codes(key_low, key_high, channel_mask.any(2), b_high, b_low)
+        pages = zip(_pages(key_low, n), _pages(key_high, n), channel_mask.unbind(2), strict=True)
+        return torch.cat([unpack_key_codes(lo, hi, m, b_high, b_low) for lo, hi, m in pages], -2)
     codes = unpack_fields(key_low, field_width(b_low), dim=-2)
     width = field_width(b_high - b_low)
     if width == 0:

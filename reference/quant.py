@@ -68,10 +68,12 @@ def midpoint_params(xmin: torch.Tensor, xmax: torch.Tensor) -> tuple[torch.Tenso
 
 
 def group_params(
-    xmin: torch.Tensor, xmax: torch.Tensor, bits: int, scale_dtype: torch.dtype
+    xmin: torch.Tensor, xmax: torch.Tensor, bits: int, scale_dtype: torch.dtype, midpoint: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stored (scale, zero) of groups with the given float32 min/max: Eq. 7 if bits == 1, else Eq. 2."""
-    scale, zero = midpoint_params(xmin, xmax) if bits == 1 else asymmetric_params(xmin, xmax, bits)
+    """Stored (scale, zero) of groups with the given float32 min/max: Eq. 7 if bits == 1 (and
+    midpoint, PN-Mix), else Eq. 2 (also at 1 bit when midpoint=False, as KIVI)."""
+    use_eq7 = bits == 1 and midpoint
+    scale, zero = midpoint_params(xmin, xmax) if use_eq7 else asymmetric_params(xmin, xmax, bits)
     return scale.to(scale_dtype), zero.to(scale_dtype)
 
 
@@ -95,7 +97,12 @@ def expand_groups(t: torch.Tensor, group_size: int, dim: int) -> torch.Tensor:
 
 
 def quantize(
-    x: torch.Tensor, bits: int, group_size: int, dim: int, scale_dtype: torch.dtype = torch.float16
+    x: torch.Tensor,
+    bits: int,
+    group_size: int,
+    dim: int,
+    scale_dtype: torch.dtype = torch.float16,
+    midpoint: bool = True,
 ) -> Quantized:
     """Eq. 2 (Eq. 7 when bits == 1) along `dim` in groups of `group_size` consecutive entries.
 
@@ -108,7 +115,7 @@ def quantize(
     ([[0, 1, 2, 3]], [[1.0]], [[0.0]], torch.float16)
     """
     xmin, xmax = group_min_max(x, group_size, dim)
-    scale, zero = group_params(xmin, xmax, bits, scale_dtype)
+    scale, zero = group_params(xmin, xmax, bits, scale_dtype, midpoint)
     codes = encode(x, expand_groups(scale, group_size, dim), expand_groups(zero, group_size, dim), bits)
     return Quantized(codes, scale, zero)
 
@@ -127,18 +134,22 @@ def quantize_keys(
     b_low: int,
     group_size: int,
     scale_dtype: torch.dtype = torch.float16,
+    midpoint: bool = True,
 ) -> Quantized:
     """Mixed-precision key quantization: per channel along tokens, b_high bits on salient channels.
 
-    k: [B, H_kv, T, d] with T a multiple of group_size; channel_mask: [B, H_kv, d] bool.
+    k: [B, H_kv, T, d] with T a multiple of group_size; channel_mask: [B, H_kv, d] bool, or
+    [B, H_kv, T // group_size, d] for a mask per group (Kitty's per-page selection).
     Returns codes [B, H_kv, T, d] and scale/zero [B, H_kv, T // group_size, d].
     """
     xmin, xmax = group_min_max(k, group_size, dim=-2)
-    hi = channel_mask.unsqueeze(-2)
-    s_high, z_high = group_params(xmin, xmax, b_high, scale_dtype)
-    s_low, z_low = group_params(xmin, xmax, b_low, scale_dtype)
+    hi = channel_mask.unsqueeze(-2) if channel_mask.dim() == 3 else channel_mask
+    s_high, z_high = group_params(xmin, xmax, b_high, scale_dtype, midpoint)
+    s_low, z_low = group_params(xmin, xmax, b_low, scale_dtype, midpoint)
     scale = torch.where(hi, s_high, s_low)
     zero = torch.where(hi, z_high, z_low)
     bits = torch.where(hi, b_high, b_low)
+    if channel_mask.dim() == 4:
+        bits = expand_groups(bits, group_size, -2)
     codes = encode(k, expand_groups(scale, group_size, -2), expand_groups(zero, group_size, -2), bits)
     return Quantized(codes, scale, zero)

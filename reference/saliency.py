@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .config import CRITERIA  # the importance criteria of the paper's Table 9 and Fig. 4
+
 
 def pair_channels(head_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Channel indices (first, second) of each RoPE pair i = 0 .. d/2 - 1.
@@ -61,10 +63,49 @@ def channel_mask_from_pairs(pair_mask: torch.Tensor, layout: str) -> torch.Tenso
     raise ValueError(f"pair_layout must be 'adjacent' or 'split', got {layout!r}")
 
 
+def criterion_scores(criterion: str, q: torch.Tensor, k: torch.Tensor, layout: str) -> torch.Tensor:
+    """Pair scores [B, H_kv, d/2] over the given tokens (prefill only, or the full sequence).
+
+    "qk-pair-norm": Eq. 6 (PN-Mix). "k-pair-norm": mean_s ||k[s, pair i]||. "k-magnitude":
+    mean_s |k| of the pair's two channels, summed. "k-range": max_s k - min_s k of the two
+    channels, summed. q: [B, H, T, d] (used by qk-pair-norm only), k: [B, H_kv, T, d].
+    """
+    if criterion == "qk-pair-norm":
+        return pair_saliency(q, k, layout)
+    if criterion == "k-pair-norm":
+        return pair_norms(k, layout).mean(dim=2)
+    first, second = (c.to(k.device) for c in pair_channels(k.shape[-1], layout))
+    kf = k.float()
+    if criterion == "k-magnitude":
+        per_channel = kf.abs().mean(dim=2)
+    elif criterion == "k-range":
+        per_channel = kf.amax(dim=2) - kf.amin(dim=2)
+    else:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    return per_channel[..., first] + per_channel[..., second]
+
+
 def prefill_pair_mask(q: torch.Tensor, k: torch.Tensor, config) -> torch.Tensor:
-    """PN-Mix's selection: Eq. 6 over the prompt, top floor(r * d / 2) pairs per sequence and KV head.
+    """The selection made once at prefill: config.criterion (Eq. 6 for PN-Mix) over the prompt,
+    top floor(r * d / 2) pairs per sequence and KV head.
 
     q: [B, H, T, d], k: [B, H_kv, T, d] post-RoPE prefill states; returns bool [B, H_kv, d/2].
     """
-    sigma = pair_saliency(q, k, config.pair_layout)
-    return select_salient_pairs(sigma, config.n_salient_pairs(k.shape[-1]))
+    scores = criterion_scores(config.criterion, q, k, config.pair_layout)
+    return select_salient_pairs(scores, config.n_salient_pairs(k.shape[-1]))
+
+
+def page_channel_ranks(k: torch.Tensor, group_size: int, n_boost: int) -> torch.Tensor:
+    """Kitty's per-page selection: rank of every channel within its page of group_size keys.
+
+    Channels are scored by mean |k| over the page's own keys; the n_boost highest (ties to the
+    lower index) come first in ascending channel order, then the rest in ascending order.
+    k: [B, H_kv, T, d] with T a multiple of group_size; returns uint8 [B, H_kv, T / G, d];
+    a channel is boosted where its rank < n_boost.
+    """
+    score = k.float().abs().unflatten(-2, (k.shape[-2] // group_size, group_size)).mean(-2)
+    top = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :n_boost]
+    boosted = torch.zeros_like(score, dtype=torch.bool).scatter(-1, top, True)
+    order = torch.sort((~boosted).to(torch.uint8), dim=-1, stable=True).indices
+    positions = torch.arange(score.shape[-1], device=k.device).expand_as(order)
+    return torch.empty_like(order).scatter(-1, order, positions).to(torch.uint8)

@@ -108,7 +108,7 @@ def storage_model(
     elt = torch.empty((), dtype=dtype).element_size()
     sb = torch.empty((), dtype=config.scale_dtype).element_size()
     d = head_dim
-    n_sal_channels = 2 * config.n_salient_pairs(d)
+    n_sal_channels = config.n_salient_channels(d)
     groups = n_q // config.group_size
     if config.values_quantized:
         v_groups = d // config.value_group(d)
@@ -125,13 +125,24 @@ def storage_model(
         sink_value=sinks * d * elt,
         residual_key=n_res * d * elt,
         residual_value=n_res * d * elt,
-        mask=math.ceil(d // 2 / 8),
+        mask=selection_metadata_bytes(config, d, n_q),
         value_payload=value_payload,
         value_scale=value_scale,
         value_zero=value_scale,
     )
     n = batch * kv_heads
     return StorageReport(**{name: n * b for name, b in per_head.as_dict().items()})
+
+
+def selection_metadata_bytes(config: PNMixConfig, head_dim: int, n_quantized: int) -> int:
+    """Bytes per KV head that say which channels have b_high bits: PN-Mix's pair mask, one bit
+    per RoPE pair stored once; nothing for uniform keys; Kitty's per-page channel ranks, d
+    bytes per page of G tokens (the page-wise index read at decode time)."""
+    if config.selection == "prefill-pairs":
+        return math.ceil(head_dim // 2 / 8)
+    if config.selection == "page-channels":
+        return n_quantized // config.group_size * head_dim
+    return 0
 
 
 def measure(tensors: Mapping[str, torch.Tensor | Iterable[torch.Tensor]]) -> StorageReport:
@@ -171,7 +182,8 @@ def bit_widths(
             f"n_quantized ({n_quantized}) must be a multiple of residual_length "
             f"({config.residual_length}) so that the residual is empty"
         )
-    length = config.n_sink + n_quantized
+    # An exact region at least as long as T_q (the FP16 cache) is counted over 2 T_q tokens.
+    length = min(config.n_sink, n_quantized) + n_quantized
     report = storage_model(config, 1, 1, head_dim, length, dtype)
     elements = length * head_dim
     key = report.key_low + report.key_high + report.key_scale + report.key_zero + report.sink_key

@@ -33,9 +33,12 @@ def check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what: 
         raise ValueError(f"{', '.join(names)} must share one {what}, got {pairs}")
 
 
-def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig) -> None:
-    """Values must fit the scale/zero storage dtype, or the stored zero would overflow."""
+def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
+    """Values must fit the scale/zero storage dtype, or the stored zero would overflow; a 1-bit
+    Eq. 2 scale is the whole range max - min, so then |x| must stay within half of it."""
     limit = torch.finfo(config.scale_dtype).max
+    if bits == 1 and config.one_bit == "ends":
+        limit /= 2
     if t.numel() and float(t.float().abs().max()) > limit:
         raise ValueError(
             f"{name} has magnitude {float(t.float().abs().max()):.4g}, above the largest "
@@ -56,9 +59,9 @@ def check_kv(k: object, v: object, config: PNMixConfig) -> None:
     check_head_dim(config, k.shape[-1])
     check_finite("k", k)
     check_finite("v", v)
-    check_quantizable("k", k, config)
+    check_quantizable("k", k, config, config.b_low)
     if config.values_quantized:
-        check_quantizable("v", v, config)
+        check_quantizable("v", v, config, config.value_bits)
 
 
 def check_prefill(q: object, k: object, v: object, config: PNMixConfig) -> None:

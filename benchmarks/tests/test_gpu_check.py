@@ -5,7 +5,8 @@ import json
 import pytest
 
 from benchmarks import gpu_check
-from reference import PNMixConfig, storage_model
+from reference import storage_model
+from reference.methods import METHODS
 
 
 @pytest.mark.interpreter
@@ -16,12 +17,17 @@ def test_tiny_run_writes_a_complete_result(tmp_path, capsys):
     assert data["kind"] == "pnmix-gpu-check" and "not predictive" in data["timing"]
     assert {"torch", "triton", "python"} <= set(data["versions"])
     rows = data["decode_attention"]
-    assert [(r["batch"], r["context"]) for r in rows] == [(2, 300)]
+    assert [(r["method"], r["batch"], r["context"]) for r in rows] == [
+        ("PN-Mix", 2, 300), ("KIVI-2", 2, 300), ("Kitty", 2, 300), ("FP16 (SDPA)", 2, 300)
+    ]  # fmt: skip
+    q_and_out = 2 * 2 * 32 * 128 * 2
     for r in rows:
-        cache_bytes = storage_model(PNMixConfig(), r["batch"], 8, 128, r["context"]).total
-        assert r["pnmix_bytes"] == cache_bytes + 2 * r["batch"] * 32 * 128 * 2  # + q and the output
-        assert r["fp16_bytes"] == 2 * r["batch"] * 8 * 300 * 128 * 2 + 2 * r["batch"] * 32 * 128 * 2
-        assert r["pnmix_gbps"] == pytest.approx(r["pnmix_bytes"] / (r["pnmix_ms"] * 1e-3) / 1e9)
+        if r["method"] == "FP16 (SDPA)":
+            assert r["bytes"] == 2 * 2 * 8 * 300 * 128 * 2 + q_and_out
+        else:
+            assert r["bytes"] == storage_model(METHODS[r["method"]](), 2, 8, 128, 300).total + q_and_out
+        assert r["gbps"] == pytest.approx(r["bytes"] / (r["ms"] * 1e-3) / 1e9)
+        assert r["fraction_of_copy"] == pytest.approx(r["gbps"] / data["copy_gbps"])
     assert "written to" in capsys.readouterr().out
 
 

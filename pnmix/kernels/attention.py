@@ -25,11 +25,16 @@ from .common import round_to, unpack_field
 def _load_tile(
     pos, cols, d_ok, n_sink, n_q,
     sink_ptr, res_ptr, low_ptr, high_ptr, slot, scale_ptr, zero_ptr, dense_ptr,
-    d, lo_row, hi_row, v_row, v_groups,
+    d, lo_row, hi_row, v_row, v_groups, rank_ptr, n_boost,
     IS_KEY: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, VG: tl.constexpr,
     W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, W_HI: tl.constexpr, B_HI: tl.constexpr,
+    PAGE_RANKS: tl.constexpr,
 ):  # fmt: skip
-    """A [BLOCK_N, BLOCK_D] float32 tile of keys or values at positions pos (-1 = none)."""
+    """A [BLOCK_N, BLOCK_D] float32 tile of keys or values at positions pos (-1 = none).
+
+    The high-plane column of each channel is `slot` (one selection for all tokens), or with
+    PAGE_RANKS comes from the per-page rank table (Kitty), row by row.
+    """
     p = pos[:, None]
     c = cols[None, :]
     in_sink = (p >= 0) & (p < n_sink) & d_ok
@@ -42,8 +47,13 @@ def _load_tile(
         if IS_KEY:  # packed along tokens; per-channel groups of G tokens
             code = unpack_field(low_ptr, qp, c, lo_row, in_q, W_LO, B_LO)
             if HAS_HIGH:
-                hi_ok = in_q & (slot[None, :] >= 0)
-                code = code | (unpack_field(high_ptr, qp, slot[None, :], hi_row, hi_ok, W_HI, B_HI) << B_LO)
+                if PAGE_RANKS:
+                    rank = tl.load(rank_ptr + (qp // G) * d + c, mask=in_q, other=255).to(tl.int32)
+                    col = tl.where(rank < n_boost, rank, -1)
+                else:
+                    col = slot[None, :]
+                hi_ok = in_q & (col >= 0)
+                code = code | (unpack_field(high_ptr, qp, col, hi_row, hi_ok, W_HI, B_HI) << B_LO)
             p_off = (qp // G) * d + c
         else:  # packed along channels; per-token groups of VG channels
             code = unpack_field(low_ptr, c, qp * v_row, 1, in_q, W_LO, B_LO)
@@ -61,7 +71,8 @@ def _split_kernel(
     q_ptr, m_ptr, l_ptr, acc_ptr,
     sk_ptr, sv_ptr, rk_ptr, rv_ptr, klo_ptr, khi_ptr, mask_ptr, ks_ptr, kz_ptr, vp_ptr, vs_ptr, vz_ptr,
     n_sink, n_q, length, t_new, n_rep, n_kv, d, sm_scale, split_len, n_splits,
-    s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, hi_row, v_row, v_groups, ADJACENT: tl.constexpr,
+    s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, hi_row, v_row, v_groups, n_boost,
+    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr,
     G: tl.constexpr, VG: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
     W_HI: tl.constexpr, B_HI: tl.constexpr, V_QUANT: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -78,11 +89,14 @@ def _split_kernel(
     d_ok = cols[None, :] < d
     q_off = ((b * n_rep * n_kv + head) * t_new + j) * d
     q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=row_ok[:, None] & d_ok, other=0.0).to(DOT)
-    # Column of each salient channel in the high plane, from the bit-packed pair mask alone.
-    pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
-    mask_byte = tl.load(mask_ptr + bh * s_mask + pair // 8, mask=cols < d, other=0).to(tl.int32)
-    salient = ((mask_byte >> (pair % 8)) & 1) * (cols < d).to(tl.int32)
-    slot = tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
+    if PAGE_RANKS:
+        slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from the page rank table
+    else:
+        # Column of each salient channel in the high plane, from the bit-packed pair mask alone.
+        pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
+        mask_byte = tl.load(mask_ptr + bh * s_mask + pair // 8, mask=(cols < d) & HAS_HIGH, other=0).to(tl.int32)
+        salient = ((mask_byte >> (pair % 8)) & 1) * (cols < d).to(tl.int32)
+        slot = tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
     last_visible = length - t_new + j  # causal: query j sees positions 0 .. last_visible
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -95,7 +109,7 @@ def _split_kernel(
         k = _load_tile(
             pos, cols, d_ok, n_sink, n_q, sk_ptr + bh * s_sink, rk_ptr + bh * s_res, klo_ptr + bh * s_klo,
             khi_ptr + bh * s_khi, slot, ks_ptr + bh * s_ks, kz_ptr + bh * s_ks, klo_ptr, d, d, hi_row, 0, 0,
-            True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI,
+            mask_ptr + bh * s_mask, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
         )  # fmt: skip
         logits = tl.dot(q, tl.trans(k.to(DOT))) * sm_scale
         visible = (pos[None, :] >= 0) & (pos[None, :] <= last_visible[:, None])
@@ -108,7 +122,7 @@ def _split_kernel(
         v = _load_tile(
             pos, cols, d_ok, n_sink, n_q, sv_ptr + bh * s_sink, rv_ptr + bh * s_res, vp_ptr + bh * s_vp,
             vp_ptr, slot, vs_ptr + bh * s_vs, vz_ptr + bh * s_vs, vp_ptr + bh * s_vp, d, 0, 0, v_row, v_groups,
-            False, V_QUANT, G, VG, W_V, B_V, False, 1, 1,
+            vp_ptr, 0, False, V_QUANT, G, VG, W_V, B_V, False, 1, 1, False,
         )  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
         m_i = m_new
@@ -148,8 +162,9 @@ class PackedRegion:
     """The tensors decode attention reads for one layer, all [B, H_kv, rows, cols] (views allowed).
 
     sink_k/v and residual_k/v: exact tokens; key_low/high, key_scale/zero: packed keys;
-    mask: the bit-packed pair mask [B, H_kv, ceil(d / 16)]; value_payload, value_scale/zero:
-    packed values (or dense values if value_bits == 16).
+    mask: the selection metadata: the bit-packed pair mask [B, H_kv, ceil(d / 16)] (PN-Mix),
+    per-page channel ranks [B, H_kv, pages, d] (Kitty) or empty (uniform keys);
+    value_payload, value_scale/zero: packed values (or dense values if value_bits == 16).
     """
 
     sink_k: torch.Tensor
@@ -192,6 +207,8 @@ def decode_attention(
     b_low: int,
     value_bits: int,
     pair_layout: str,
+    selection: str = "prefill-pairs",
+    n_boost: int = 0,
     num_splits: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -223,7 +240,8 @@ def decode_attention(
         n_sink, n_quantized, length, t_new, n_rep, n_kv, d, 1.0 / math.sqrt(d), split_len, splits,
         _stride(r.sink_k), _stride(r.residual_k), _stride(r.key_low), _stride(r.key_high), _stride(r.mask),
         _stride(r.key_scale), _stride(r.value_payload), _stride(r.value_scale) if v_quant else 0,
-        r.key_high.stride(2), r.value_payload.stride(2), d // value_group, ADJACENT=pair_layout == "adjacent",
+        r.key_high.stride(2), r.value_payload.stride(2), d // value_group, n_boost,
+        ADJACENT=pair_layout == "adjacent", PAGE_RANKS=selection == "page-channels",
         G=group_size, VG=value_group, W_LO=field_width(b_low), B_LO=b_low, HAS_HIGH=has_high,
         W_HI=field_width(b_high - b_low) if has_high else 1, B_HI=(b_high - b_low) if has_high else 1,
         V_QUANT=v_quant, W_V=field_width(value_bits) if v_quant else 8, B_V=value_bits if v_quant else 8,

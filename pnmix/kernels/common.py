@@ -11,12 +11,14 @@ from .. import _runtime  # noqa: F401
 
 
 @triton.jit
-def eq2_eq7_params(xmin, xmax, bits):
-    """Float32 scale and zero of groups with the given min/max: Eq. 7 where bits == 1, else Eq. 2."""
+def eq2_eq7_params(xmin, xmax, bits, MIDPOINT: tl.constexpr):
+    """Float32 scale and zero of groups with the given min/max: Eq. 7 where bits == 1 (if
+    MIDPOINT, PN-Mix), else Eq. 2 (also at 1 bit without MIDPOINT, as KIVI)."""
     span = xmax - xmin
     levels = ((1 << bits) - 1).to(tl.float32)
-    scale = tl.where(bits == 1, span * 0.5, tl.math.div_rn(span, levels))
-    zero = tl.where(bits == 1, xmin + span * 0.25, xmin)
+    eq7 = (bits == 1) & MIDPOINT
+    scale = tl.where(eq7, span * 0.5, tl.math.div_rn(span, levels))
+    zero = tl.where(eq7, xmin + span * 0.25, xmin)
     return scale, zero
 
 

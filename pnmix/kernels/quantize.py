@@ -22,7 +22,7 @@ from .common import encode, eq2_eq7_params, round_to, unpack_field
 def _group_params_kernel(
     x_ptr, scale_ptr, zero_ptr, bits_ptr,
     n_cols, sx_bh, sx_pos, sx_col, sp_bh, sp_grp, sp_col, sb_bh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BITS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BITS: tl.constexpr, MIDPOINT: tl.constexpr,
 ):  # fmt: skip
     bh, g, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs = tl.arange(0, BLOCK_G)
@@ -39,7 +39,7 @@ def _group_params_kernel(
         bits = tl.full([BLOCK_C], BITS, tl.int32)
     else:
         bits = tl.load(bits_ptr + bh * sb_bh + cols, mask=col_ok, other=1).to(tl.int32)
-    scale, zero = eq2_eq7_params(xmin, xmax, bits)
+    scale, zero = eq2_eq7_params(xmin, xmax, bits, MIDPOINT)
     out = bh * sp_bh + g * sp_grp + cols * sp_col
     tl.store(scale_ptr + out, round_to(scale, scale_ptr.dtype.element_ty), mask=col_ok)
     tl.store(zero_ptr + out, round_to(zero, zero_ptr.dtype.element_ty), mask=col_ok)
@@ -121,12 +121,19 @@ def _bh_stride(t: torch.Tensor) -> int:
 
 
 def group_params(
-    x: torch.Tensor, group: int, along: str, bits: int | torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+    x: torch.Tensor,
+    group: int,
+    along: str,
+    bits: int | torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    midpoint: bool = True,
 ) -> None:
     """Write Eq. 2 / Eq. 7 scale and zero of x [B, H, T, d] grouped `along` tokens or channels.
 
     bits: an int, or int32 [B, H, d] per channel (keys). scale, zero: [B, H, n_groups, d]
     (tokens) or [B, H, T, d / group] (channels), possibly views into larger buffers.
+    midpoint: 1-bit groups use Eq. 7 (PN-Mix) rather than Eq. 2 (KIVI).
     """
     pos_dim, col_dim = _PLANE[along]
     n_pos, n_cols = x.shape[pos_dim], x.shape[col_dim]
@@ -142,7 +149,7 @@ def group_params(
         n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
         _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
         bits.stride(1) if per_channel else 0,
-        GROUP=group, BLOCK_G=_pow2(group), BLOCK_C=block_c, BITS=0 if per_channel else int(bits),
+        GROUP=group, BLOCK_G=_pow2(group), BLOCK_C=block_c, BITS=0 if per_channel else int(bits), MIDPOINT=midpoint,
     )  # fmt: skip
 
 

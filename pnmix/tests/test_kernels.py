@@ -11,6 +11,7 @@ import reference as R
 from conformance.tolerances import attention_bound
 from pnmix import PNMixCache, _runtime
 from pnmix.kernels import dequantize_plane, encode_pack, group_params
+from reference import methods
 
 pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
 DEV = _runtime.kernel_device()
@@ -143,3 +144,36 @@ def test_float32_inputs_are_rejected_clearly():
     t = data((1, 1, 4, 8), torch.float32, 1)
     with pytest.raises(TypeError, match="k must be float16 or bfloat16 for PNMixCache"):
         PNMixCache.from_prefill(t, t, t)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(lambda: methods.kivi(2, group_size=8), id="kivi-2"),
+        pytest.param(lambda: methods.kivi(1, group_size=8, n_sink=3), id="kivi-1-sinks"),
+        pytest.param(lambda: methods.kitty(group_size=8, residual_length=16), id="kitty"),
+        pytest.param(lambda: methods.kitty(light=True, group_size=8, residual_length=8, n_sink=0), id="kitty-light"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("capacity", [None, 80])
+def test_baselines_on_the_same_kernels_match_the_spec(method, dtype, capacity):
+    cfg = method()
+    q, k, v = data((2, 4, 45, 16), dtype, 1, 1.0), data((2, 2, 45, 16), dtype, 2), data((2, 2, 45, 16), dtype, 3)
+    cache = PNMixCache.from_prefill(q, k, v, cfg, max_cache_len=capacity)
+    ref = R.ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), cfg)
+    for step in range(3):
+        new_k, new_v = data((2, 2, 5, 16), dtype, 10 + step), data((2, 2, 5, 16), dtype, 20 + step)
+        cache.append(new_k, new_v)
+        ref.append(new_k.cpu(), new_v.cpu())
+    assert torch.equal(cache.key_codes().codes.cpu(), ref.key_codes().codes)
+    assert torch.equal(cache.dequantize()[0].cpu(), ref.dequantize()[0])
+    assert torch.equal(cache.dequantize()[1].cpu(), ref.dequantize()[1])
+    assert cache.storage() == R.storage_model(cfg, 2, 2, 16, cache.length, dtype, capacity=capacity)
+    assert cache.saliency_computations == ref.saliency_computations
+    new_q = data((2, 4, 1, 16), dtype, 30, 1.0)
+    k_hat, v_hat = ref.dequantize()
+    oracle = R.attention_ref(new_q.cpu().double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = R.attention_ref(new_q.cpu(), k_hat.to(dtype), v_hat.to(dtype), causal=True, upcast=False)
+    err = (cache.attend(new_q, num_splits=2).cpu().double() - oracle).abs().max().item()
+    assert err <= attention_bound(oracle, low, dtype)

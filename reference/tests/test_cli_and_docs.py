@@ -12,7 +12,7 @@ from reference.cli import main
 def test_cli_prints_the_worked_example_and_model_bytes(capsys):
     assert main(["--model", "Qwen3-8B", "--batch", "32", "--length", "8333"]) == 0
     out = capsys.readouterr().out
-    assert "| H3(50%)L1 G128 V2 |     2.2634 |" in out
+    assert "| this config: H3(50%)L1 G128 V2 |     2.2634 |" in out
     gib = 36 * storage_model(PNMixConfig(), 32, 8, 128, 8333).total / 1024**3
     assert f"{gib:.3f}" in out
     assert f"{2 * 36 * 32 * 8 * 8333 * 128 * 2 / 1024**3:.3f}" in out
@@ -35,3 +35,14 @@ def test_cli_rejects_bad_config_with_the_config_message(capsys):
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0
+
+
+def test_cli_lists_every_method_from_the_same_accounting(capsys):
+    from reference.methods import METHODS
+
+    main(["--methods"])
+    out = capsys.readouterr().out
+    for name, make in METHODS.items():
+        line = next(row for row in out.splitlines() if row.startswith(f"| {name} "))
+        assert f"{bit_widths(make(), 128).key_effective:.4f}" in line
+    assert "| FP16 " in out and "16.0000" in out

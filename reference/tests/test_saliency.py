@@ -90,3 +90,34 @@ def test_layouts_agree_under_channel_permutation():
     mask_adj = channel_mask_from_pairs(select_salient_pairs(sig_adj, 3), "adjacent")
     mask_split = channel_mask_from_pairs(select_salient_pairs(sig_split, 3), "split")
     assert torch.equal(mask_adj[..., perm], mask_split)
+
+
+def test_ablation_criteria_golden():
+    from reference.saliency import criterion_scores
+
+    # d = 4 adjacent pairs (0,1), (2,3); two tokens of one KV head.
+    k = torch.tensor([[[[3.0, 4.0, 1.0, 0.0], [-3.0, 0.0, 2.0, 0.0]]]])
+    q = torch.ones(1, 1, 2, 4)
+    assert criterion_scores("k-pair-norm", q, k, "adjacent").tolist() == [[[4.0, 1.5]]]  # (5+3)/2, (1+2)/2
+    assert criterion_scores("k-magnitude", q, k, "adjacent").tolist() == [[[5.0, 1.5]]]  # 3+2, 1.5+0
+    assert criterion_scores("k-range", q, k, "adjacent").tolist() == [[[10.0, 1.0]]]  # 6+4, 1+0
+    assert torch.equal(criterion_scores("qk-pair-norm", q, k, "adjacent"), pair_saliency(q, k, "adjacent"))
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        criterion_scores("v-norm", q, k, "adjacent")
+
+
+def test_cache_selects_by_the_configured_criterion():
+    from reference import PNMixConfig, ReferenceCache
+
+    # Pair 0 has the largest key range, pair 1 the largest keys, pair 2 the largest queries.
+    k = torch.zeros(1, 1, 8, 6)
+    k[0, 0, :, 0] = torch.tensor([-1.0, 1.0] * 4)
+    k[..., :, 2] = 3.0
+    q = torch.full((1, 1, 8, 6), 0.1)
+    q[..., 4] = 100.0
+    k[..., 4] = 0.5
+    picks = {}
+    for criterion in ("k-range", "k-magnitude", "qk-pair-norm"):
+        cfg = PNMixConfig(ratio=1 / 3, pair_layout="adjacent", criterion=criterion, n_sink=8, value_bits=16)
+        picks[criterion] = ReferenceCache.from_prefill(q, k, k, cfg).pair_mask[0, 0].nonzero().flatten().tolist()
+    assert picks == {"k-range": [0], "k-magnitude": [1], "qk-pair-norm": [2]}

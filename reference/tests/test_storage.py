@@ -104,3 +104,16 @@ def test_static_allocation_counts_capacity():
     assert static == dataclasses.replace(full, residual_key=page, residual_value=page)
     with pytest.raises(ValueError, match="capacity must be an int >= length"):
         storage_model(cfg, 1, 1, 128, 500, capacity=400)
+
+
+def test_method_bit_widths_hand_computed():
+    from reference.methods import fp16, kitty, kivi
+
+    # KIVI-2, G = 128, no sinks: 2 payload bits + 32 / 128 scale/zero bits; no selection metadata.
+    assert bit_widths(kivi(2), 128) == (2.25, 0.0, 2.25)
+    # Kitty: 2-bit low plane + (d/4 channels) x 2-bit high plane + 0.25 scale/zero, 32 fp16 sinks;
+    # its per-page index is d bytes per 128-token page: 8 * 128 / (128 * 128) bits over the T_q tokens.
+    bw = bit_widths(kitty(), 128)
+    assert bw.key_effective == pytest.approx((32768 * (2 + 0.5 + 0.25) + 32 * 16) / 32800)
+    assert bw.key_metadata == pytest.approx(256 * 128 * 8 / (32800 * 128))
+    assert bit_widths(fp16(), 128) == (16.0, 0.0, 16.0)

@@ -1,0 +1,82 @@
+"""The methods the paper compares, as configurations of one cache family (same code, same accounting).
+
+- PN-Mix: `PNMixConfig()`, pairs chosen once from the prompt (Eq. 6), H3(50%)L1, Eq. 7 at 1 bit.
+- KIVI (jy-yuan/KIVI): uniform b-bit keys per channel along tokens and values per token, an
+  FP16 residual of R = G tokens, 1-bit groups at the group ends (Eq. 2); its public code
+  keeps no sink tokens (n_sink=0), the paper's comparisons keep 32 (`kivi(n_sink=32)`).
+- Kitty (Summer-Summer/Kitty): pages of 128 tokens; per page the d/4 channels of largest mean
+  |k| over that page's keys get 4 bits (d/8 in the light variant), the rest 2 bits, as a 2-bit
+  low plane for every channel plus a 2-bit high plane for the boosted ones; a per-page channel
+  index of d bytes; FP16 scale and min per (channel, page); 32 FP16 sinks; 2-bit values per
+  token over the full head dim.
+- FP16: every token kept exact; expressed as a cache whose exact (sink) region has room for
+  every token, so that its bytes come from the same accounting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .config import PNMixConfig
+
+EVERY_TOKEN = 2**62  # an exact region longer than any sequence
+
+
+def pnmix(**overrides) -> PNMixConfig:
+    return PNMixConfig(**overrides)
+
+
+def kivi(bits: int = 2, group_size: int = 128, n_sink: int = 0, **overrides) -> PNMixConfig:
+    """KIVI-b with group size G (and residual R = G), keys and values at b bits."""
+    return PNMixConfig(
+        **{
+            "b_high": bits,
+            "b_low": bits,
+            "ratio": 0.0,
+            "selection": "none",
+            "one_bit": "ends",
+            "group_size": group_size,
+            "residual_length": group_size,
+            "n_sink": n_sink,
+            "value_bits": bits,
+            "value_group_size": None,
+            **overrides,
+        }
+    )
+
+
+def kitty(light: bool = False, **overrides) -> PNMixConfig:
+    """Kitty: 4-bit boosted channels (d/4, or d/8 when light) chosen per 128-token page, 2-bit rest."""
+    return PNMixConfig(
+        **{
+            "b_high": 4,
+            "b_low": 2,
+            "ratio": 0.125 if light else 0.25,
+            "selection": "page-channels",
+            "group_size": 128,
+            "residual_length": 128,
+            "n_sink": 32,
+            "value_bits": 2,
+            "value_group_size": None,
+            **overrides,
+        }
+    )
+
+
+def fp16(**overrides) -> PNMixConfig:
+    """The unquantized cache: every token exact (16-bit keys and values)."""
+    return PNMixConfig(
+        **{"b_high": 1, "b_low": 1, "selection": "none", "n_sink": EVERY_TOKEN, "value_bits": 16, **overrides}
+    )
+
+
+#: Default configuration of each method, by the name the tables use.
+METHODS: dict[str, Callable[..., PNMixConfig]] = {
+    "FP16": fp16,
+    "KIVI-2": lambda **o: kivi(2, **o),
+    "KIVI-2 +32 sinks": lambda **o: kivi(2, n_sink=32, **o),
+    "KIVI-1": lambda **o: kivi(1, **o),
+    "Kitty": kitty,
+    "Kitty-light": lambda **o: kitty(light=True, **o),
+    "PN-Mix": pnmix,
+}
