@@ -32,10 +32,11 @@ from reference import storage_model
 from reference.methods import METHODS
 from reports.files import utc_stamp, write_json
 
-KV_HEADS, N_REP, HEAD_DIM, PROMPT = 8, 4, 128, 141
+PROMPT = 141
 QUANTIZED = ("PN-Mix", "KIVI-2", "Kitty")  # timed on the same Triton decode kernel
-FULL = {"batches": (1, 32, 110), "contexts": (1024, 8192, 32768), "chunk": 4096}
-TINY = {"batches": (2,), "contexts": (300,), "chunk": 128}  # sinks, two quantized pages, residual
+# layer: (KV heads, query heads per KV head, head_dim); Qwen3-8B's for the real run.
+FULL = {"batches": (1, 32, 110), "contexts": (1024, 8192, 32768), "chunk": 4096, "layer": (8, 4, 128)}
+TINY = {"batches": (2,), "contexts": (300,), "chunk": 128, "layer": (2, 2, 64)}  # sinks, 2 pages, residual
 
 
 def versions() -> dict[str, str]:
@@ -71,28 +72,30 @@ def copy_bandwidth(cuda: bool, nbytes: int) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def build_cache(method: str, batch: int, context: int, chunk: int, device: str):
+def build_cache(method: str, batch: int, context: int, chunk: int, layer: tuple, device: str):
     from pnmix import PNMixCache
 
+    kv_heads, n_rep, head_dim = layer
     gen = torch.Generator(device=device).manual_seed(batch * 7919 + context)
-    shape = lambda heads, n: (batch, heads, n, HEAD_DIM)  # noqa: E731
+    shape = lambda heads, n: (batch, heads, n, head_dim)  # noqa: E731
     rand = lambda *s: torch.randn(*s, generator=gen, device=device, dtype=torch.float16)  # noqa: E731
     prompt = min(PROMPT, context)
     cache = PNMixCache.from_prefill(
-        rand(*shape(KV_HEADS * N_REP, prompt)),
-        rand(*shape(KV_HEADS, prompt)),
-        rand(*shape(KV_HEADS, prompt)),
+        rand(*shape(kv_heads * n_rep, prompt)),
+        rand(*shape(kv_heads, prompt)),
+        rand(*shape(kv_heads, prompt)),
         METHODS[method](),
     )
     while cache.length < context:
         n = min(chunk, context - cache.length)
-        cache.append(rand(*shape(KV_HEADS, n)), rand(*shape(KV_HEADS, n)))
-    return cache, rand(*shape(KV_HEADS * N_REP, 1))
+        cache.append(rand(*shape(kv_heads, n)), rand(*shape(kv_heads, n)))
+    return cache, rand(*shape(kv_heads * n_rep, 1))
 
 
 def microbenchmark(cfg: dict, cuda: bool) -> list[dict]:
     """One row per (method, batch, context): median ms, bytes read, effective GB/s."""
     device = "cuda" if cuda else "cpu"
+    kv_heads, _, head_dim = cfg["layer"]
     rows = []
     points = [(b, c) for b in cfg["batches"] for c in cfg["contexts"]]
 
@@ -103,11 +106,11 @@ def microbenchmark(cfg: dict, cuda: bool) -> list[dict]:
     for batch, context in tqdm(points, desc="decode attention", unit="point"):
         q = None
         for method in QUANTIZED:
-            cache, q = build_cache(method, batch, context, cfg["chunk"], device)
-            nbytes = storage_model(METHODS[method](), batch, KV_HEADS, HEAD_DIM, context).total + 2 * q.numel() * 2
+            cache, q = build_cache(method, batch, context, cfg["chunk"], cfg["layer"], device)
+            nbytes = storage_model(METHODS[method](), batch, kv_heads, head_dim, context).total + 2 * q.numel() * 2
             rows.append(row(method, batch, context, timer(lambda c=cache, x=q: c.attend(x), cuda), nbytes))
             del cache
-        k = torch.randn(batch, KV_HEADS, context, HEAD_DIM, device=device, dtype=torch.float16)
+        k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=torch.float16)
         v = torch.randn_like(k)
         sdpa = lambda x=q, kk=k, vv=v: torch.nn.functional.scaled_dot_product_attention(x, kk, vv, enable_gqa=True)  # noqa: E731
         rows.append(row("FP16 (SDPA)", batch, context, timer(sdpa, cuda), 2 * k.numel() * 2 + 2 * q.numel() * 2))
@@ -149,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "command": "python -m benchmarks.gpu_check" + (" --tiny" if args.tiny else ""),
         "timing": "triton.testing.do_bench median" if cuda else "wall clock median of 3 (not predictive)",
-        "layer": {"kv_heads": KV_HEADS, "query_heads": KV_HEADS * N_REP, "head_dim": HEAD_DIM, "config": "default"},
+        "layer": dict(
+            zip(
+                ("kv_heads", "query_heads_per_kv_head", "head_dim"), (TINY if args.tiny else FULL)["layer"], strict=True
+            )
+        ),
     }
     if cuda and not args.skip_conformance:
         result["conformance"] = run_conformance(out)

@@ -74,7 +74,7 @@ def fp16(**overrides) -> PNMixConfig:
 METHODS: dict[str, Callable[..., PNMixConfig]] = {
     "FP16": fp16,
     "KIVI-2": lambda **o: kivi(2, **o),
-    "KIVI-2 +32 sinks": lambda **o: kivi(2, n_sink=32, **o),
+    "KIVI-2 +32 sinks": lambda **o: kivi(2, **{"n_sink": 32, **o}),
     "KIVI-1": lambda **o: kivi(1, **o),
     "Kitty": kitty,
     "Kitty-light": lambda **o: kitty(light=True, **o),

