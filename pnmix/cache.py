@@ -12,6 +12,7 @@ import torch
 
 from reference import PNMixConfig, StorageReport, TokenLayout, measure, saliency, token_layout, validation
 from reference import packing as spec_packing
+from reference.cache import held_pair_mask
 from reference.config import field_width
 from reference.quant import Quantized
 from reference.storage import allocation
@@ -239,11 +240,7 @@ class PNMixCache:
     @property
     def pair_mask(self) -> torch.Tensor:
         self._require_prefill()
-        if self.config.selection == "page-channels":
-            raise AttributeError("a per-page selection (page-channels) has no single pair mask")
-        if self.config.selection == "none":
-            return torch.zeros(*self._shape[:2], self._shape[2] // 2, dtype=torch.bool, device=self._device)
-        return spec_packing.unpack_mask(self._mask, self._shape[2] // 2)
+        return held_pair_mask(self.config, self._selection(), *self._shape)
 
     @property
     def channel_mask(self) -> torch.Tensor:

@@ -44,6 +44,16 @@ def empty_quantized_region(
     return {name: torch.empty(batch, kv_heads, 0, last, dtype=dt, device=device) for name, (last, dt) in lasts.items()}
 
 
+def held_pair_mask(config: PNMixConfig, stored: torch.Tensor, batch: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """The prefill pair mask [B, H_kv, d/2] a cache holds as `stored`: the unpacked bits (PN-Mix),
+    or all False (uniform keys). A per-page selection (Kitty) has no single mask."""
+    if config.selection == "page-channels":
+        raise AttributeError("a per-page selection (page-channels) has no single pair mask; see page_channel_masks")
+    if config.selection == "none":
+        return torch.zeros(batch, kv_heads, head_dim // 2, dtype=torch.bool, device=stored.device)
+    return packing.unpack_mask(stored, head_dim // 2)
+
+
 class ReferenceCache:
     """PN-Mix cache for one attention layer: batch B, H_kv KV heads, head_dim d, equal lengths.
 
@@ -158,11 +168,8 @@ class ReferenceCache:
     def pair_mask(self) -> torch.Tensor:
         """Salient RoPE pairs chosen at prefill: bool [B, H_kv, d/2] (all False for uniform keys)."""
         self._require_prefill()
-        if self.config.selection == "page-channels":
-            raise AttributeError("a per-page selection (page-channels) has no single pair mask; see page_channel_masks")
-        if self.config.selection == "none":
-            return torch.zeros(*self._shape[:2], self._shape[-1] // 2, dtype=torch.bool, device=self._device)
-        return packing.unpack_mask(self._mask, self._shape[-1] // 2)
+        b, h, _, d = self._shape
+        return held_pair_mask(self.config, self._mask, b, h, d)
 
     @property
     def channel_mask(self) -> torch.Tensor:

@@ -26,6 +26,6 @@ def test_smoke_run_writes_consistent_results(tmp_path):
     assert set(e2e["methods"]) == {"KIVI-2 +32 sinks", "Kitty", "PN-Mix"}
     assert all(0 <= m["identical_fraction"][0] <= 1 and m["nll"] > 0 for m in e2e["methods"].values())
     md = md_path.read_text()
-    assert f"FP16 NLL {e2e['fp16_nll']:.4f}" in md and "Paper (quoted)" in md
+    assert f"FP16 NLL {e2e['fp16_nll']:.4f}" in md and md.count("Paper (quoted)") == md.count("Here (measured)") == 4
     kivi = s["table9_mean"]["KIVI-style uniform 2-bit"]
     assert f"{kivi['mse']:.4g}" in md
