@@ -184,11 +184,6 @@ class ReferenceCache:
             return self._mask < cfg.n_salient_channels(self._shape[-1])
         return self.channel_mask.unsqueeze(2).expand(-1, -1, self._q["key_scale"].shape[2], -1)
 
-    @property
-    def packed_mask(self) -> torch.Tensor:
-        self._require_prefill()
-        return self._mask
-
     def packed(self) -> dict[str, torch.Tensor]:
         """The packed quantized region (layouts in `reference.packing`); [B, H_kv, 0, .] before a flush."""
         self._require_prefill()
