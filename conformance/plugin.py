@@ -106,6 +106,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 warnings.warn(f"{path}: known-failure id matches no collected test: {nodeid}", stacklevel=1)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a property whose capability the implementation does not claim, before it runs."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "impl" not in callspec.params:
+        return
+    impl = callspec.params["impl"]
+    for mark in item.iter_markers("requires"):
+        capability, what = mark.args
+        if not getattr(impl.capabilities, capability):
+            pytest.skip(f"{impl.name} does not claim {what}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = (yield).get_result()

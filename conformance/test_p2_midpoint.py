@@ -15,13 +15,12 @@ from reference import PNMixConfig, token_layout
 ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=3)
 
 
+@pytest.mark.requires("midpoint_one_bit", "Eq. 7 midpoints for 1-bit groups")
 @given(case=cs.cases(kinds=cs.KINDS))
 @example(case=cs.Case(ONE_BIT, 2, 2, 3, 16, torch.float16, 37, (5, 16), 11, "normal"))
 @example(case=cs.Case(ONE_BIT, 1, 1, 1, 8, torch.float16, 19, (), 3, "constant"))
 @example(case=cs.Case(ONE_BIT, 1, 3, 2, 12, torch.bfloat16, 33, (9,), 4, "extremes"))
 def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, case):
-    if not impl.capabilities.midpoint_one_bit:
-        pytest.skip(f"{impl.name} does not claim Eq. 7 midpoints for 1-bit groups")
     case = dataclasses.replace(case, config=dataclasses.replace(case.config, b_low=1))
     case = fitted(impl, case, device)
     cfg = case.config

@@ -14,9 +14,7 @@ from reference.saliency import criterion_scores
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=2, ratio=0.25)
 
 
-def require_prefill_selection(impl) -> None:
-    if not impl.capabilities.prefill_selection:
-        pytest.skip(f"{impl.name} does not choose its channels once at prefill (uniform or per-page selection)")
+PREFILL_SELECTION = pytest.mark.requires("prefill_selection", "a selection made once at prefill (Eq. 6)")
 
 
 def assert_same_selection(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cfg: PNMixConfig) -> None:
@@ -33,11 +31,11 @@ def assert_same_selection(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, c
         assert bool(near[differ].all()), "the pair mask differs from the reference's prefill selection"
 
 
+@PREFILL_SELECTION
 @given(case=cs.cases())
 @example(case=cs.Case(CFG, 2, 3, 3, 16, torch.float16, 9, (), 1))
 @example(case=cs.Case(CFG, 1, 2, 8, 24, torch.bfloat16, 1, (), 2))
 def test_mask_is_the_reference_prefill_selection(impl, device, case):
-    require_prefill_selection(impl)
     case = fitted(impl, case, device)
     q, k, v = cs.prefill_tensors(case, device)
     cache = impl.create(case.config)
@@ -47,10 +45,10 @@ def test_mask_is_the_reference_prefill_selection(impl, device, case):
     assert cache.saliency_computations == 1
 
 
+@PREFILL_SELECTION
 @given(case=cs.cases(max_appends=4))
 @example(case=cs.Case(CFG, 1, 2, 2, 16, torch.float16, 20, (1, 8, 30), 3))
 def test_mask_never_changes_after_prefill(impl, device, case):
-    require_prefill_selection(impl)
     case = fitted(impl, case, device)
     q, k, v = cs.prefill_tensors(case, device)
     cache = impl.create(case.config)
