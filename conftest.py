@@ -43,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-benchmark would replace an existing file at the end of the run: refuse up front.
+    path = config.getoption("benchmark_json", None)
+    if path is not None and os.path.exists(path):
+        raise pytest.UsageError(f"--benchmark-json {path} exists; results are never overwritten, choose a new path")
+
+
 def resolve_device(config: pytest.Config) -> torch.device:
     choice = config.getoption("--device")
     if choice == "auto":

@@ -43,10 +43,11 @@ class PNMixLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, config: PNMixConfig, backend: str) -> None:
+    def __init__(self, config: PNMixConfig, backend: str, max_cache_len: int | None = None) -> None:
         super().__init__()
         self.config = config
         self.backend = backend
+        self.max_cache_len = max_cache_len
         self.cache = None  # created at prefill, when the attention sees the queries
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -72,7 +73,7 @@ class PNMixLayer(CacheLayerMixin):
         if self.backend == "triton":
             from .cache import PNMixCache
 
-            self.cache = PNMixCache(self.config)
+            self.cache = PNMixCache(self.config, max_cache_len=self.max_cache_len)
         else:
             self.cache = ReferenceCache(self.config)
         self.cache.prefill(query_states, k, v)
@@ -87,10 +88,10 @@ class PNMixLayer(CacheLayerMixin):
         return self.get_seq_length() + query_length, 0
 
     def get_max_cache_shape(self) -> int:
-        return -1
+        return -1 if self.max_cache_len is None else self.max_cache_len
 
     def get_max_length(self) -> int:
-        return -1
+        return self.get_max_cache_shape()
 
     def reset(self) -> None:
         self.cache, self._pending, self.is_initialized = None, None, False
@@ -109,10 +110,18 @@ class PNMixHFCache(Cache):
     reference.methods); its pair_layout must match the model's RoPE: it is checked against the
     model family, and must be given explicitly (`pair_layout=`) for an unknown family.
     backend: "reference" (CPU), "triton", or "auto" (Triton when CUDA is available).
+    max_cache_len: preallocate every layer for this many tokens (the paper's static protocol;
+    Triton backend); generating past it raises ValueError.
     """
 
     def __init__(
-        self, model_config, config: PNMixConfig | None = None, *, backend: str = "auto", pair_layout: str | None = None
+        self,
+        model_config,
+        config: PNMixConfig | None = None,
+        *,
+        backend: str = "auto",
+        pair_layout: str | None = None,
+        max_cache_len: int | None = None,
     ) -> None:
         config = PNMixConfig() if config is None else config
         if not isinstance(config, PNMixConfig):
@@ -135,8 +144,11 @@ class PNMixHFCache(Cache):
             raise ValueError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
         if backend == "auto":
             backend = "triton" if torch.cuda.is_available() else "reference"
+        if max_cache_len is not None and backend != "triton":
+            raise ValueError(f"max_cache_len (static preallocation) needs backend='triton', got backend={backend!r}")
         self.config = config
-        super().__init__(layers=[PNMixLayer(config, backend) for _ in range(model_config.num_hidden_layers)])
+        layers = [PNMixLayer(config, backend, max_cache_len) for _ in range(model_config.num_hidden_layers)]
+        super().__init__(layers=layers)
 
     def crop(self, max_length: int) -> None:
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")

@@ -1,34 +1,21 @@
-"""The GPU check's harness, run tiny on the CPU: bytes from the storage model, results written once."""
+"""The GPU session command, run at tiny scale on the CPU: what it runs and what it keeps."""
 
 import json
 
-import pytest
-
 from benchmarks import gpu_check
-from reference import storage_model
-from reference.methods import METHODS
 
 
-@pytest.mark.interpreter
-def test_tiny_run_writes_a_complete_result(tmp_path, capsys):
-    assert gpu_check.main(["--tiny", "--out", str(tmp_path)]) == 0
-    (path,) = tmp_path.glob("gpu-check-*.json")
-    data = json.loads(path.read_text())
-    assert data["kind"] == "pnmix-gpu-check" and "not predictive" in data["timing"]
-    assert {"torch", "triton", "python"} <= set(data["versions"])
-    rows = data["decode_attention"]
-    assert [(r["method"], r["batch"], r["context"]) for r in rows] == [
-        ("PN-Mix", 2, 300), ("KIVI-2", 2, 300), ("Kitty", 2, 300), ("FP16 (SDPA)", 2, 300)
-    ]  # fmt: skip
-    assert data["layer"] == {"kv_heads": 2, "query_heads_per_kv_head": 2, "head_dim": 64}
-    q_and_out = 2 * 2 * 4 * 64 * 2
-    for r in rows:
-        if r["method"] == "FP16 (SDPA)":
-            assert r["bytes"] == 2 * 2 * 2 * 300 * 64 * 2 + q_and_out
-        else:
-            assert r["bytes"] == storage_model(METHODS[r["method"]](), 2, 2, 64, 300).total + q_and_out
-        assert r["gbps"] == pytest.approx(r["bytes"] / (r["ms"] * 1e-3) / 1e9)
-        assert r["fraction_of_copy"] == pytest.approx(r["gbps"] / data["copy_gbps"])
+def test_tiny_run_keeps_the_benchmark_json_and_a_record_of_each_step(tmp_path, capsys):
+    assert gpu_check.main(["--tiny", "--suites", "kernels", "--out", str(tmp_path)]) == 0
+    (record_path,) = tmp_path.glob("gpu-check-*.json")
+    record = json.loads(record_path.read_text())
+    assert record["kind"] == "pnmix-gpu-check" and {"torch", "triton", "python"} <= set(record["versions"])
+    step = record["steps"]["benchmarks"]
+    assert step["exit_code"] == 0 and "--bench-scale tiny" in step["command"] and "conformance" not in record["steps"]
+    bench = json.loads((tmp_path / step["json"].split("/")[-1]).read_text())
+    infos = [b["extra_info"] for b in bench["benchmarks"]]
+    assert {i["method"] for i in infos} == {"FP16", "PN-Mix"} and all(i["suite"] == "kernel" for i in infos)
+    assert all(i["scale"] == "tiny" and "not predictive" in i["timing"] for i in infos)
     assert "written to" in capsys.readouterr().out
 
 

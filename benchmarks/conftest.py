@@ -1,0 +1,141 @@
+"""Options and fixtures of the benchmark suites (`benchmarks/suites/`).
+
+    pytest benchmarks --benchmark-only [--bench-scale full|tiny|all] [--budget-gib 40]
+        [--throughput-protocol sampled|full] [--model-path DIR] --benchmark-json PATH
+
+Full-scale points need CUDA and skip without it; tiny points run wherever the suite runs
+(CUDA if present, else the CPU under the Triton interpreter). The figures are in each
+benchmark's `extra_info`; pytest-benchmark's own statistics time the whole point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+import torch
+from tabulate import tabulate
+
+from benchmarks import harness, memory
+from benchmarks.workloads import SCALES, in_short_sweep
+
+OPTIONS = {
+    "--bench-scale": ({"choices": ("all", "full", "tiny"), "default": "all"},
+                      "full: the paper's shapes (CUDA); tiny: the same harness in seconds (any device)"),
+    "--bench-sweep": ({"choices": ("all", "short"), "default": "all"},
+                      "short: the subset a time-limited GPU session can run (benchmarks.workloads.in_short_sweep)"),
+    "--budget-gib": ({"type": float, "default": memory.DEFAULT_BUDGET_GIB},
+                     "cap usable GPU memory (default 40, the paper's A100-40GB; 0: no cap)"),
+    "--throughput-protocol": ({"choices": ("sampled", "full"), "default": "sampled"},
+                              "Fig. 6c: time decode steps at a few lengths and integrate (default), or run every step"),
+    "--model-path": ({"default": None}, "a local checkpoint of the full-scale architecture instead of random weights"),
+}  # fmt: skip
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pnmix benchmarks")
+    for name, (kwargs, text) in OPTIONS.items():
+        group.addoption(name, help=text, **kwargs)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scale, short = config.getoption("--bench-scale"), config.getoption("--bench-sweep") == "short"
+
+    def wanted(work) -> bool:
+        return (scale in ("all", work.scale)) and (not short or in_short_sweep(work))
+
+    keep, drop = [], []
+    for item in items:
+        work = item.callspec.params.get("work") if hasattr(item, "callspec") else None
+        (keep if work is None or not hasattr(work, "scale") or wanted(work) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def points(workloads) -> list:
+    """pytest params of both scales; full-scale ones carry the gpu mark (skipped without CUDA)."""
+    out = []
+    for scale in SCALES.values():
+        marks = [pytest.mark.gpu] if scale.name == "full" else []
+        out += [pytest.param(w, id=w.id, marks=marks) for w in workloads(scale)]
+    return out
+
+
+@pytest.fixture(scope="session")
+def bench_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def budget_gib(pytestconfig, bench_device) -> float | None:
+    """The memory cap, applied once for the session (None: no cap in force)."""
+    budget = pytestconfig.getoption("--budget-gib")
+    return harness.cap_memory(bench_device, budget) if budget > 0 else None
+
+
+class Models:
+    """One model per scale for the session (the full one is 16 GiB of weights)."""
+
+    def __init__(self, device: torch.device, path: str | None) -> None:
+        self.device, self.path, self._models = device, path, {}
+
+    def get(self, scale):
+        if scale.name not in self._models:
+            self._models.clear()  # never two large models at once
+            harness.release(self.device)
+            path = self.path if scale.name == "full" else None
+            self._models[scale.name] = harness.build_model(scale.arch, self.device, torch.bfloat16, path)
+        return self._models[scale.name]
+
+
+@pytest.fixture(scope="session")
+def models(pytestconfig, bench_device, budget_gib) -> Models:
+    return Models(bench_device, pytestconfig.getoption("--model-path"))
+
+
+@pytest.fixture(scope="session")
+def copy_gbps(bench_device) -> float:
+    return harness.copy_bandwidth_gbps(bench_device, 2**31 if bench_device.type == "cuda" else 2**22)
+
+
+@pytest.fixture
+def record(benchmark, bench_device):
+    """Fills a benchmark's extra_info with the shared record plus the suite's own figures."""
+
+    def fill(suite: str, work, scale, **figures) -> dict:
+        cuda = bench_device.type == "cuda"
+        coordinates = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(work).items() if k != "scale"}
+        info = {
+            **coordinates,
+            "prompt": scale.prompt,
+            "suite": suite,
+            "scale": scale.name,
+            **harness.environment(bench_device),
+            "model": scale.arch.name,
+            "attention": harness.attention_of(work.method),
+            "method_config": harness.config_record(work.method),
+            "timing": "cuda events" if cuda else "wall clock (CPU, not predictive of GPU performance)",
+            **figures,
+        }
+        benchmark.group = f"{suite} ({scale.name})"
+        benchmark.extra_info.update(info)
+        return info
+
+    return fill
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not any(r.nodeid.startswith("benchmarks/suites") for r in terminalreporter.stats.get("passed", [])):
+        return
+    rows = memory.comparison(memory.ARCHITECTURES["Qwen3-8B"])
+    terminalreporter.section("PN-Mix memory feasibility model (computed, Qwen3-8B, 40 GiB) vs the paper")
+    terminalreporter.write_line(
+        tabulate(
+            [{k: r[k] for k in ("figure", "method", "paper", "model", "agrees")} for r in rows],
+            headers="keys",
+            tablefmt="github",
+        )
+    )
+    if config.getoption("benchmark_json", None) is None and torch.cuda.is_available():
+        terminalreporter.write_line("no --benchmark-json PATH given: the measured figures were not saved")

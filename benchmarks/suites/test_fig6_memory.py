@@ -1,0 +1,77 @@
+"""Fig. 6a/6b: peak GPU memory per method under the static protocol, and the feasibility model.
+
+Each point preallocates the cache to P + L_gen, runs the prompt and one decode step, and
+records max allocated and reserved memory (CUDA allocator statistics). The allocation does not
+grow afterwards, and neither attention path keeps length-dependent workspace beyond it, so this
+is the peak of the whole generation. Out of memory under the budget is a data point.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import harness, memory
+from benchmarks.conftest import points
+from benchmarks.workloads import SCALES, fig6_memory
+
+
+@pytest.mark.parametrize("work", points(fig6_memory))
+def test_fig6_peak_memory(work, models, bench_device, budget_gib, benchmark, record):
+    scale = SCALES[work.scale]
+    model = models.get(scale)
+    capacity = scale.prompt + work.generation
+
+    def measure() -> dict:
+        harness.reset_peak(bench_device)
+        gen = harness.Generation(model, work.method, work.batch, scale.prompt, capacity)
+        gen.step()
+        harness.synchronize(bench_device)
+        allocated, reserved = harness.peak_gib(bench_device)
+        return {"peak_allocated_gib": allocated, "peak_reserved_gib": reserved,
+                "measured_cache_bytes": harness.measured_cache_bytes(gen.cache)}  # fmt: skip
+
+    def run() -> dict:
+        oom = dict.fromkeys(("peak_allocated_gib", "peak_reserved_gib", "measured_cache_bytes"))
+        return harness.unless_oom(measure, bench_device, **oom)
+
+    result = benchmark.pedantic(run, rounds=1, iterations=1)
+    predicted = memory.point(
+        scale.arch,
+        work.method,
+        work.batch,
+        work.generation,
+        budget_gib=budget_gib or memory.DEFAULT_BUDGET_GIB,
+    )
+    record(
+        "fig6-memory",
+        work,
+        scale,
+        capacity=capacity,
+        budget_gib=budget_gib,
+        **result,
+        model_peak_gib=predicted.peak_gib,
+        weights_gib=predicted.weights / harness.GIB,
+        cache_gib=predicted.cache / harness.GIB,
+    )
+    if not result["oom"]:
+        # The cache holds exactly what the storage model allocates, buffer by buffer summed.
+        assert result["measured_cache_bytes"] == harness.predicted_cache_bytes(
+            scale.arch, work.method, work.batch, capacity
+        )
+        if result["peak_allocated_gib"] is not None:
+            assert result["peak_allocated_gib"] * harness.GIB >= predicted.weights + predicted.cache
+
+
+def test_fig6_feasibility_model(benchmark, record):
+    """The model (computed, no GPU) reproduces Fig. 6a's boundaries at 40 GiB and finds FP16's
+    Fig. 6b point within one batch step; rows go to extra_info for the report."""
+    arch = memory.ARCHITECTURES["Qwen3-8B"]
+    rows = benchmark.pedantic(memory.comparison, args=(arch,), rounds=1, iterations=1)
+    benchmark.group = "fig6-model"
+    benchmark.extra_info.update(
+        {"suite": "fig6-model", "model": arch.name, "comparison": rows, "notes": memory.explain(arch)}
+    )
+    by = {(r["figure"], r["method"]): r for r in rows}
+    assert by["6a", "FP16"]["model_value"] == 4096 and by["6a", "PN-Mix"]["model_value"] == 32768
+    assert abs(by["6b", "FP16"]["model_value"] - 20) <= 1
+    assert by["6b", "PN-Mix"]["model_value"] >= 110

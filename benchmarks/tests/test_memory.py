@@ -1,0 +1,67 @@
+"""The memory feasibility model: built from the storage accounting, monotone, and honest about inputs."""
+
+import pytest
+
+from benchmarks import memory
+from benchmarks.models import ARCHITECTURES
+from reference import storage_model
+from reference.methods import METHODS
+
+QWEN = ARCHITECTURES["Qwen3-8B"]
+
+
+def test_fp16_cache_is_every_token_of_every_layer_in_16_bits():
+    # 2 (K, V) x 36 layers x 8 KV heads x 128 dims x 2 bytes per token and sequence
+    assert memory.cache_bytes(QWEN, "FP16", 32, 141 + 4096) == 32 * (141 + 4096) * 2 * 36 * 8 * 128 * 2
+
+
+def test_quantized_cache_is_the_storage_model_preallocated_to_capacity():
+    cap = 141 + 8192
+    per_layer = storage_model(METHODS["PN-Mix"](), 110, 8, 128, cap, capacity=cap)
+    assert memory.cache_bytes(QWEN, "PN-Mix", 110, cap) == 36 * per_layer.total
+    assert per_layer.residual_key == 110 * 8 * 128 * 128 * 2  # one residual page, allocated whole
+
+
+def test_peak_is_the_sum_of_its_terms_and_grows_with_batch_and_length():
+    p = memory.point(QWEN, "Kitty", 16, 8192)
+    assert p.peak == QWEN.weight_bytes() + memory.cache_bytes(QWEN, "Kitty", 16, 141 + 8192) + p.workspace.bytes
+    assert p.workspace.source.startswith("estimate:")
+    assert memory.point(QWEN, "Kitty", 17, 8192).peak > p.peak
+    # the quantized region is allocated in pages of G = 128 tokens: flat within a page, up at the next
+    assert memory.point(QWEN, "Kitty", 16, 8193).peak >= p.peak
+    assert memory.point(QWEN, "Kitty", 16, 8192 + 128).peak > p.peak
+
+
+@pytest.mark.parametrize("method", ["FP16", "PN-Mix", "KIVI-1"])
+def test_max_batch_is_the_boundary(method):
+    best = memory.max_batch(QWEN, method, 8192)
+    assert best.fits and not memory.point(QWEN, method, best.batch + 1, 8192).fits
+
+
+def test_a_budget_below_the_weights_fits_nothing():
+    assert memory.max_batch(QWEN, "PN-Mix", 8192, budget_gib=10) is None
+
+
+def test_paper_comparison_rows_quote_the_paper_and_state_agreement():
+    rows = {(r["figure"], r["method"]): r for r in memory.comparison(QWEN)}
+    assert rows["6b", "FP16"]["paper_value"] == 20 and rows["6b", "PN-Mix"]["paper_value"] == 110
+    for r in rows.values():
+        assert r["agrees"] == (r["model_value"] == r["paper_value"])
+    assert any("B = 111" in note for note in memory.explain(QWEN))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"batch": 0}, "batch must be a positive int"), ({"generation": 1.5}, "generation must be a positive int"),
+     ({"method": "KIVI-3"}, "method must be one of"), ({"budget_gib": -1}, "budget_gib must be positive")],
+)  # fmt: skip
+def test_bad_input_is_named(kwargs, message):
+    args = {"method": "PN-Mix", "batch": 1, "generation": 1024, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        memory.point(QWEN, args.pop("method"), args.pop("batch"), args.pop("generation"), **args)
+
+
+def test_cli_prints_both_figures_and_the_comparison(capsys):
+    assert memory.main(["--budget-gib", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "Fig. 6a" in out and "Fig. 6b" in out and "budget 80.0 GiB" in out and "Against the paper" in out
