@@ -10,6 +10,7 @@ benchmark's `extra_info`; pytest-benchmark's own statistics time the whole point
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 
 import pytest
@@ -64,7 +65,13 @@ def points(workloads) -> list:
 
 @pytest.fixture(scope="session")
 def bench_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when present; under pytest-xdist, worker gwN takes GPU N mod the device count."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    device = torch.device("cuda", int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 @pytest.fixture(scope="session")
