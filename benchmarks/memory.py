@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -274,6 +276,20 @@ def explain(arch: Architecture, **kwargs) -> list[str]:
     return notes
 
 
+def measured_workspaces(bench_json: dict) -> dict[tuple[str, int, int], Workspace]:
+    """Workspace measured by a Fig. 6 GPU run (pytest-benchmark JSON): peak allocated minus weights
+    and cache, by (method, batch, generation); points that ran out of memory have none."""
+    out = {}
+    for bench in bench_json.get("benchmarks", []):
+        info = bench.get("extra_info", {})
+        if info.get("suite") != "fig6-memory" or info.get("workspace_measured_gib") is None:
+            continue
+        source = f"measured: {info['device']}, {info['date_utc']}, {info['command']}"
+        key = (info["method"], info["batch"], info["generation"])
+        out[key] = Workspace(round(info["workspace_measured_gib"] * GIB), source)
+    return out
+
+
 def _table(points: Sequence[MemoryPoint], key: str, methods: Sequence[str]) -> str:
     rows = {}
     for p in points:
@@ -287,9 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="Qwen3-8B", choices=sorted(ARCHITECTURES))
     parser.add_argument("--budget-gib", type=float, default=DEFAULT_BUDGET_GIB)
     parser.add_argument("--prompt", type=int, default=PROMPT)
+    parser.add_argument("--measured", metavar="BENCH_JSON", help="a Fig. 6 GPU run: its measured workspace and "
+                        "peaks replace the estimate at the points it measured")  # fmt: skip
     args = parser.parse_args(argv)
     arch = ARCHITECTURES[args.model]
     kw = {"budget_gib": args.budget_gib, "prompt": args.prompt}
+    if args.measured:
+        measured = measured_workspaces(json.loads(Path(args.measured).read_text()))
+        print(f"\nMeasured workspace ({len(measured)} points of {args.measured}) against the estimate:\n")
+        rows = [{"method": m, "batch": b, "generation": g, "measured GiB": w.bytes / GIB,
+                 "estimate GiB": point(arch, m, b, g, **kw).workspace.bytes / GIB, "source": w.source}
+                for (m, b, g), w in sorted(measured.items())]  # fmt: skip
+        print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".2f") if rows else "(no measured points)")
     print(
         f"{arch.name}: {arch.parameters() / 1e9:.2f} B parameters, weights {arch.weight_bytes() / GIB:.2f} GiB "
         f"(bf16); budget {args.budget_gib} GiB; P = {args.prompt}; workspace: {workspace_estimate(arch, 1, 1).source}"

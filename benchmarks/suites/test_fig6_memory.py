@@ -52,6 +52,11 @@ def test_fig6_peak_memory(work, models, bench_device, budget_gib, benchmark, rec
         model_peak_gib=predicted.peak_gib,
         weights_gib=predicted.weights / harness.GIB,
         cache_gib=predicted.cache / harness.GIB,
+        workspace_estimate_gib=predicted.workspace.bytes / harness.GIB,
+        # what the estimate stands in for: the measured peak beyond weights and cache
+        workspace_measured_gib=None
+        if result["peak_allocated_gib"] is None
+        else result["peak_allocated_gib"] - (predicted.weights + predicted.cache) / harness.GIB,
     )
     if not result["oom"]:
         # The cache holds exactly what the storage model allocates, buffer by buffer summed.

@@ -1,5 +1,7 @@
 """The memory feasibility model: built from the storage accounting, monotone, and honest about inputs."""
 
+import json
+
 import pytest
 
 from benchmarks import memory
@@ -65,3 +67,25 @@ def test_cli_prints_both_figures_and_the_comparison(capsys):
     assert memory.main(["--budget-gib", "80"]) == 0
     out = capsys.readouterr().out
     assert "Fig. 6a" in out and "Fig. 6b" in out and "budget 80.0 GiB" in out and "Against the paper" in out
+
+
+def test_measured_workspace_is_read_from_a_gpu_run(tmp_path, capsys):
+    info = {
+        "suite": "fig6-memory",
+        "method": "FP16",
+        "batch": 20,
+        "generation": 8192,
+        "device": "GPU X",
+        "date_utc": "2026-01-01T00:00:00+00:00",
+        "command": "pytest benchmarks",
+        "workspace_measured_gib": 0.5,
+    }
+    oom = {**info, "batch": 21, "workspace_measured_gib": None}
+    bench = {"benchmarks": [{"extra_info": info}, {"extra_info": oom}, {"extra_info": {"suite": "kernel"}}]}
+    measured = memory.measured_workspaces(bench)
+    assert list(measured) == [("FP16", 20, 8192)] and measured["FP16", 20, 8192].bytes == memory.GIB // 2
+    assert measured["FP16", 20, 8192].source.startswith("measured: GPU X, 2026-01-01")
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    assert memory.main(["--measured", str(path)]) == 0
+    assert "| FP16     |      20 |         8192 |           0.50 |" in capsys.readouterr().out
