@@ -147,7 +147,7 @@ def peak_gib(device: torch.device) -> tuple[float | None, float | None]:
 
 
 def out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError)
+    return isinstance(error, torch.cuda.OutOfMemoryError)  # torch.OutOfMemoryError from 2.5 on, same class
 
 
 def unless_oom(measure: Callable[[], dict], device: torch.device, **oom_figures) -> dict:
