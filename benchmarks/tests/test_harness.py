@@ -36,3 +36,14 @@ def test_prompt_must_fit(model):
 def test_time_ms_reports_cpu_wall_time_only():
     t = harness.time_ms(lambda: sum(range(1000)), torch.device("cpu"), reps=3, warmup=1)
     assert t["gpu_ms"] is None and t["ms"] == t["wall_ms"] > 0
+
+
+def test_out_of_memory_is_a_data_point_and_other_errors_are_not():
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    cpu = torch.device("cpu")
+    assert harness.unless_oom(oom, cpu, tokens_per_s=None) == {"oom": True, "tokens_per_s": None}
+    assert harness.unless_oom(lambda: {"tokens_per_s": 3.0}, cpu) == {"oom": False, "tokens_per_s": 3.0}
+    with pytest.raises(ZeroDivisionError):
+        harness.unless_oom(lambda: 1 / 0, cpu)
