@@ -299,27 +299,51 @@ PAPER = {
 }
 
 
-def verdicts(s: dict) -> dict[str, str]:
-    """Plain statements of whether each claim of the paper holds on the measured numbers."""
+ORDER = ("qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range")  # Fig. 4's claimed order
+
+
+def _table9_best(s: dict) -> str:
+    kl = {n: v["kl"] for n, v in s["table9_mean"].items()}
+    return min((n for n in kl if n.startswith("H3")), key=kl.get)
+
+
+def _overlaps(s: dict) -> list[float]:
+    return [v for ref in s["table11_overlap_mean"].values() for v in ref.values()]
+
+
+def claim_holds(s: dict) -> dict[str, bool | None]:
+    """Whether each claim holds on the measured numbers; None where this model cannot test it
+    (Fig. 5's shares are for 14B and 32B models)."""
     jac = s["fig4_jaccard_mean"]
-    order = ["qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range"]
-    out = {}
-    holds = all(
+    fig4 = all(
         jac[f"{a} ({scope}), r={r}"] > jac[f"{b} ({scope}), r={r}"]
         for scope in ("prefill", "full")
         for r in ("10%", "50%")
-        for a, b in itertools.pairwise(order)
+        for a, b in itertools.pairwise(ORDER)
     )
-    gap = max(abs(jac[f"{c} (prefill), r={r}"] - jac[f"{c} (full), r={r}"]) for c in order for r in ("10%", "50%"))
+    overlaps = _overlaps(s)
+    return {
+        "fig4": fig4,
+        "table9": "qk-pair-norm" in _table9_best(s),
+        "table11": max(overlaps) - min(overlaps) < 0.1,
+        "fig5": None,
+    }
+
+
+def verdicts(s: dict) -> dict[str, str]:
+    """Plain statements of whether each claim of the paper holds on the measured numbers."""
+    holds = claim_holds(s)
+    jac = s["fig4_jaccard_mean"]
+    gap = max(abs(jac[f"{c} (prefill), r={r}"] - jac[f"{c} (full), r={r}"]) for c in ORDER for r in ("10%", "50%"))
+    out = {}
     out["fig4"] = (
-        f"order QK pair norm > K pair norm > K magnitude > K range {'holds' if holds else 'does not hold'} for every "
-        f"scope and r; largest prefill-vs-full Jaccard gap {gap:.3f}"
+        f"order QK pair norm > K pair norm > K magnitude > K range {'holds' if holds['fig4'] else 'does not hold'} "
+        f"for every scope and r; largest prefill-vs-full Jaccard gap {gap:.3f}"
     )
     kl = {n: v["kl"] for n, v in s["table9_mean"].items()}
-    best = min((n for n in kl if n.startswith("H3")), key=kl.get)
     out["table9"] = (
-        f"lowest attention KL among the mixed-precision criteria: {best} "
-        f"({'as' if 'qk-pair-norm' in best else 'not as'} the paper claims); uniform KIVI-style "
+        f"lowest attention KL among the mixed-precision criteria: {_table9_best(s)} "
+        f"({'as' if holds['table9'] else 'not as'} the paper claims); uniform KIVI-style "
         f"{kl['KIVI-style uniform 2-bit']:.4g}, PolarQuant-style {kl['PolarQuant-style 2-bit']:.4g}, "
         f"QK pair norm (prefill) {kl['H3(50%)L1, qk-pair-norm (prefill)']:.4g}"
     )
@@ -328,11 +352,10 @@ def verdicts(s: dict) -> dict[str, str]:
         f"top 10/30/50% hold {shares['10']:.1%}/{shares['30']:.1%}/{shares['50']:.1%} "
         "here (a 135M model, not the paper's 14B/32B)"
     )
-    overlaps = [v for ref in s["table11_overlap_mean"].values() for v in ref.values()]
+    overlaps = _overlaps(s)
     out["table11"] = (
         f"overlap stays within {min(overlaps):.3f}-{max(overlaps):.3f} across the four ranges "
-        f"({'stable' if max(overlaps) - min(overlaps) < 0.1 else 'not stable'}: spread "
-        f"{max(overlaps) - min(overlaps):.3f})"
+        f"({'stable' if holds['table11'] else 'not stable'}: spread {max(overlaps) - min(overlaps):.3f})"
     )
     return out
 

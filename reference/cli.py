@@ -33,7 +33,11 @@ def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
     )
 
 
-def _label(cfg: PNMixConfig) -> str:
+#: (b_H, b_L) of the paper's Table 14 bit-width sweep, the main configuration (3, 1) first.
+SWEEP_PAIRS = ((3, 1), (4, 2), (4, 1), (3, 2), (2, 1), (2, 2))
+
+
+def label(cfg: PNMixConfig) -> str:
     if cfg.selection == "none":
         return f"uniform {cfg.b_low}-bit G{cfg.group_size} V{cfg.value_bits} sinks {cfg.n_sink}"
     return f"H{cfg.b_high}({cfg.ratio:.0%})L{cfg.b_low} G{cfg.group_size} V{cfg.value_bits}"
@@ -86,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = {name: make() for name, make in METHODS.items()} if args.methods else {}
         base = _config_from_args(args)
-        configs["this config: " + _label(base)] = base
+        configs["this config: " + label(base)] = base
         if args.sweep:
-            for h, lo in ((4, 2), (4, 1), (3, 2), (2, 1), (2, 2)):
+            for h, lo in SWEEP_PAIRS:
                 if (h, lo) != (base.b_high, base.b_low):
                     cfg = dataclasses.replace(base, b_high=h, b_low=lo)
-                    configs[_label(cfg)] = cfg
+                    configs[label(cfg)] = cfg
         bits = bits_rows(configs, args.head_dim, args.n_quantized)
         models = model_rows(configs, args.model, args.batch, args.length)
     except (TypeError, ValueError) as err:

@@ -1,0 +1,230 @@
+"""`python -m reports` / `pnmix-report`: one markdown report comparing implementations and methods.
+
+Runs what this machine can run (the conformance suite, the benchmark suites, the fidelity
+analyses), reads result files from elsewhere (--input: a GPU run's pytest-benchmark JSON,
+gpu_check, conformance or fidelity results; their kind is read from their content) and the
+measured results committed in benchmarks/results/, and writes <out-dir>/<name>/REPORT.md with
+its PNG figures and the raw results it ran (data/). Every number says where it comes from:
+measured (device, command, date, file), computed (which function) or quoted from the paper.
+An existing report folder is replaced only with --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from conformance.loader import available_names
+
+from . import environment, files, inputs, steps
+from .document import assemble
+from .provenance import ROOT, display_path
+from .sections import claims as claims_section
+from .sections import conformance, fidelity, memory, performance, storage
+from .sections import environment as environment_section
+
+DEFAULT_OUT = Path(__file__).resolve().parent
+COMMITTED = ROOT / "benchmarks" / "results"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m reports",
+        description=__doc__.split("\n\n")[0],
+        epilog="Default: every built-in implementation, the benchmark suites, the fidelity "
+        "smoke run (about 10 minutes on 2 CPU cores). --quick: the spec implementations and "
+        "the benchmark suites, fidelity from committed results only (about 1 minute).",
+    )
+    p.add_argument("--quick", action="store_true", help="run only the fast steps (see below)")
+    p.add_argument("--name", default=None, help="report folder name (default: report-<UTC time>)")
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"where report folders go (default: {display_path(DEFAULT_OUT)})",
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing report folder of the same name")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="FILE_OR_DIR",
+        help="a result file, or a folder of them (*.json, recursively); repeatable",
+    )
+    p.add_argument(
+        "--no-committed-results",
+        action="store_true",
+        help=f"leave out the measured results committed in {display_path(COMMITTED)}",
+    )
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="implementation for the conformance run (repeatable; default: every built-in, "
+        f"--quick: {', '.join(steps.SPEC_IMPLS)})",
+    )
+    p.add_argument("--no-conformance", action="store_true", help="do not run the conformance suite")
+    p.add_argument(
+        "--hypothesis-profile",
+        choices=("ci", "dev", "thorough"),
+        default="ci",
+        help="hypothesis profile of the conformance run (default ci: small and derandomized)",
+    )
+    p.add_argument("--no-benchmarks", action="store_true", help="do not run the benchmark suites (benchmarks/suites)")
+    p.add_argument(
+        "--fidelity",
+        choices=steps.FIDELITY_MODES,
+        default=None,
+        help="run the fidelity analyses on SmolLM2-135M: full (~6 min), smoke (~1 min), off "
+        "(default: smoke, --quick: off)",
+    )
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    name = args.name
+    if name is not None and (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\")):
+        p.error(f"--name must be a plain folder name (no path separators, not starting with '.'), got {name!r}")
+    known = set(available_names())
+    for impl in args.impl:
+        if impl not in known and ":" not in impl:
+            p.error(f"--impl {impl!r}: expected one of {sorted(known)} or an import path 'package.module:factory'")
+    if args.no_conformance and args.impl:
+        p.error("--impl and --no-conformance contradict each other; give one of them")
+
+
+def command_line(argv: list[str]) -> str:
+    prog = "pnmix-report" if Path(sys.argv[0]).name == "pnmix-report" else "python -m reports"
+    return " ".join([prog, *map(shlex.quote, argv)])
+
+
+def plan(args: argparse.Namespace, data: Path) -> list[steps.Step | steps.Outcome]:
+    todo: list[steps.Step | steps.Outcome] = []
+    if not args.no_conformance:
+        impls = args.impl or (steps.SPEC_IMPLS if args.quick else steps.ALL_IMPLS)
+        todo += steps.conformance_steps(impls, data, args.hypothesis_profile)
+    if not args.no_benchmarks:
+        todo.append(steps.benchmark_step(data))
+    mode = args.fidelity or ("off" if args.quick else "smoke")
+    if mode != "off":
+        todo.append(steps.fidelity_step(mode, data))
+    return todo
+
+
+def this_run_sources(outcomes: list[steps.Outcome], staging: Path, final: Path) -> list[inputs.Source]:
+    """The results the steps wrote, labelled with the command that wrote them and their published path."""
+    return [
+        inputs.load(p, "this run", o.command, display_path(final / p.relative_to(staging)))
+        for o in outcomes
+        for p in o.outputs
+    ]
+
+
+def unique(sources: list[inputs.Source]) -> list[inputs.Source]:
+    seen, out = set(), []
+    for s in sources:
+        key = s.path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def said(o: steps.Outcome) -> str:
+    if o.status.startswith("not available"):
+        return f"{o.name}: not run here, {o.status}"
+    return f"{o.name}: run here ({o.status}, {o.seconds:.0f} s; the command is in section 1)"
+
+
+def notes(args: argparse.Namespace, outcomes: list[steps.Outcome]) -> dict[str, str]:
+    """What the conformance and fidelity sections say about their own steps (how they ran, or why not)."""
+    conf = [o for o in outcomes if o.name.startswith("conformance")]
+    fid = [o for o in outcomes if o.name.startswith("fidelity")]
+    out = {"fidelity": "; ".join(map(said, fid)) + "." if fid else
+           f"The fidelity analyses were not run here ({'--quick' if args.quick else '--fidelity off'})."}  # fmt: skip
+    if args.no_conformance:
+        out["conformance"] = "The conformance suite was not run here (--no-conformance)."
+    elif conf:
+        out["conformance"] = "; ".join(map(said, conf)) + "."
+    return out
+
+
+def given_sources(args: argparse.Namespace) -> list[inputs.Source]:
+    """The committed results (unless left out) and every --input, read before any work starts."""
+    committed = [] if args.no_committed_results or not COMMITTED.is_dir() else [COMMITTED]
+    return inputs.load_all(committed, "committed") + inputs.load_all(args.input, "--input")
+
+
+def render_report(name: str, command: str, git: dict, started: str, outcomes, sources, args) -> tuple[str, dict]:
+    """REPORT.md's text and its figures."""
+    note = notes(args, outcomes)
+    renders = [
+        lambda: conformance.render(inputs.of_kind(sources, "conformance"), note.get("conformance", "")),
+        storage.render,
+        lambda: memory.render(sources),
+        lambda: performance.render(sources),
+        lambda: fidelity.render(inputs.of_kind(sources, "fidelity"), note["fidelity"]),
+    ]
+    sections = [render() for render in tqdm(renders, desc="rendering", unit="section", file=sys.stderr)]
+    claims = [c for s in sections for c in s.claims]
+    env = environment_section.render(
+        environment.machine(), environment.versions(), git, started, environment.now_utc(), command, outcomes, sources
+    )
+    intro = (
+        f"Generated by `{command}` on {started}. Every number carries its provenance: **measured** (device, "
+        "command, date, source file), **computed** (the function), or **quoted** from the paper "
+        "(arXiv 2610.19605). Regenerate it; do not edit it by hand."
+    )
+    return assemble(f"PN-Mix report: {name}", intro, [env, *sections, claims_section.render(claims)])
+
+
+def fail(message: str) -> int:
+    print(f"pnmix-report: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    args = p.parse_args(argv)
+    check_args(p, args)
+    name = args.name or f"report-{files.utc_stamp()}"
+    final = args.out_dir / name
+    if final.exists() and not (final / "REPORT.md").exists():
+        p.error(f"{final} exists and is not a report folder (no REPORT.md); choose another --name")
+    if final.exists() and not args.force:  # now, not after minutes of work
+        return fail(f"{final} exists; choose another --name or pass --force to replace it")
+    try:
+        given = given_sources(args)
+    except ValueError as err:
+        return fail(str(err))
+    command = command_line(argv)
+    git = environment.git_state()  # before anything is written into the tree
+    started = environment.now_utc()
+    staging = files.new_folder(final, force=args.force)
+    try:
+        outcomes = steps.run_all(plan(args, staging / "data"))
+        sources = unique(this_run_sources(outcomes, staging, final) + given)
+        text, figs = render_report(name, command, git, started, outcomes, sources, args)
+        # the steps ran in the staging folder and their files record it; readers know it by its final name
+        files.write_atomic(staging / "REPORT.md", text.replace(str(staging), display_path(final)))
+        for fig_name, png in figs.items():
+            files.write_bytes_atomic(staging / fig_name, png)
+        files.publish(staging, final, force=args.force)
+    except FileExistsError as err:  # the folder appeared while this run worked
+        files.discard(staging)
+        return fail(str(err))
+    except BaseException:
+        files.discard(staging)
+        raise
+    print(f"report written to {display_path(final / 'REPORT.md')}")
+    failed = [o for o in outcomes if o.status.startswith("failed")]
+    for o in failed:
+        log = display_path(final / o.log.relative_to(staging))
+        print(f"pnmix-report: step '{o.name}' {o.status}; its log is {log}", file=sys.stderr)
+    return 1 if failed else 0

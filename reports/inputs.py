@@ -1,0 +1,135 @@
+"""Result files the report reads, and what kind each one is (decided from its content, not its name).
+
+Kinds: "conformance" (kind "pnmix-conformance", `pytest conformance --conformance-json`),
+"fidelity" ("pnmix-fidelity", `python -m benchmarks.fidelity`), "gpu-check" ("pnmix-gpu-check",
+`python -m benchmarks.gpu_check`) and "pytest-benchmark" (`pytest benchmarks/suites
+--benchmark-json`, recognised by its `benchmarks` and `machine_info` keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .provenance import display_path
+
+TAGGED = {"pnmix-conformance": "conformance", "pnmix-fidelity": "fidelity", "pnmix-gpu-check": "gpu-check"}
+BENCHMARK = "pytest-benchmark"
+KINDS = (*TAGGED.values(), BENCHMARK)
+
+#: extra_info keys of every benchmark of the suites the report reads, and of each suite.
+COMMON_KEYS = ("suite", "scale", "device", "versions", "date_utc", "command", "model", "method", "timing")
+SUITE_KEYS = {
+    "fig6-memory": ("batch", "prompt", "generation", "oom", "peak_allocated_gib", "model_peak_gib"),
+    "fig6c-throughput": ("batch", "prompt", "generation", "protocol", "tokens_per_s", "total_s", "oom"),
+    "fig7-latency": ("batch", "prompt", "step", "step_ms"),
+    "kernel": ("batch", "context", "ms", "bytes", "gbps", "copy_gbps", "fraction_of_copy"),
+}
+SCALES = ("full", "tiny")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One result file: its kind, content, and how it came to the report."""
+
+    kind: str
+    path: Path
+    data: dict
+    origin: str  # "this run", "committed" or "--input"
+    command: str | None = None  # the command that wrote it, when the file does not record it
+    shown_as: str | None = None  # its path once the report is published, for files this run wrote
+
+    @property
+    def name(self) -> str:
+        return self.shown_as or display_path(self.path)
+
+
+def kind_of(data: object, path: str | os.PathLike) -> str:
+    """The kind of a parsed result file; ValueError naming the file when it is none of KINDS."""
+    if isinstance(data, dict):
+        if data.get("kind") in TAGGED:
+            return TAGGED[data["kind"]]
+        if isinstance(data.get("benchmarks"), list) and "machine_info" in data:
+            return BENCHMARK
+    found = f"kind {data.get('kind')!r}" if isinstance(data, dict) and "kind" in data else "no 'kind' key"
+    raise ValueError(
+        f"{path}: not a result file the report knows ({found}); expected JSON with kind "
+        f"{', '.join(repr(k) for k in TAGGED)}, or a pytest-benchmark JSON (keys 'benchmarks' and 'machine_info')"
+    )
+
+
+def benchmark_problems(data: dict) -> list[str]:
+    """Why some benchmarks of a pytest-benchmark file cannot be used (the rest can)."""
+    problems = []
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info") or {}
+        suite = info.get("suite")
+        if suite not in SUITE_KEYS:
+            problems.append(f"{bench.get('name')}: extra_info['suite'] is {suite!r}, not one of {sorted(SUITE_KEYS)}")
+            continue
+        missing = [k for k in (*COMMON_KEYS, *SUITE_KEYS[suite]) if k not in info]
+        if missing:
+            problems.append(f"{bench.get('name')}: extra_info lacks {', '.join(missing)}")
+        elif info["scale"] not in SCALES:
+            problems.append(f"{bench.get('name')}: extra_info['scale'] is {info['scale']!r}, not one of {SCALES}")
+    return problems
+
+
+def load(path: str | os.PathLike, origin: str, command: str | None = None, shown_as: str | None = None) -> Source:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read it as JSON ({err})") from None
+    return Source(kind_of(data, path), path, data, origin, command, shown_as)
+
+
+def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Files as given, and every *.json under each folder (recursively, sorted); missing paths fail."""
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(x for x in p.rglob("*.json") if x.is_file())
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ValueError(f"--input {p}: no such file or folder")
+    return out
+
+
+def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
+    return [load(p, origin) for p in expand(paths)]
+
+
+def of_kind(sources: Iterable[Source], kind: str) -> list[Source]:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return [s for s in sources if s.kind == kind]
+
+
+def usable(source: Source) -> list[dict]:
+    """The benchmarks of a pytest-benchmark source that the report can use, each as its extra_info
+    plus `name`, `wall_median_s` (pytest-benchmark's own host-clock median) and `source`."""
+    bad = {p.split(":")[0] for p in benchmark_problems(source.data)}
+    return [
+        {**b["extra_info"], "name": b["name"], "wall_median_s": b.get("stats", {}).get("median"), "source": source}
+        for b in source.data["benchmarks"]
+        if b.get("name") not in bad
+    ]
+
+
+def benchmarks(sources: Iterable[Source], suite: str | None = None, scale: str | None = None) -> list[dict]:
+    """Usable benchmarks of every pytest-benchmark source, optionally of one suite and scale."""
+    if suite is not None and suite not in SUITE_KEYS:
+        raise ValueError(f"suite must be one of {sorted(SUITE_KEYS)}, got {suite!r}")
+    if scale is not None and scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    return [
+        b
+        for s in of_kind(sources, BENCHMARK)
+        for b in usable(s)
+        if (suite is None or b["suite"] == suite) and (scale is None or b["scale"] == scale)
+    ]

@@ -1,0 +1,89 @@
+"""Markdown building blocks of the report: tables that always carry their source, sections, claims.
+
+Every table goes through `table`, which writes a "Source:" line under it, so a number without
+provenance cannot be rendered by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+SOURCE = "Source: "
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One of the paper's claims and what this report found about it."""
+
+    claim: str  # restated from the paper, with where it says so
+    status: str  # one of STATUSES
+    basis: str  # "measured", "computed" or "-" (nothing here bears on it)
+    evidence: str
+    provenance: str
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+
+CONFIRMED, NOT_CONFIRMED, NOT_MEASURED = "confirmed", "not confirmed", "not measured here"
+STATUSES = (CONFIRMED, NOT_CONFIRMED, NOT_MEASURED)
+
+
+@dataclasses.dataclass
+class Section:
+    """A report section: markdown body (without its heading), PNG figures by file name, claims."""
+
+    title: str
+    body: str
+    figures: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    claims: list[Claim] = dataclasses.field(default_factory=list)
+
+
+def table(rows: Sequence[Sequence], headers: Sequence[str], source: str, floatfmt: str | Sequence[str] = "g") -> str:
+    """A GitHub table followed by its source line."""
+    if not source:
+        raise ValueError("source must say where the table's numbers come from, got an empty string")
+    rows = [[cell.replace("|", "\\|") if isinstance(cell, str) else cell for cell in row] for row in rows]
+    return tabulate(rows, headers=list(headers), tablefmt="github", floatfmt=floatfmt) + f"\n\n{SOURCE}{source}\n"
+
+
+def sources_under_tables(md: str, source: str) -> str:
+    """Add `source` under every table of `md` that has no source line of its own (embedded markdown)."""
+    lines, out = md.splitlines(), []
+    for i, line in enumerate(lines):
+        out.append(line)
+        ends_table = line.startswith("|") and (i + 1 == len(lines) or not lines[i + 1].startswith("|"))
+        if ends_table:
+            following = next((x for x in lines[i + 1 :] if x.strip()), "")
+            if not following.startswith(SOURCE):
+                out += ["", SOURCE + source]
+    return "\n".join(out) + "\n"
+
+
+def demote(md: str, levels: int) -> str:
+    """Push every heading of `md` down by `levels` (to embed a document under a section)."""
+    return "\n".join("#" * levels + line if line.startswith("#") else line for line in md.splitlines()) + "\n"
+
+
+def details(summary: str, body: str) -> str:
+    """A collapsed block (GitHub renders markdown inside when blank lines surround it)."""
+    return f"<details><summary>{summary}</summary>\n\n{body}\n</details>\n"
+
+
+def figure(name: str, caption: str) -> str:
+    return f"![{caption}]({name})\n\n*{caption}*\n"
+
+
+def fmt(x: float | None, spec: str = ".3g", missing: str = "-") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def ratio(x: float | None, base: float | None) -> float | None:
+    """x / base, or None when either is missing (out of memory, not run) or base is zero."""
+    if x is None or base is None or base == 0:
+        return None
+    return x / base

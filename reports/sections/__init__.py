@@ -1,0 +1,1 @@
+"""One module per report section; each returns a `reports.markdown.Section`."""

@@ -1,0 +1,99 @@
+"""Section 2: the conformance matrix, implementation x property, from conformance JSON results."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+from conformance.impls import BUILTINS
+
+from ..inputs import Source
+from ..markdown import Section, table
+
+LABELS = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
+OUTCOMES = tuple(LABELS)
+
+
+def _columns(sources: Sequence[Source]) -> dict[tuple, str]:
+    """Column key (source index, implementation) -> header; the device is named when sources differ
+    in it, and the source number when that still leaves two columns alike."""
+    keys = [(i, r["implementation"]) for i, s in enumerate(sources) for r in s.data["results"]]
+    keys = list(dict.fromkeys(keys))
+    order = list(BUILTINS)
+    keys.sort(key=lambda k: (order.index(k[1]) if k[1] in order else len(order), k[1], k[0]))
+    devices = {s.data.get("device") for s in sources}
+    heads = {k: k[1] + (f" ({sources[k[0]].data.get('device')})" if len(devices) > 1 else "") for k in keys}
+    alike = collections.Counter(heads.values())
+    return {k: h + (f" #{k[0] + 1}" if alike[h] > 1 else "") for k, h in heads.items()}
+
+
+def _row_label(record: dict) -> str:
+    module = record["module"].rsplit("/", 1)[-1].removeprefix("test_").removesuffix(".py").replace("_", " ", 1)
+    return f"{module}: {record['property'].removeprefix('test_').replace('_', ' ')}"
+
+
+def counts(source: Source) -> dict[str, collections.Counter]:
+    """Outcomes per implementation of one conformance result."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in source.data["results"]:
+        out[r["implementation"]][r["outcome"]] += 1
+    return out
+
+
+def _provenance(i: int, s: Source) -> str:
+    d = s.data
+    return (
+        f"#{i + 1}: measured on {d.get('device', '?')}, {d.get('created_utc', '?')}, hypothesis profile "
+        f"{d.get('hypothesis_profile', '?')}, TRITON_INTERPRET={d.get('triton_interpret') or 'unset'}, "
+        f"command `{s.command or 'not recorded'}`, file `{s.name}`"
+    )
+
+
+def render(sources: Sequence[Source], note: str = "") -> Section:
+    if not sources:
+        return Section(
+            "Conformance matrix", (note or "No conformance results: the suite was not run and none given.") + "\n"
+        )
+    columns = _columns(sources)
+    cells: dict[str, dict[tuple, collections.Counter]] = {}
+    reasons: dict[str, int] = {}
+    for i, s in enumerate(sources):
+        for r in s.data["results"]:
+            cell = cells.setdefault(_row_label(r), {}).setdefault((i, r["implementation"]), collections.Counter())
+            label = LABELS.get(r["outcome"], r["outcome"])
+            reason = (r.get("reason") or "").strip().splitlines()
+            if reason and r["outcome"] != "passed":
+                text = reason[0][:200]
+                label += f" [{reasons.setdefault(text, len(reasons) + 1)}]"
+            cell[label] += 1
+
+    def show(c: collections.Counter | None) -> str:
+        if not c:
+            return "-"
+        return ", ".join(label if n == 1 else f"{label} x{n}" for label, n in c.items())
+
+    matrix = [[prop, *(show(row.get(k)) for k in columns)] for prop, row in cells.items()]
+    provenance = "; ".join(_provenance(i, s) for i, s in enumerate(sources))
+    summary = []
+    for i, s in enumerate(sources):
+        for impl, c in counts(s).items():
+            col = columns[(i, impl)]
+            summary.append(
+                [
+                    col,
+                    *(c[o] for o in OUTCOMES),
+                    sum(c.values()),
+                    round(sum(r["duration_s"] for r in s.data["results"] if r["implementation"] == impl), 1),
+                ]
+            )
+    parts = [
+        (note + "\n") if note else "",
+        "Outcome of every property (rows) for every implementation (columns). pass: holds on every generated "
+        "example; skip: the implementation does not claim the capability the property needs (reason below); "
+        "xfail: a listed known failure; FAIL: a counterexample was found.\n",
+        table(matrix, ["property", *columns.values()], provenance),
+        "Reasons:\n\n" + "\n".join(f"{n}. {text}" for text, n in reasons.items()) + "\n" if reasons else "",
+        "### Counts\n",
+        table(summary, ["implementation", *OUTCOMES, "total", "test seconds"], "the result files of the matrix above"),
+    ]
+    return Section("Conformance matrix", "\n".join(p for p in parts if p))

@@ -1,0 +1,78 @@
+"""Section 1: the machine, versions, git state, date and command line of this report, what it ran
+and every result file it read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..inputs import Source
+from ..markdown import Section, table
+from ..steps import Outcome
+
+
+def _source_record(s: Source) -> tuple[str, str, str]:
+    """(device, date, command) as the file records them."""
+    d = s.data
+    if s.kind == "conformance":
+        return d.get("device", "?"), d.get("created_utc", "?"), s.command or "not recorded"
+    if s.kind == "pytest-benchmark":
+        infos = [b.get("extra_info") or {} for b in d["benchmarks"]]
+        devices = sorted({i["device"] for i in infos if "device" in i}) or [
+            d["machine_info"].get("cpu", {}).get("brand_raw", d["machine_info"].get("machine", "?"))
+        ]
+        commands = sorted({i["command"] for i in infos if "command" in i})
+        return "; ".join(devices), d.get("datetime", "?"), "; ".join(commands) or s.command or "not recorded"
+    return d.get("device", "?"), d.get("date_utc", "?"), d.get("command") or s.command or "not recorded"
+
+
+def render(
+    machine: dict,
+    versions: dict,
+    git: dict,
+    started: str,
+    finished: str,
+    command: str,
+    outcomes: Sequence[Outcome],
+    sources: Sequence[Source],
+) -> Section:
+    this = "measured: this report's run (`environment.py`: platform, importlib.metadata, git)"
+    parts = [
+        table([[k, v] for k, v in machine.items()], ["machine", ""], this),
+        table([[k, v] for k, v in versions.items()], ["package", "version"], this),
+        table(
+            [
+                ["commit", git.get("commit")],
+                ["branch", git.get("branch", "-")],
+                ["dirty", git["dirty"]],
+                ["started (UTC)", started],
+                ["finished (UTC)", finished],
+                ["command", f"`{command}`"],
+            ],
+            ["run", ""],
+            this + "; git state taken before anything was written",
+        ),
+        "### What ran here\n",
+        table(
+            [
+                [
+                    o.name,
+                    f"`{o.command}`",
+                    o.status,
+                    f"{o.seconds:.0f}",
+                    ", ".join(f"`{p.name}`" for p in o.outputs) or "-",
+                ]
+                for o in outcomes
+            ]
+            or [["(nothing: every step was switched off)", "", "", "", ""]],
+            ["step", "command", "status", "wall s", "results"],
+            this + "; results and logs are in this folder's `data/`",
+        ),
+        "### Result files read\n",
+        table(
+            [[f"`{s.name}`", s.kind, s.origin, *_source_record(s)] for s in sources]
+            or [["(none)", "", "", "", "", ""]],
+            ["file", "kind", "origin", "device", "date", "command"],
+            "the files themselves (device, date and command as each records them)",
+        ),
+    ]
+    return Section("Environment and provenance", "\n".join(parts))

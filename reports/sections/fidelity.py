@@ -1,0 +1,180 @@
+"""Section 6: fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end-to-end agreement) from the JSON of
+`python -m benchmarks.fidelity`, rendered by that module's own `markdown` and `verdicts`."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from benchmarks import fidelity
+from reference.config import CRITERIA
+
+from .. import figures
+from ..inputs import Source
+from ..markdown import (
+    CONFIRMED,
+    NOT_CONFIRMED,
+    NOT_MEASURED,
+    Claim,
+    Section,
+    demote,
+    details,
+    figure,
+    sources_under_tables,
+)
+from ..provenance import measured, quoted
+
+#: Fig. 5's medians (percent held by the top 10/30/50% pairs), quoted.
+PAPER_FIG5 = {"Qwen3-14B": (89.3, 97.0, 98.7), "Qwen3-32B": (86.0, 94.8, 97.4)}
+SHARES = ("10", "30", "50")
+WHERE = {"fig4": "Fig. 4", "table9": "Table 9", "table11": "Table 11", "fig5": "Fig. 5"}
+
+
+def is_smoke(s: Source) -> bool:
+    return "--smoke" in s.data.get("command", "")
+
+
+def primary(sources: Sequence[Source]) -> Source | None:
+    """The newest full (non-smoke) result: the one the claims are judged on."""
+    full = [s for s in sources if not is_smoke(s)]
+    return max(full, key=lambda s: s.data.get("date_utc", "")) if full else None
+
+
+def provenance(s: Source) -> str:
+    d = s.data
+    workload = f"{d.get('model')}, {d.get('prompts')} prompts, {d.get('new_tokens')} new tokens each"
+    return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, workload)
+
+
+def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
+    keys = ("table9", "fig4", "fig5", "table11")
+    if s is None:
+        why = "only a smoke run (one prompt, a harness check)" if smoke_only else "no fidelity results"
+        out = [Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", NOT_MEASURED, "-", why, "-") for k in keys]
+    else:
+        v, holds = fidelity.verdicts(s.data["summary"]), fidelity.claim_holds(s.data["summary"])
+        out = []
+        for k in keys:
+            if k == "fig5":  # the paper's numbers are for 14B and 32B models: a 135M model does not test them
+                status = NOT_MEASURED
+                evidence = v[k] + "; the claim is about Qwen3-14B/32B, not measured here"
+            else:
+                status, evidence = (CONFIRMED if holds[k] else NOT_CONFIRMED), v[k]
+                if k == "table11":
+                    evidence += "; judged on stability, the overlap values themselves depend on the model"
+            out.append(Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, "measured", evidence, provenance(s)))
+    e2e = s.data.get("end_to_end") if s is not None else None
+    evidence = "no accuracy benchmark is run by this project"
+    if e2e:
+        m = e2e["methods"]
+        evidence += (
+            "; a proxy on "
+            + s.data["model"]
+            + ": greedy tokens identical to FP16 "
+            + ", ".join(f"{n} {statistics.fmean(x['identical_fraction']):.1%}" for n, x in m.items())
+            + f"; held-out NLL FP16 {e2e['fp16_nll']:.4f}, "
+            + ", ".join(f"{n} {x['nll']:.4f}" for n, x in m.items())
+        )
+    out.append(
+        Claim(
+            "Table 2: mean accuracy Qwen3-8B 77.85 (FP16) vs 77.21 (PN-Mix); Llama-3.1-8B 54.04 vs 53.08",
+            NOT_MEASURED,
+            "measured (proxy)" if e2e else "-",
+            evidence,
+            provenance(s) if e2e else "-",
+        )
+    )
+    return out
+
+
+def _label(s: Source) -> str:
+    return f"{'smoke' if is_smoke(s) else 'full'} run of {s.data.get('date_utc', '?')}"
+
+
+def _fig5(sources: Sequence[Source]) -> bytes | None:
+    def draw(ax):
+        x = [int(p) for p in SHARES]
+        for s in sources:
+            shares = {str(k): v for k, v in s.data["summary"]["fig5_share_median"].items()}
+            ax.plot(
+                x,
+                [100 * shares[p] for p in SHARES],
+                marker="o",
+                label=f"{s.data['model'].split()[0]}, {_label(s)} (measured)",
+            )
+        for model, ys in PAPER_FIG5.items():
+            ax.plot(x, ys, marker="*", ls="--", label=f"{model} (paper, quoted)")
+        ax.set(
+            xlabel="top r% of pairs",
+            ylabel="share of decode-time importance (%)",
+            xticks=x,
+            title="Fig. 5: cumulative importance share (median)",
+        )
+
+    return figures.png(draw)
+
+
+def _fig4(s: Source) -> bytes | None:
+    jac = s.data["summary"]["fig4_jaccard_mean"]
+
+    def draw(*axes):
+        for ax, r in zip(axes, ("10%", "50%"), strict=True):
+            xs = range(len(CRITERIA))
+            for j, scope in enumerate(("prefill", "full")):
+                ax.bar(
+                    [x + 0.4 * j - 0.2 for x in xs],
+                    [jac[f"{c} ({scope}), r={r}"] for c in CRITERIA],
+                    width=0.4,
+                    label=f"from {scope} tokens",
+                )
+            ax.set_xticks(list(xs), CRITERIA, fontsize="small")
+            ax.set(ylim=(0, 1), ylabel="Jaccard with decode-time top pairs", title=f"Fig. 4: r = {r}, {_label(s)}")
+
+    return figures.png(draw, ncols=2, size=(5.6, 4.0))
+
+
+def render(sources: Sequence[Source], note: str = "") -> Section:
+    if not sources:
+        return Section(
+            "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
+            (note or "No fidelity results were run or given.") + "\n",
+            claims=claims(None, False),
+        )
+    main = primary(sources)
+    ordered = sorted(sources, key=lambda s: (s is not main, s.data.get("date_utc", "")))
+    parts = [note + "\n" if note else ""]
+    parts.append(
+        "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
+        "`benchmarks.fidelity.markdown`; the paper's claims are quoted next to what was measured. "
+        + (
+            f"The claims of section 7 are judged on the {_label(main)}."
+            if main
+            else "Only smoke runs are present: they check the harness, not the claims."
+        )
+        + "\n"
+    )
+    for s in ordered:
+        body = fidelity.markdown(s.data).split("\n", 1)[1]  # its own title is replaced by ours
+        body = sources_under_tables(demote(body, 2), provenance(s))
+        head = f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})\n"
+        parts.append(head + "\n" + (body if s is main else details(f"{_label(s)}: tables", body)))
+    figs = {"fig5-importance-share.png": _fig5(ordered)}
+    if main is not None:
+        figs["fig4-jaccard.png"] = _fig4(main)
+    figs = {k: v for k, v in figs.items() if v is not None}
+    if figs:
+        parts.append(f"Paper values in the figures are {quoted('Fig. 5')}; the rest is measured (sources above).\n")
+        captions = {
+            "fig5-importance-share.png": "Fig. 5: share of decode-time importance held by the top pairs",
+            "fig4-jaccard.png": "Fig. 4: Jaccard similarity of each criterion's top pairs with the decode-time "
+            "top pairs",
+        }
+        parts += [figure(n, captions[n]) for n in figs]
+    else:
+        parts.append(figures.MISSING + "\n")
+    return Section(
+        "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
+        "\n".join(p for p in parts if p),
+        figs,
+        claims(main, smoke_only=bool(sources)),
+    )

@@ -1,0 +1,75 @@
+"""Measured results of the GPU suites as rows: grouping into runs, provenance, baselines and the
+derived figures (largest feasible throughput, Fig. 7 slopes), shared by the tables and the claims.
+
+Ratios are taken within one result file and one device only, at the same point (batch, length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.analysis import FIG7_FIT, latency_slope_us
+
+from ..inputs import Source
+from ..provenance import measured
+
+FP16, KITTY, PN_MIX = "FP16", "Kitty", "PN-Mix"
+
+
+def is_fp16(method: str) -> bool:
+    return method.startswith(FP16)  # "FP16", or gpu_check's "FP16 (SDPA)"
+
+
+def baseline(rows: Sequence[dict], row: dict, match: Sequence[str], which: str, key: str) -> float | None:
+    """`key` of the FP16 or Kitty row at the same point as `row` (None if absent or out of memory)."""
+    for r in rows:
+        if (is_fp16(r["method"]) if which == FP16 else r["method"] == which) and not r.get("oom"):
+            if all(r.get(m) == row.get(m) for m in match):
+                return r.get(key)
+    return None
+
+
+def runs(entries: Sequence[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Entries grouped by (result file, device): the unit within which ratios mean something."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for e in entries:
+        out.setdefault((e["source"].name, e["device"]), []).append(e)
+    return out
+
+
+def provenance(entries: Sequence[dict]) -> str:
+    e = entries[0]
+    dates = sorted({x["date_utc"] for x in entries})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    commands = "; ".join(sorted({x["command"] for x in entries}))
+    return measured(e["device"], when, commands, e["source"].name, f"timing: {e['timing']}")
+
+
+def max_feasible(rows: Sequence[dict]) -> dict[str, dict]:
+    """Each method's highest throughput over the batches that fit."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if not r["oom"] and (r["method"] not in best or r["tokens_per_s"] > best[r["method"]]["tokens_per_s"]):
+            best[r["method"]] = r
+    return best
+
+
+def slopes(rows: Sequence[dict]) -> dict[str, float | None]:
+    """Each method's Fig. 7 slope (us/step over FIG7_FIT), None with fewer than two steps in the window."""
+    out = {}
+    for m in sorted({r["method"] for r in rows}):
+        pts = sorted((r["step"], r["step_ms"]) for r in rows if r["method"] == m)
+        inside = {s for s, _ in pts if FIG7_FIT[0] <= s <= FIG7_FIT[1]}
+        out[m] = latency_slope_us(*zip(*pts, strict=True)) if len(inside) >= 2 else None
+    return out
+
+
+def is_tiny_check(s: Source) -> bool:
+    return "--tiny" in s.data.get("command", "") or s.data.get("device", "").startswith("cpu")
+
+
+def gpu_check_rows(s: Source) -> list[dict]:
+    """gpu_check's decode-attention rows in the kernel suite's shape (one run, one copy bandwidth)."""
+    d = s.data
+    env = {k: d.get(k) for k in ("device", "date_utc", "command", "timing")}
+    return [{**r, **env, "copy_gbps": d["copy_gbps"], "source": s, "suite": "kernel"} for r in d["decode_attention"]]

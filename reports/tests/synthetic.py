@@ -1,0 +1,220 @@
+"""Small synthetic result files in the schemas the report reads, with numbers chosen so that every
+derived figure (slopes, ratios, verdicts) is known by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DEVICE = "NVIDIA Test GPU"
+COMMAND = "pytest benchmarks/suites --benchmark-only --benchmark-json gpu.json"
+FIG7_STEPS = (1024, 11 * 1024, 21 * 1024, 31 * 1024, 32 * 1024 - 16)
+#: step_ms = base + slope_us * 1e-3 * step, exactly linear: the fitted slope must be slope_us.
+FIG7 = {"FP16": (40.0, 3.0), "Kitty": (45.0, 2.38), "PN-Mix": (45.0, 2.17)}
+#: tokens/s per (method, batch); None: out of memory.
+FIG6C = {("FP16", 20): 500.0, ("FP16", 21): None, ("Kitty", 20): 450.0, ("PN-Mix", 20): 400.0, ("PN-Mix", 110): 1000.0}
+#: kernel ms per (method, batch, context)
+KERNEL = {("FP16", 1, 8192): 0.10, ("Kitty", 1, 8192): 0.05, ("PN-Mix", 1, 8192): 0.04}
+COPY_GBPS = 4000.0
+
+
+def _bench(name: str, info: dict, median_s: float = 1.0) -> dict:
+    return {
+        "name": name,
+        "group": info["suite"],
+        "params": {},
+        "stats": {"median": median_s, "min": median_s},
+        "extra_info": info,
+    }
+
+
+def _info(suite: str, method: str, scale: str = "full", **figures) -> dict:
+    return {
+        "suite": suite,
+        "scale": scale,
+        "device": DEVICE if scale == "full" else "cpu (x86_64), Triton interpreter",
+        "driver": "12.8",
+        "versions": {"python": "3.11", "torch": "2.13", "triton": "3.7", "transformers": "5.2"},
+        "date_utc": "2026-12-01T10:00:00+00:00",
+        "command": COMMAND,
+        "model": "Qwen3-8B",
+        "method": method,
+        "attention": "test",
+        "method_config": {},
+        "timing": "cuda events",
+        **figures,
+    }
+
+
+def step_ms(method: str, step: int) -> float:
+    base, slope_us = FIG7[method]
+    return base + slope_us * 1e-3 * step
+
+
+def gpu_benchmarks() -> dict:
+    """A pytest-benchmark JSON of a full-scale GPU run: Fig. 6c, Fig. 7, kernel and Fig. 6 memory points."""
+    benches = []
+    for (m, b), tps in FIG6C.items():
+        benches.append(
+            _bench(
+                f"tp[{m}-{b}]",
+                _info(
+                    "fig6c-throughput",
+                    m,
+                    batch=b,
+                    prompt=141,
+                    generation=8192,
+                    protocol="sampled",
+                    sample_lengths=[0, 8176],
+                    step_ms=[1.0, 2.0],
+                    prefill_ms=10.0,
+                    total_s=None if tps is None else b * 8192 / tps,
+                    tokens_per_s=tps,
+                    oom=tps is None,
+                ),
+            )
+        )
+    for m in FIG7:
+        for s in FIG7_STEPS:
+            benches.append(
+                _bench(f"lat[{m}-{s}]", _info("fig7-latency", m, batch=1, prompt=141, step=s, step_ms=step_ms(m, s)))
+            )
+    for (m, b, c), ms in KERNEL.items():
+        nbytes = int(ms * 1e-3 * 1e9 * 1000)  # 1000 GB/s at every point
+        benches.append(
+            _bench(
+                f"k[{m}]",
+                _info(
+                    "kernel",
+                    m,
+                    batch=b,
+                    context=c,
+                    ms=ms,
+                    bytes=nbytes,
+                    gbps=nbytes / (ms * 1e-3) / 1e9,
+                    copy_gbps=COPY_GBPS,
+                    fraction_of_copy=nbytes / (ms * 1e-3) / 1e9 / COPY_GBPS,
+                    roofline_ms=ms / 2,
+                    oom=False,
+                ),
+            )
+        )
+    for m, b, g, oom, peak in (
+        ("FP16", 20, 8192, False, 38.5),
+        ("FP16", 21, 8192, True, None),
+        ("PN-Mix", 110, 8192, False, 38.0),
+    ):
+        benches.append(
+            _bench(
+                f"mem[{m}-{b}]",
+                _info(
+                    "fig6-memory",
+                    m,
+                    batch=b,
+                    prompt=141,
+                    generation=g,
+                    capacity=141 + g,
+                    budget_gib=40.0,
+                    oom=oom,
+                    peak_allocated_gib=peak,
+                    peak_reserved_gib=peak,
+                    model_peak_gib=37.0,
+                    weights_gib=15.26,
+                    cache_gib=1.0,
+                ),
+            )
+        )
+    return {
+        "machine_info": {"machine": "x86_64"},
+        "commit_info": {},
+        "datetime": "2026-12-01T10:00:00",
+        "version": "5.3.1",
+        "benchmarks": benches,
+    }
+
+
+def tiny_benchmarks() -> dict:
+    """A CPU tiny-harness run: one Fig. 7 point per method, plus a benchmark outside the schema."""
+    benches = [
+        _bench(
+            f"lat[{m}]",
+            _info("fig7-latency", m, scale="tiny", batch=1, prompt=40, step=10, step_ms=float(i + 1)),
+            median_s=0.5,
+        )
+        for i, m in enumerate(("FP16", "PN-Mix"))
+    ]
+    benches.append(
+        {"name": "test_fig6_feasibility_model", "stats": {"median": 0.1}, "extra_info": {"suite": "fig6-model"}}
+    )
+    return {
+        "machine_info": {"machine": "x86_64"},
+        "commit_info": {},
+        "datetime": "2026-12-01T10:00:00",
+        "benchmarks": benches,
+    }
+
+
+def conformance() -> dict:
+    """Two implementations: every outcome the matrix shows."""
+
+    def rec(impl, prop, outcome, reason=""):
+        return {
+            "implementation": impl,
+            "version": "0",
+            "property": prop,
+            "module": "conformance/test_p1_packing.py",
+            "nodeid": f"conformance/test_p1_packing.py::{prop}[{impl}]",
+            "outcome": outcome,
+            "reason": reason,
+            "duration_s": 0.5,
+            "hypothesis_statistics": None,
+        }
+
+    results = [
+        rec("reference", "test_a", "passed"),
+        rec("reference", "test_b", "passed"),
+        rec("triton", "test_a", "failed", "AssertionError: codes differ | at 3"),
+        rec("triton", "test_b", "skipped", "triton does not claim bf16\nmore detail"),
+        rec("reference", "test_c", "xfailed", "known failure listed in reference.txt"),
+    ]
+    return {
+        "kind": "pnmix-conformance",
+        "created_utc": "20261201T100000_000000Z",
+        "device": "cpu (x86_64)",
+        "implementations": ["reference", "triton"],
+        "hypothesis_profile": "ci",
+        "exitstatus": 1,
+        "results": results,
+    }
+
+
+def gpu_check() -> dict:
+    rows = [
+        {
+            "method": m,
+            "batch": 1,
+            "context": 8192,
+            "ms": ms,
+            "bytes": 10**6,
+            "gbps": 10**6 / (ms * 1e-3) / 1e9,
+            "fraction_of_copy": 10**6 / (ms * 1e-3) / 1e9 / COPY_GBPS,
+        }
+        for m, ms in (("PN-Mix", 0.02), ("Kitty", 0.04), ("FP16 (SDPA)", 0.08))
+    ]
+    return {
+        "kind": "pnmix-gpu-check",
+        "date_utc": "2026-12-01T11:00:00+00:00",
+        "device": "NVIDIA Check GPU",
+        "versions": {},
+        "command": "python -m benchmarks.gpu_check",
+        "timing": "triton.testing.do_bench median",
+        "copy_gbps": COPY_GBPS,
+        "decode_attention": rows,
+        "conformance": {"command": "pytest conformance --impl triton", "exit_code": 0, "summary": "9 passed"},
+    }
+
+
+def write(folder: Path, name: str, data: dict) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(data))
+    return path

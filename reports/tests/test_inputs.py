@@ -1,0 +1,68 @@
+"""Result files: kind from content, clear errors for files the report cannot read."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reports import inputs
+
+from . import synthetic
+
+COMMITTED_FIDELITY = Path(__file__).parents[2] / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+
+
+@pytest.mark.parametrize(
+    ("maker", "kind"),
+    [(synthetic.conformance, "conformance"), (synthetic.gpu_check, "gpu-check"),
+     (synthetic.gpu_benchmarks, "pytest-benchmark"), (synthetic.tiny_benchmarks, "pytest-benchmark")],
+)  # fmt: skip
+def test_kind_comes_from_the_content_not_the_name(tmp_path, maker, kind):
+    path = synthetic.write(tmp_path, "results.json", maker())
+    assert inputs.load(path, "--input").kind == kind
+
+
+def test_committed_fidelity_result_is_recognised():
+    source = inputs.load(COMMITTED_FIDELITY, "committed")
+    assert source.kind == "fidelity" and source.name == "benchmarks/results/" + COMMITTED_FIDELITY.name
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(json.dumps({"kind": "something-else"}), "kind 'something-else'"), (json.dumps([1, 2]), "no 'kind' key"),
+     (json.dumps({"benchmarks": []}), "no 'kind' key"), ("{not json", "cannot read it as JSON")],
+)  # fmt: skip
+def test_unknown_or_broken_file_fails_naming_the_file(tmp_path, content, says):
+    path = tmp_path / "mystery.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"mystery\.json") as err:
+        inputs.load(path, "--input")
+    assert says in str(err.value)
+
+
+def test_folders_are_read_recursively_and_missing_paths_fail(tmp_path):
+    synthetic.write(tmp_path, "a.json", synthetic.conformance())
+    (tmp_path / "deeper").mkdir()
+    synthetic.write(tmp_path / "deeper", "b.json", synthetic.gpu_check())
+    (tmp_path / "notes.md").write_text("not a result")
+    assert [s.kind for s in inputs.load_all([tmp_path], "--input")] == ["conformance", "gpu-check"]
+    with pytest.raises(ValueError, match=r"--input .*nowhere\.json: no such file"):
+        inputs.load_all([tmp_path / "nowhere.json"], "--input")
+
+
+def test_benchmarks_outside_the_schema_are_named_and_left_out(tmp_path):
+    data = synthetic.gpu_benchmarks()
+    del data["benchmarks"][0]["extra_info"]["tokens_per_s"]
+    source = inputs.load(synthetic.write(tmp_path, "gpu.json", data), "--input")
+    problems = inputs.benchmark_problems(source.data)
+    assert problems == [f"{data['benchmarks'][0]['name']}: extra_info lacks tokens_per_s"]
+    names = {b["name"] for b in inputs.usable(source)}
+    assert data["benchmarks"][0]["name"] not in names and len(names) == len(data["benchmarks"]) - 1
+    tiny = inputs.load(synthetic.write(tmp_path, "tiny.json", synthetic.tiny_benchmarks()), "--input")
+    assert inputs.benchmark_problems(tiny.data) == [
+        "test_fig6_feasibility_model: extra_info['suite'] is 'fig6-model', not one of "
+        "['fig6-memory', 'fig6c-throughput', 'fig7-latency', 'kernel']"
+    ]
+    assert [b["scale"] for b in inputs.benchmarks([tiny, source], "fig7-latency", "tiny")] == ["tiny", "tiny"]
+    with pytest.raises(ValueError, match="suite must be one of"):
+        inputs.benchmarks([source], "fig8")

