@@ -29,6 +29,8 @@ SUITE_KEYS = {
     "kernel": ("batch", "context", "ms", "bytes", "gbps", "copy_gbps", "fraction_of_copy"),
 }
 SCALES = ("full", "tiny")
+#: Suites whose figures are computed, not measured: the report shows them from their module instead.
+COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), section 4"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,8 @@ def benchmark_problems(data: dict) -> list[str]:
     for bench in data["benchmarks"]:
         info = bench.get("extra_info") or {}
         suite = info.get("suite")
+        if suite in COMPUTED_SUITES:
+            continue
         if suite not in SUITE_KEYS:
             problems.append(f"{bench.get('name')}: extra_info['suite'] is {suite!r}, not one of {sorted(SUITE_KEYS)}")
             continue
@@ -101,7 +105,25 @@ def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
-    return [load(p, origin) for p in expand(paths)]
+    """Every result file of `paths`, plus the files a gpu_check record names (its benchmark and
+    conformance results) when they lie next to it and were not given already."""
+    files = expand(paths)
+    for path in list(files):
+        if path.suffix == ".json" and '"pnmix-gpu-check"' in path.read_text(encoding="utf-8"):
+            for name in companions(json.loads(path.read_text(encoding="utf-8"))):
+                mate = path.parent / name
+                if mate.is_file() and mate.resolve() not in {f.resolve() for f in files}:
+                    files.append(mate)
+    return [load(p, origin) for p in files]
+
+
+def companions(record: dict) -> list[str]:
+    """File names of the results a gpu_check record's steps wrote."""
+    names = []
+    for step in record.get("steps", {}).values():
+        names += [Path(step[key]).name for key in ("json",) if step.get(key)]
+        names += [Path(a).name for a in step.get("command", "").split() if a.endswith(".json")]
+    return list(dict.fromkeys(names))
 
 
 def of_kind(sources: Iterable[Source], kind: str) -> list[Source]:
@@ -117,7 +139,7 @@ def usable(source: Source) -> list[dict]:
     return [
         {**b["extra_info"], "name": b["name"], "wall_median_s": b.get("stats", {}).get("median"), "source": source}
         for b in source.data["benchmarks"]
-        if b.get("name") not in bad
+        if b.get("name") not in bad and (b.get("extra_info") or {}).get("suite") not in COMPUTED_SUITES
     ]
 
 

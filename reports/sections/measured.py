@@ -64,12 +64,11 @@ def slopes(rows: Sequence[dict]) -> dict[str, float | None]:
     return out
 
 
-def is_tiny_check(s: Source) -> bool:
-    return "--tiny" in s.data.get("command", "") or s.data.get("device", "").startswith("cpu")
-
-
-def gpu_check_rows(s: Source) -> list[dict]:
-    """gpu_check's decode-attention rows in the kernel suite's shape (one run, one copy bandwidth)."""
+def gpu_check_lines(s: Source) -> list[str]:
+    """What a `python -m benchmarks.gpu_check` session ran and how each step ended (its figures are in
+    the pytest-benchmark file it names, read as a result of its own)."""
     d = s.data
-    env = {k: d.get(k) for k in ("device", "date_utc", "command", "timing")}
-    return [{**r, **env, "copy_gbps": d["copy_gbps"], "source": s, "suite": "kernel"} for r in d["decode_attention"]]
+    head = f"GPU check `{s.name}` ({d.get('device')}, {d.get('date_utc')}, `{d.get('command')}`):"
+    steps = [f"{name} `{step['command']}` exited {step['exit_code']} after {step['seconds']} s"
+             for name, step in d.get("steps", {}).items()]  # fmt: skip
+    return [head + " " + "; ".join(steps) + "."]

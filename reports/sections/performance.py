@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from benchmarks.analysis import FIG7_FIT
 
 from .. import figures
-from ..inputs import Source, benchmark_problems, benchmarks, of_kind
+from ..inputs import BENCHMARK as BENCH
+from ..inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
 from ..markdown import Section, details, figure, fmt, ratio, table
 from ..provenance import quoted
 from .gpu_claims import judge_all
@@ -17,9 +18,8 @@ from .measured import (
     KITTY,
     PN_MIX,
     baseline,
-    gpu_check_rows,
+    gpu_check_lines,
     is_fp16,
-    is_tiny_check,
     max_feasible,
     provenance,
     runs,
@@ -274,7 +274,6 @@ def _tiny(entries: list[dict]) -> str:
 def render(sources: Sequence[Source]) -> Section:
     full = {suite: benchmarks(sources, suite, "full") for suite in RENDERERS}
     checks = of_kind(sources, "gpu-check")
-    full["kernel"] += [r for s in checks if not is_tiny_check(s) for r in gpu_check_rows(s)]
     parts, figs = [], {}
     if not any(full.values()):
         parts.append(
@@ -296,17 +295,14 @@ def render(sources: Sequence[Source]) -> Section:
                 figs[f"{prefix}-{n + 1}.png"] = png
                 parts.append(figure(f"{prefix}-{n + 1}.png", f"{suite}, {device} (measured)"))
     for s in checks:
-        if "conformance" in s.data:
-            c = s.data["conformance"]
-            parts.append(
-                f"GPU check `{s.name}` ({s.data.get('device')}): compiled conformance run `{c['command']}` "
-                f"exited {c['exit_code']}: {c['summary']}.\n"
-            )
+        parts += [line + "\n" for line in gpu_check_lines(s)]
     tiny = benchmarks(sources, scale="tiny")
-    tiny += [r for s in checks if is_tiny_check(s) for r in gpu_check_rows(s)]
     parts.append(f"### {NOT_PREDICTIVE}\n")
     parts.append(_tiny(tiny) if tiny else "No tiny-harness results were run or given.\n")
-    problems = [f"`{s.name}`: {p}" for s in of_kind(sources, "pytest-benchmark") for p in benchmark_problems(s.data)]
+    suites = {(b.get("extra_info") or {}).get("suite") for s in of_kind(sources, BENCH) for b in s.data["benchmarks"]}
+    computed_here = suites & set(COMPUTED_SUITES)
+    parts += [f"The `{s}` benchmark is computed, not measured: {COMPUTED_SUITES[s]}.\n" for s in sorted(computed_here)]
+    problems = [f"`{s.name}`: {p}" for s in of_kind(sources, BENCH) for p in benchmark_problems(s.data)]
     if problems:
         parts.append(
             "Benchmarks not used here (outside the schema this report reads):\n\n"

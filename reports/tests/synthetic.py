@@ -188,30 +188,21 @@ def conformance() -> dict:
     }
 
 
-def gpu_check() -> dict:
-    rows = [
-        {
-            "method": m,
-            "batch": 1,
-            "context": 8192,
-            "ms": ms,
-            "bytes": 10**6,
-            "gbps": 10**6 / (ms * 1e-3) / 1e9,
-            "fraction_of_copy": 10**6 / (ms * 1e-3) / 1e9 / COPY_GBPS,
-        }
-        for m, ms in (("PN-Mix", 0.02), ("Kitty", 0.04), ("FP16 (SDPA)", 0.08))
-    ]
+def gpu_check(bench_name: str = "bench-GPU-1.json") -> dict:
+    """A `python -m benchmarks.gpu_check` record: the steps it ran; its figures are in `bench_name`."""
     return {
         "kind": "pnmix-gpu-check",
         "date_utc": "2026-12-01T11:00:00+00:00",
         "device": "NVIDIA Check GPU",
+        "driver": "12.8",
         "versions": {},
         "command": "python -m benchmarks.gpu_check",
-        "timing": "triton.testing.do_bench median",
-        "copy_gbps": COPY_GBPS,
-        "decode_attention": rows,
-        "conformance": {"command": "pytest conformance --impl triton", "exit_code": 0, "summary": "9 passed"},
-    }
+        "steps": {
+            "conformance": {"command": "pytest conformance pnmix --impl triton", "exit_code": 0, "seconds": 120.0},
+            "benchmarks": {"command": "pytest benchmarks/suites --bench-scale full", "exit_code": 1, "seconds": 300.0,
+                           "json": f"benchmarks/results/{bench_name}"},
+        },
+    }  # fmt: skip
 
 
 def write(folder: Path, name: str, data: dict) -> Path:

@@ -78,16 +78,20 @@ def test_without_gpu_results_the_report_says_so_and_lists_the_tiny_harness(gpu):
     assert "**No GPU results.**" in s.body and s.figures == {}
     tiny = table_after(s.body, "### CPU tiny harness")
     assert [(r["method"], r["value"]) for r in tiny] == [("FP16", "1"), ("PN-Mix", "2")]
-    assert "not predictive of GPU performance" in s.body and "fig6-model" in s.body  # the left-out one is named
+    assert "not predictive of GPU performance" in s.body
+    assert "The `fig6-model` benchmark is computed, not measured" in s.body and "not used here" not in s.body
     assert {c.status for c in s.claims} == {NOT_MEASURED}
 
 
-def test_gpu_check_rows_are_a_kernel_table_with_the_sdpa_baseline(tmp_path):
-    s = performance.render([load(tmp_path, "check.json", synthetic.gpu_check())])
-    rows = {r["method"]: r for r in table_after(s.body, "#### Decode attention kernel")}
-    assert float(rows["PN-Mix"]["ms / FP16"]) == pytest.approx(0.02 / 0.08)
-    assert float(rows["PN-Mix"]["ms / Kitty"]) == pytest.approx(0.02 / 0.04)
-    assert "exited 0: 9 passed" in s.body
+def test_gpu_check_says_how_each_step_ended_and_brings_its_benchmark_file(tmp_path):
+    synthetic.write(tmp_path, "gpu-check-GPU-1.json", synthetic.gpu_check("bench-GPU-1.json"))
+    synthetic.write(tmp_path, "bench-GPU-1.json", synthetic.gpu_benchmarks())
+    sources = inputs.load_all([tmp_path / "gpu-check-GPU-1.json"], "--input")  # the record alone is given
+    assert sorted(s.kind for s in sources) == ["gpu-check", "pytest-benchmark"]
+    s = performance.render(sources)
+    assert "`pytest conformance pnmix --impl triton` exited 0 after 120.0 s" in s.body
+    assert "`pytest benchmarks/suites --bench-scale full` exited 1 after 300.0 s" in s.body
+    assert "No GPU results" not in s.body
 
 
 def test_conformance_matrix_counts_and_reasons(tmp_path):
