@@ -223,7 +223,7 @@ def analyse_prompt(traces, prompt_len: int, pages: dict) -> dict:
 def end_to_end(model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress) -> dict:
     """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
     import pnmix.hf  # noqa: F401  (registers "pnmix")
-    from pnmix.hf import PNMixHFCache
+    from pnmix.hf import PNMixHFCache, cache_argument
 
     names = ["KIVI-2 +32 sinks", "Kitty", "PN-Mix"]
     configs = {n: METHODS[n](**pages) for n in names}
@@ -237,7 +237,11 @@ def end_to_end(model, tokenizer, prompts, new_tokens: int, heldout: str, prefix:
         for name in names:
             cache = PNMixHFCache(model.config, configs[name], backend="reference")
             got = model.generate(
-                **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, past_key_values=cache
+                **inputs,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                **{cache_argument(model): cache},
             )[0, n0:]
             same = (got == ref).tolist()
             out[name]["identical_fraction"].append(sum(same) / len(same))
@@ -245,11 +249,11 @@ def end_to_end(model, tokenizer, prompts, new_tokens: int, heldout: str, prefix:
     ids = tokenizer(heldout, return_tensors="pt")["input_ids"]
 
     def nll(m, cache):
-        logits = m(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = m(input_ids=ids[:, :prefix], use_cache=True, **{cache_argument(m): cache}).logits[:, -1]
         total = 0.0
         for t in range(prefix, ids.shape[1]):
             total -= float(torch.log_softmax(logits.float(), -1)[0, ids[0, t]])
-            logits = m(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = m(input_ids=ids[:, t : t + 1], use_cache=True, **{cache_argument(m): cache}).logits[:, -1]
         return total / (ids.shape[1] - prefix)
 
     from transformers import DynamicCache

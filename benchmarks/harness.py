@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import importlib.metadata
-import inspect
 import platform
 import statistics
 import sys
@@ -240,6 +239,8 @@ class Generation:
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from pnmix.hf import cache_argument
+
         positions = torch.arange(self.length, self.length + ids.shape[1], device=self.device).unsqueeze(0)
         out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
                          **{cache_argument(self.model): self.cache})  # fmt: skip
@@ -269,11 +270,6 @@ class Generation:
                 else:
                     layer.cache.append(k, v)
             self.length += n
-
-
-def cache_argument(model) -> str:
-    """`cache=` where transformers has renamed `past_key_values=` (5.2x), else the old name."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def pnmix_attention() -> str:

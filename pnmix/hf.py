@@ -15,6 +15,8 @@ saliency and the sinks. Beam search and cropping are not supported and raise.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -26,6 +28,12 @@ ATTENTION = "pnmix"
 
 #: Model families whose RoPE uses `rotate_half`, pairing channels (i, i + d/2).
 SPLIT_HALF_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "phi3"})
+
+
+def cache_argument(model) -> str:
+    """The keyword that passes a cache to `model(...)` and `model.generate(...)`: `cache` where
+    transformers has renamed `past_key_values` (5.2x), else `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class UnsupportedOperation(RuntimeError):

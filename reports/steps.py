@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from conformance.impls import BUILTINS
 
-from .provenance import ROOT
+from .provenance import ROOT, display_path
 
 ALL_IMPLS = tuple(BUILTINS)
 #: The executable specs (pure PyTorch, seconds each); the others run Triton, minutes on the interpreter.
@@ -61,7 +61,7 @@ def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[St
         argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
         argv += [a for n in group for a in ("--impl", n)]
         argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-q"]
-        argv += ["--conformance-json", str(folder / "conformance.json")]
+        argv += ["--conformance-json", display_path(folder / "conformance.json")]
         steps.append(Step(f"conformance: {', '.join(group)}", tuple(argv), folder))
     return steps
 
@@ -75,7 +75,7 @@ def benchmark_step(data: Path) -> Step | Outcome:
         "pytest",
         "benchmarks/suites",
         "--benchmark-json",
-        str(folder / "benchmarks.json"),
+        display_path(folder / "benchmarks.json"),
         "-p",
         "no:cacheprovider",
         "-q",
@@ -96,7 +96,7 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
         "benchmarks.fidelity",
         *(("--smoke",) if mode == "smoke" else ()),
         "--out",
-        str(folder),
+        display_path(folder),
     )
     step = Step(f"fidelity ({mode})", argv, folder)
     if importlib.util.find_spec(MODEL_PACKAGE) is None:
