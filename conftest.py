@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
-import platform
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from reference.records import device_name, versions
 
 # ci: small and reproducible (derandomized) for two CPU cores, where seven implementations
 # (three on the Triton interpreter) run every property; dev: the default at a desk;
@@ -64,20 +64,12 @@ def device(pytestconfig: pytest.Config) -> torch.device:
     return resolve_device(pytestconfig)
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
     dev = resolve_device(config)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    v = versions()
     return [
-        f"pnmix: torch {torch.__version__}, triton {_version('triton')}, transformers {_version('transformers')}, "
-        f"python {platform.python_version()}",
-        f"pnmix: device {dev} ({name}), hypothesis profile {settings.get_current_profile_name()}, "
+        f"pnmix: torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, python {v['python']}",
+        f"pnmix: device {dev} ({device_name(dev)}), hypothesis profile {settings.get_current_profile_name()}, "
         f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', 'unset')}",
     ]
 

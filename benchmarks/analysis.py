@@ -12,8 +12,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from reference.paper import FIG7_FIT  # the paper's fit window, in decode steps
+
 K = 1024
-FIG7_FIT = (11 * K, 31 * K)  # the paper's fit window, in decode steps
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:

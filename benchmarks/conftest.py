@@ -19,6 +19,7 @@ from tabulate import tabulate
 
 from benchmarks import harness, memory
 from benchmarks.workloads import SCALES, in_short_sweep
+from reference import records
 
 OPTIONS = {
     "--bench-scale": ({"choices": ("all", "full", "tiny"), "default": "all"},
@@ -118,7 +119,7 @@ def record(benchmark, bench_device):
             "prompt": scale.prompt,
             "suite": suite,
             "scale": scale.name,
-            **harness.environment(bench_device),
+            **records.environment(bench_device),
             "model": scale.arch.name,
             "attention": harness.attention_of(work.method),
             "method_config": harness.config_record(work.method),

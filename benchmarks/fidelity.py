@@ -10,7 +10,12 @@ generation of the prompts in benchmarks/data/prompts.jsonl (loaded with `dataset
   with the decode-time top r%, r = 10% and 50%;
 - Table 9: key MSE and attention KL divergence (decode queries) of uniform 2-bit keys
   (KIVI-style), PolarQuant-style 2-bit, and H3(50%)L1 with each criterion, prefill or full;
-  all with 32 exact sinks, G = N = 128 (keys only: values are not involved);
+  keys only (values are not involved), all in the online cache's token layout at the end of the
+  trace: 32 exact sinks, whole pages of N = 128 quantized in groups of G = 128, the newest
+  (T - 32) mod 128 exact (residual). Built by the spec: `reference.ReferenceCache` (prefill of
+  the prompt, generated keys appended) for uniform keys and the prefill selections,
+  `reference.quant.quantize_keys` with the offline full-sequence masks, `reference.polar`;
+  attention from the oracle's scores (`reference.attention.attention_logits_ref`);
 - Table 11: overlap of the prefill selection (r = 50%) with the decode-time salient pairs in
   four consecutive decode ranges, keys restricted to decode-generated ones, against the pair
   norm and |<q_i, k_i>| references;
@@ -24,13 +29,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import importlib.metadata
 import importlib.util
 import itertools
 import math
 import os
-import platform
 import statistics
 from pathlib import Path
 
@@ -38,16 +40,25 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from reference import PNMixConfig, quant, token_layout
+from reference import PNMixConfig, ReferenceCache, prefill_pair_mask, quant, token_layout
+from reference.attention import attention_logits_ref
 from reference.methods import METHODS
+from reference.paper import FIG5_SHARE_PERCENT, FIG5_TOP_PERCENT, TABLE11_OVERLAP
 from reference.polar import polar_dequantize, polar_quantize
-from reference.saliency import CRITERIA, criterion_scores, pair_norms, select_salient_pairs
-from reports.files import utc_stamp, write_atomic, write_json
+from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.saliency import (
+    CRITERIA,
+    channel_mask_from_pairs,
+    criterion_scores,
+    pair_channels,
+    pair_norms,
+    select_salient_pairs,
+)
 
 DATA = Path(__file__).parent / "data"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TRACE = "pnmix-trace"
-LAYOUT = "split"  # SmolLM2 (Llama) uses rotate_half
+LAYOUT = "split"  # SmolLM2 (Llama) uses rotate_half; the analyses take the layout as an argument
 
 
 def load_model(attn: str):
@@ -100,27 +111,28 @@ def collect(model, tokenizer, prompt: str, new_tokens: int):
     return traces, inputs["input_ids"].shape[1], out[0]
 
 
-def decode_importance(q: torch.Tensor, k: torch.Tensor, start: int, key_from: int = 0) -> torch.Tensor:
+def decode_importance(q: torch.Tensor, k: torch.Tensor, start: int, layout: str, key_from: int = 0) -> torch.Tensor:
     """sum over decode queries t >= start and keys key_from <= s <= t of ||q_t,i|| ||k_s,i||, per
-    KV head (query heads summed over their group): [H_kv, d/2]."""
+    KV head (query heads summed over their group): [H_kv, d/2]. Pair i is `pair_channels(d, layout)`'s."""
     n_kv = k.shape[0]
-    qn = pair_norms(q[:, start:], LAYOUT)  # [H, Td, d/2]
-    kn = pair_norms(k, LAYOUT)
+    qn = pair_norms(q[:, start:], layout)  # [H, Td, d/2]
+    kn = pair_norms(k, layout)
     kn = torch.where(torch.arange(k.shape[1])[None, :, None] >= key_from, kn, 0.0)
     kc = torch.cumsum(kn, 1)[:, start:]  # keys s <= t for each decode t
     qg = qn.view(n_kv, -1, *qn.shape[1:]).sum(1)
     return (qg * kc).sum(1)
 
 
-def dot_importance(q: torch.Tensor, k: torch.Tensor, t0: int, t1: int, key_from: int) -> torch.Tensor:
-    """sum over t in [t0, t1) and key_from <= s <= t of |<q_t,i, k_s,i>| per KV head: [H_kv, d/2]."""
+def dot_importance(q: torch.Tensor, k: torch.Tensor, t0: int, t1: int, key_from: int, layout: str) -> torch.Tensor:
+    """sum over t in [t0, t1) and key_from <= s <= t of |<q_t,i, k_s,i>| per KV head: [H_kv, d/2],
+    the 2-channel dot product over the channels `pair_channels(d, layout)` gives pair i."""
     d = q.shape[-1]
     n_kv = k.shape[0]
     qh = q[:, t0:t1].view(n_kv, -1, t1 - t0, d)
     ks = k[:, key_from:t1]
-    half = d // 2
+    first, second = pair_channels(d, layout)
     prod = qh.unsqueeze(-2) * ks[:, None, None]  # [H_kv, rep, Tr, S, d]
-    pair = (prod[..., :half] + prod[..., half:]).abs()  # split layout: pair i = (i, i + d/2)
+    pair = (prod[..., first] + prod[..., second]).abs()
     s_idx = torch.arange(key_from, t1)[None, :]
     t_idx = torch.arange(t0, t1)[:, None]
     causal = (s_idx <= t_idx).float()[None, None, :, :, None]
@@ -135,84 +147,137 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a & b).sum(-1).float() / (a | b).sum(-1).clamp(min=1).float()
 
 
-def simulate_keys(k: torch.Tensor, config: PNMixConfig, mask: torch.Tensor | None, polar: bool = False) -> torch.Tensor:
-    """Keys [H_kv, T, d] as the cache would give them back: sinks and residual exact, the rest
-    quantized per channel in groups of G (mixed precision by `mask`, uniform, or polar)."""
+def quantized_region(k: torch.Tensor, config: PNMixConfig, quantize) -> torch.Tensor:
+    """Keys [H_kv, T, d] with the tokens that `token_layout(config, T)` puts in the quantized region
+    replaced by `quantize(region)` (region [1, H_kv, T_q, d] -> float32, same shape); sinks and
+    residual exact, as the online cache holds them."""
     n_sink, n_q, _ = token_layout(config, k.shape[1])
     out = k.clone()
-    region = k[None, :, n_sink : n_sink + n_q]
-    if n_q == 0:
-        return out
-    g = config.group_size
-    if polar:
-        out[:, n_sink : n_sink + n_q] = polar_dequantize(polar_quantize(region, config.b_low, g, LAYOUT), g, LAYOUT)[0]
-        return out
-    channel = torch.zeros(1, k.shape[0], k.shape[-1], dtype=torch.bool) if mask is None else mask[None]
-    q = quant.quantize_keys(
-        region, channel, config.b_high, config.b_low, g, config.scale_dtype, config.one_bit == "midpoint"
-    )
-    out[:, n_sink : n_sink + n_q] = quant.dequantize(q, g, -2)[0]
+    if n_q:
+        out[:, n_sink : n_sink + n_q] = quantize(k[None, :, n_sink : n_sink + n_q])[0]
+    return out
+
+
+def cache_keys(q: torch.Tensor, k: torch.Tensor, prompt_len: int, config: PNMixConfig) -> torch.Tensor:
+    """Keys [H_kv, T, d] as the spec's online cache gives them back after the whole trace.
+
+    `reference.ReferenceCache.from_prefill` on the prompt (q [H, :prompt_len], k [H_kv, :prompt_len]),
+    the generated keys appended, then `dequantize()`. The cache decides everything: which tokens are
+    sinks, quantized or residual (`token_layout`, by length alone, so appending the generated keys in
+    one call equals appending them one per step) and which channels get b_high bits (config.criterion
+    over the prompt, once, for PN-Mix; none for uniform keys; per page of G keys from that page's own
+    keys for Kitty). Values take no part: zeros, kept unquantized.
+    """
+    cfg = dataclasses.replace(config, value_bits=16)
+    v = torch.zeros_like(k)[None]
+    cache = ReferenceCache.from_prefill(q[None, :, :prompt_len], k[None, :, :prompt_len], v[:, :, :prompt_len], cfg)
+    if k.shape[1] > prompt_len:
+        cache.append(k[None, :, prompt_len:], v[:, :, prompt_len:])
+    return cache.dequantize()[0][0]
+
+
+def masked_keys(k: torch.Tensor, config: PNMixConfig, channel_mask: torch.Tensor) -> torch.Tensor:
+    """Keys [H_kv, T, d] in `cache_keys`'s token layout, with a channel mask chosen outside the cache:
+    bool [H_kv, d] (or [H_kv, T_q / G, d], one per key group). The quantized region goes through the
+    spec's `reference.quant.quantize_keys` (Eq. 2, Eq. 7 at 1 bit) and `reference.quant.dequantize`."""
+    g, midpoint = config.group_size, config.one_bit == "midpoint"
+
+    def quantize(region: torch.Tensor) -> torch.Tensor:
+        codes = quant.quantize_keys(
+            region, channel_mask[None], config.b_high, config.b_low, g, config.scale_dtype, midpoint
+        )
+        return quant.dequantize(codes, g, -2)
+
+    return quantized_region(k, config, quantize)
+
+
+def polar_keys(k: torch.Tensor, config: PNMixConfig) -> torch.Tensor:
+    """Keys [H_kv, T, d] in `cache_keys`'s token layout, the quantized region through `reference.polar`
+    (config.b_low bits for the radius and for the angle of each pair of config.pair_layout)."""
+    g, layout = config.group_size, config.pair_layout
+
+    def quantize(region: torch.Tensor) -> torch.Tensor:
+        return polar_dequantize(polar_quantize(region, config.b_low, g, layout, config.scale_dtype), g, layout)
+
+    return quantized_region(k, config, quantize)
+
+
+def table9_keys(q: torch.Tensor, k: torch.Tensor, prompt_len: int, base: PNMixConfig) -> dict[str, torch.Tensor]:
+    """Table 9's keys [H_kv, T, d] of one layer by row name, all at about 2 bits and in one token
+    layout: the online cache's at the end of the trace (`token_layout(base, T)`: the first n_sink
+    tokens exact, then whole pages of N quantized per channel in groups of G, the newest
+    (T - n_sink) mod N exact in the residual). q: [H, T, d], k: [H_kv, T, d], post-RoPE.
+
+    - "KIVI-style uniform 2-bit": `cache_keys` with KIVI-2's configuration (no selection);
+    - "PolarQuant-style 2-bit": `polar_keys` at 2 bits;
+    - "H3(50%)L1, <criterion> (prefill)": `cache_keys` with `base` ranking by that criterion: the
+      PN-Mix cache itself, pairs chosen once from the prompt;
+    - "H3(50%)L1, <criterion> (full)": offline, the same selection rule
+      (`reference.prefill_pair_mask`) over the whole trace, applied with `masked_keys`.
+    base: H3(50%)L1 with the pages and pair layout to use.
+    """
+    layout = base.pair_layout
+    sizes = {"group_size": base.group_size, "residual_length": base.residual_length, "n_sink": base.n_sink}
+    uniform = METHODS["KIVI-2"](pair_layout=layout, scale_dtype=base.scale_dtype, **sizes)
+    out = {
+        "KIVI-style uniform 2-bit": cache_keys(q, k, prompt_len, uniform),
+        "PolarQuant-style 2-bit": polar_keys(k, uniform),
+    }
+    for crit in CRITERIA:
+        cfg = dataclasses.replace(base, criterion=crit)
+        out[f"H3(50%)L1, {crit} (prefill)"] = cache_keys(q, k, prompt_len, cfg)
+        full = prefill_pair_mask(q[None], k[None], cfg)[0]
+        out[f"H3(50%)L1, {crit} (full)"] = masked_keys(k, cfg, channel_mask_from_pairs(full, layout))
     return out
 
 
 def attention_kl(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, start: int) -> float:
-    """Mean KL(p || p_hat) of the decode queries' attention distributions (causal)."""
-    n_rep = q.shape[0] // k.shape[0]
-    qd = q[:, start:]
-    t = qd.shape[1]
-    scale = q.shape[-1] ** -0.5
-    causal = torch.arange(k.shape[1])[None, :] <= torch.arange(start, start + t)[:, None]
-    logp = []
-    for keys in (k, k_hat):
-        logits = qd @ keys.repeat_interleave(n_rep, 0).transpose(-1, -2) * scale
-        logp.append(torch.log_softmax(logits.masked_fill(~causal, float("-inf")), -1))
-    kl = torch.where(causal, logp[0].exp() * (logp[0] - logp[1]), 0.0).sum(-1)
+    """Mean KL(p || p_hat) over query heads and decode queries t >= start of the attention
+    distributions over keys s <= t: exact keys k against k_hat. q: [H, T, d]; k, k_hat: [H_kv, T, d].
+
+    Log-probabilities are log_softmax of the oracle's scores (`reference.attention.attention_logits_ref`:
+    causal, float32, scale 1/sqrt(d), query head h reads KV head h // (H / H_kv)).
+    """
+    qd = q[None, :, start:]
+    logp, logp_hat = (
+        torch.log_softmax(attention_logits_ref(qd, keys[None], causal=True), -1)[0] for keys in (k, k_hat)
+    )
+    visible = torch.isfinite(logp)
+    kl = torch.where(visible, logp.exp() * (logp - logp_hat), 0.0).sum(-1)
     return float(kl.mean())
 
 
-def channel_mask(pairs: torch.Tensor) -> torch.Tensor:
-    return torch.cat([pairs, pairs], -1)  # split layout
-
-
-def analyse_prompt(traces, prompt_len: int, pages: dict) -> dict:
-    """Every trace analysis of one prompt, as lists over (layer, KV head)."""
-    base = PNMixConfig(pair_layout=LAYOUT, **pages)
+def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT) -> dict:
+    """Every trace analysis of one prompt, as lists over (layer, KV head); RoPE pairs in `layout`."""
+    base = PNMixConfig(pair_layout=layout, **pages)
     r = {"share": {10: [], 30: [], 50: []}, "jaccard": {}, "table9": {}, "stability": {"pair-norm": {}, "dot": {}}}
     for q, k in traces:
         n_pairs = k.shape[-1] // 2
         total_len = k.shape[1]
-        gt = decode_importance(q, k, prompt_len)
+        gt = decode_importance(q, k, prompt_len, layout)
         ordered = torch.sort(gt, -1, descending=True).values
         for pct in (10, 30, 50):
             n = math.floor(pct / 100 * n_pairs)
             r["share"][pct] += (ordered[:, :n].sum(-1) / ordered.sum(-1)).tolist()
-        methods = {
-            "KIVI-style uniform 2-bit": (dataclasses.replace(base, b_high=2, b_low=2), None, False),
-            "PolarQuant-style 2-bit": (dataclasses.replace(base, b_high=2, b_low=2), None, True),
-        }
         for crit in CRITERIA:
             for scope, (qs, ks) in (("prefill", (q[:, :prompt_len], k[:, :prompt_len])), ("full", (q, k))):
-                scores = criterion_scores(crit, qs[None], ks[None], LAYOUT)[0]
+                scores = criterion_scores(crit, qs[None], ks[None], layout)[0]
                 for ratio in (0.1, 0.5):
                     key = f"{crit} ({scope}), r={ratio:.0%}"
                     r["jaccard"].setdefault(key, []).extend(jaccard(top(scores, ratio), top(gt, ratio)).tolist())
-                methods[f"H3(50%)L1, {crit} ({scope})"] = (base, channel_mask(top(scores, 0.5)), False)
-        for name, (cfg, mask, polar) in methods.items():
-            k_hat = simulate_keys(k, cfg, mask, polar)
+        for name, k_hat in table9_keys(q, k, prompt_len, base).items():
             entry = r["table9"].setdefault(name, {"mse": [], "kl": []})
             entry["mse"].append(float(((k_hat - k) ** 2).mean()))
             entry["kl"].append(attention_kl(q, k, k_hat, prompt_len))
-        prefill_sel = top(
-            criterion_scores("qk-pair-norm", q[None, :, :prompt_len], k[None, :, :prompt_len], LAYOUT)[0], 0.5
-        )
+        prefill_sel = prefill_pair_mask(q[None, :, :prompt_len], k[None, :, :prompt_len], base)[0]  # PN-Mix's
         bounds = torch.linspace(prompt_len, total_len, 5).round().long().tolist()
         n = prefill_sel.sum(-1).clamp(min=1).float()
         for j, (t0, t1) in enumerate(itertools.pairwise(bounds)):
             if t1 <= t0:
                 continue
             for ref, scores in (
-                ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, key_from=prompt_len)),
-                ("dot", dot_importance(q, k, t0, t1, key_from=prompt_len)),
+                ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, layout, key_from=prompt_len)),
+                ("dot", dot_importance(q, k, t0, t1, prompt_len, layout)),
             ):
                 overlap = (prefill_sel & top(scores, 0.5)).sum(-1).float() / n
                 r["stability"][ref].setdefault(j, []).extend(overlap.tolist())
@@ -295,11 +360,18 @@ def summarize(per_prompt: list[dict]) -> dict:
     }
 
 
+def _percents(values) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
+
+
+#: The paper's claims as it states them, numbers from `reference.paper`.
 PAPER = {
-    "fig5": "Qwen3-14B top 10/30/50% hold 89.3/97.0/98.7%; Qwen3-32B 86.0/94.8/97.4% (median)",
+    "fig5": f"Qwen3-14B top {'/'.join(map(str, FIG5_TOP_PERCENT))}% hold "
+    f"{_percents(FIG5_SHARE_PERCENT['Qwen3-14B'])}%; Qwen3-32B {_percents(FIG5_SHARE_PERCENT['Qwen3-32B'])}% (median)",
     "fig4": "QK pair norm > K pair norm > K magnitude > K range; prefill-only almost equals full-sequence",
     "table9": "QK pair norm gives the lowest attention KL; prefill-only closely matches full-sequence",
-    "table11": "overlap about 0.72 (pair-norm reference) and 0.68 (|<q_i, k_i>|) across four decode ranges",
+    "table11": f"overlap about {TABLE11_OVERLAP['pair-norm']:.2f} (pair-norm reference) and "
+    f"{TABLE11_OVERLAP['dot']:.2f} (|<q_i, k_i>|) across four decode ranges",
 }
 
 
@@ -456,22 +528,19 @@ def main(argv: list[str] | None = None) -> int:
         traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens)
         prompt_tokens += prompt_len
         per_prompt.append(analyse_prompt(traces, prompt_len, pages))
-    versions = {d: importlib.metadata.version(d) for d in ("torch", "transformers", "datasets")}
-    result = {
-        "kind": "pnmix-fidelity",
-        "model": f"SmolLM2-135M-Instruct ({GGUF}, dequantized to float32)",
-        "device": f"cpu ({platform.machine()})",
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m benchmarks.fidelity" + (" --smoke" if args.smoke else ""),
-        "versions": versions,
-        "seed": args.seed,
-        "prompt_set": "benchmarks/data/prompts.jsonl",
-        "prompts": len(prompts),
-        "prompt_tokens": prompt_tokens,
-        "new_tokens": new_tokens,
-        "pages": pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
-        "summary": summarize(per_prompt),
-    }
+    result = record(
+        "fidelity",
+        model.device,  # where the traces were taken and analysed
+        command="python -m benchmarks.fidelity" + (" --smoke" if args.smoke else ""),
+        model=f"SmolLM2-135M-Instruct ({GGUF}, dequantized to float32)",
+        seed=args.seed,
+        prompt_set="benchmarks/data/prompts.jsonl",
+        prompts=len(prompts),
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
+        summary=summarize(per_prompt),
+    )
     if e2e_prompts:
         heldout = (DATA / "heldout.txt").read_text()
         result["end_to_end"] = end_to_end(

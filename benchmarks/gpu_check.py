@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-from reports.files import utc_stamp, write_json
+from reference.records import device_name, record, utc_stamp, write_json
 
-from .harness import device_name, environment
 from .memory import DEFAULT_BUDGET_GIB
 
 SUITES = {
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     safe = "".join(ch if ch.isalnum() else "-" for ch in device_name(device)).strip("-")[:40]
     stamp = utc_stamp()
-    result = {"kind": "pnmix-gpu-check", **environment(device), "steps": {}}
+    result = record("gpu-check", device, steps={})
     if cuda and not args.skip_conformance:
         result["steps"]["conformance"] = run_pytest(
             [

@@ -1,5 +1,6 @@
-"""What every efficiency benchmark shares: the environment record, clocks, memory probes, the
-model with random weights, caches under the paper's static protocol, and greedy decode steps.
+"""What every efficiency benchmark shares: clocks, memory probes, the model with random weights,
+caches under the paper's static protocol, and greedy decode steps (the environment record each
+result carries is `reference.records.environment`).
 
 The same code runs the paper's shapes on CUDA and a tiny architecture on the CPU (Triton
 interpreter), so the CPU run checks the harness that produces the GPU numbers. Caches:
@@ -13,54 +14,23 @@ prompt itself goes through the model, so PN-Mix selects its pairs from real quer
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
-import importlib.metadata
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
 
-from reference import PNMixConfig, storage_model
+from reference import PNMixConfig
 from reference.methods import METHODS
+from reference.records import GIB
 
 from .models import Architecture
 
-GIB = 2**30
 FP16 = "FP16"
 FP16_ATTENTION = "sdpa over transformers StaticCache (16-bit K/V, preallocated)"
 PACKED_ATTENTION = "pnmix: Triton split-K decode over PNMixHFCache (packed, preallocated)"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("triton", "transformers"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}), Triton interpreter"
-
-
-def environment(device: torch.device) -> dict:
-    """Where and how a number was measured: the record every result carries."""
-    return {
-        "device": device_name(device),
-        "driver": torch.version.cuda if device.type == "cuda" else None,
-        "versions": versions(),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["pytest", *sys.argv[1:]]) if "pytest" in sys.argv[0] else " ".join(sys.argv),
-    }
 
 
 # -- clocks and memory ------------------------------------------------------------------------
@@ -196,15 +166,8 @@ def attention_of(method: str) -> str:
     return FP16_ATTENTION if method == FP16 else PACKED_ATTENTION
 
 
-def predicted_cache_bytes(arch: Architecture, method: str, batch: int, capacity: int) -> int:
-    """Every layer's allocation by the storage model (what `measured_cache_bytes` must equal)."""
-    s = arch.shape
-    cfg = method_config(method)
-    return s.layers * storage_model(cfg, batch, s.kv_heads, s.head_dim, capacity, capacity=capacity).total
-
-
 def measured_cache_bytes(cache) -> int:
-    """Bytes of the tensors the cache really holds, all layers."""
+    """Bytes of the tensors the cache really holds, all layers (what `memory.cache_bytes` predicts)."""
     from pnmix.hf import PNMixHFCache
 
     if isinstance(cache, PNMixHFCache):

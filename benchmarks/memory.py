@@ -12,7 +12,8 @@ Peak memory = weights + the method's KV cache allocation + a workspace term:
 - workspace: measured on a GPU when given (the `--workspace-gib` of a Fig. 6 run), otherwise the
   estimate of `workspace_estimate`, labelled as such: the largest transient tensors of a forward
   pass plus the generate loop's logits.
-GiB throughout (the paper's "GB" are GiB: FP16's 38.48 at B = 20 only fits a 40 GiB card as GiB).
+GiB throughout (the paper's "GB" are GiB, `reference.paper`). The paper's numbers are quoted from
+`reference.paper`; the grids below are this project's sweeps around them.
 """
 
 from __future__ import annotations
@@ -27,23 +28,31 @@ from pathlib import Path
 from tabulate import tabulate
 
 from reference import storage_model
-from reference.methods import METHODS
+from reference.methods import METHODS, NAMES
+from reference.paper import (
+    FIG6A_BATCH,
+    FIG6A_MAX_GENERATION,
+    FIG6B_GENERATION,
+    FIG6B_MAX_BATCH,
+    GPU,
+    GPU_MEMORY_GIB,
+    PROMPT,
+)
+from reference.records import GIB
 
 from .models import ARCHITECTURES, Architecture
 
-GIB = 2**30
-PROMPT = 141  # the paper's efficiency prompt (Fig. 6, Fig. 7)
-FIG6A_BATCH = 32
+DEFAULT_BUDGET_GIB = GPU_MEMORY_GIB  # the paper's A100-SXM4-40GB
 FIG6A_GENERATION = (1024, 2048, 4096, 8192, 16384, 32768)
-FIG6B_GENERATION = 8192
-FIG6B_BATCHES = (1, 8, 16, 20, 21, 32, 64, 110, 128)
-DEFAULT_BUDGET_GIB = 40.0  # A100-SXM4-40GB
-FIG6_METHODS = ("FP16", "KIVI-2", "KIVI-2 +32 sinks", "KIVI-1", "Kitty", "Kitty-light", "PN-Mix")
+_FP16_MAX, _PNMIX_MAX = FIG6B_MAX_BATCH["FP16"][0], FIG6B_MAX_BATCH["PN-Mix"][0]
+#: Both sides of each of the paper's Fig. 6b boundaries, and a few batches in between.
+FIG6B_BATCHES = tuple(sorted({1, 8, 16, 32, 64, 128, _FP16_MAX, _FP16_MAX + 1, _PNMIX_MAX}))
 
-#: The paper's Fig. 6a/6b points (A100-SXM4-40GB, Qwen3-8B, P = 141), quoted.
-PAPER_FIG6A = {"FP16": "out of memory beyond 4K at B = 32", "PN-Mix": "fits up to 32K at B = 32"}
-PAPER_FIG6A_MAX_GENERATION = {"FP16": 4096, "PN-Mix": 32768}
-PAPER_FIG6B = {"FP16": (20, 38.48), "PN-Mix": (110, 38.21)}  # max batch at L_gen = 8K, peak GiB there
+#: Fig. 6a as the paper says it, from the quoted boundaries.
+PAPER_FIG6A = {
+    "FP16": f"out of memory beyond {FIG6A_MAX_GENERATION['FP16'] // 1024}K at B = {FIG6A_BATCH}",
+    "PN-Mix": f"fits up to {FIG6A_MAX_GENERATION['PN-Mix'] // 1024}K at B = {FIG6A_BATCH}",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +129,8 @@ class MemoryPoint:
 
 
 def cache_bytes(arch: Architecture, method: str, batch: int, capacity: int) -> int:
-    """Bytes of every layer's cache preallocated to `capacity` tokens (bf16 exact tokens)."""
+    """Bytes of every layer's cache preallocated to `capacity` tokens (bf16 exact tokens): what
+    `harness.measured_cache_bytes` of a real cache must equal."""
     s = arch.shape
     per_layer = storage_model(METHODS[method](), batch, s.kv_heads, s.head_dim, capacity, capacity=capacity)
     return s.layers * per_layer.total
@@ -179,13 +189,13 @@ def max_batch(arch: Architecture, method: str, generation: int, limit: int = 409
     return point(arch, method, lo, generation, **kwargs)
 
 
-def fig6a(arch: Architecture, methods: Sequence[str] = FIG6_METHODS, **kwargs) -> list[MemoryPoint]:
+def fig6a(arch: Architecture, methods: Sequence[str] = NAMES, **kwargs) -> list[MemoryPoint]:
     """Peak memory vs generation length at B = 32."""
     return [point(arch, m, FIG6A_BATCH, g, **kwargs) for g in FIG6A_GENERATION for m in methods]
 
 
 def fig6b(
-    arch: Architecture, methods: Sequence[str] = FIG6_METHODS, batches: Sequence[int] = FIG6B_BATCHES, **kwargs
+    arch: Architecture, methods: Sequence[str] = NAMES, batches: Sequence[int] = FIG6B_BATCHES, **kwargs
 ) -> list[MemoryPoint]:
     """Peak memory vs batch at L_gen = 8K."""
     return [point(arch, m, b, FIG6B_GENERATION, **kwargs) for b in batches for m in methods]
@@ -212,13 +222,13 @@ def comparison(arch: Architecture, **kwargs) -> list[dict]:
                 "figure": "6a",
                 "method": method,
                 "paper": quoted,
-                "paper_value": PAPER_FIG6A_MAX_GENERATION[method],
+                "paper_value": FIG6A_MAX_GENERATION[method],
                 "model": f"fits up to {ours // 1024}K" if ours else "does not fit at 1K",
                 "model_value": ours,
-                "agrees": ours == PAPER_FIG6A_MAX_GENERATION[method],
+                "agrees": ours == FIG6A_MAX_GENERATION[method],
             }
         )
-    for method, (batch, gib) in PAPER_FIG6B.items():
+    for method, (batch, gib) in FIG6B_MAX_BATCH.items():
         best = max_batch(arch, method, FIG6B_GENERATION, **kwargs)
         at_paper = point(arch, method, batch, FIG6B_GENERATION, **kwargs)
         rows.append(
@@ -252,14 +262,15 @@ def explain(arch: Architecture, **kwargs) -> list[str]:
             f"({gap:+.2f} GiB unexplained by weights + cache + estimated workspace); "
             f"model {row['model']}, paper {row['paper']}."
         )
-    fp16 = point(arch, "FP16", PAPER_FIG6B["FP16"][0] + 1, FIG6B_GENERATION, **kwargs)
+    fp16 = point(arch, "FP16", _FP16_MAX + 1, FIG6B_GENERATION, **kwargs)
     notes.append(
         f"FP16 at B = {fp16.batch}: the model needs {fp16.peak_gib:.2f} GiB, {fp16.budget_gib - fp16.peak_gib:.2f} GiB "
-        f"under the {fp16.budget_gib:g} GiB budget, where the paper ran out of memory: a 40 GiB card does not give "
-        f"all of it to tensors (CUDA context, allocator reserve and fragmentation), so a boundary this close to the "
-        f"budget is not decided by the model (--budget-gib below {fp16.peak_gib:.2f} reproduces B = {fp16.batch - 1})."
+        f"under the {fp16.budget_gib:g} GiB budget, where the paper ran out of memory: a {DEFAULT_BUDGET_GIB:g} GiB "
+        f"card does not give all of it to tensors (CUDA context, allocator reserve and fragmentation), so a boundary "
+        f"this close to the budget is not decided by the model (--budget-gib below {fp16.peak_gib:.2f} reproduces "
+        f"B = {fp16.batch - 1})."
     )
-    batch, gib = PAPER_FIG6B["PN-Mix"]
+    batch, gib = FIG6B_MAX_BATCH["PN-Mix"]
     step = (
         point(arch, "PN-Mix", batch + 1, FIG6B_GENERATION, **kwargs).peak
         - point(arch, "PN-Mix", batch, FIG6B_GENERATION, **kwargs).peak
@@ -267,9 +278,9 @@ def explain(arch: Architecture, **kwargs) -> list[str]:
     dense = dense_layer_bytes(arch, batch, PROMPT + FIG6B_GENERATION) / GIB
     notes.append(
         f"PN-Mix at B = {batch}: one more sequence costs {step / GIB:.2f} GiB by this model, so from the paper's own "
-        f"{gib:.2f} GiB at B = {batch}, B = {batch + 1} would need about {gib + step / GIB:.2f} GiB, under 40: the "
-        f"paper's B = {batch} reads as the largest batch it ran, not a memory boundary. Its "
-        f"{gib - point(arch, 'PN-Mix', batch, FIG6B_GENERATION, **kwargs).peak_gib:.2f} GiB above this model is "
+        f"{gib:.2f} GiB at B = {batch}, B = {batch + 1} would need about {gib + step / GIB:.2f} GiB, under "
+        f"{DEFAULT_BUDGET_GIB:g}: the paper's B = {batch} reads as the largest batch it ran, not a memory boundary. "
+        f"Its {gib - point(arch, 'PN-Mix', batch, FIG6B_GENERATION, **kwargs).peak_gib:.2f} GiB above this model is "
         f"of the size of a dense bf16 copy of one layer's keys ({dense / 2:.2f} GiB; keys and values {dense:.2f} "
         f"GiB), which a dequantize-then-attend implementation holds and our fused decode kernel does not."
     )
@@ -320,14 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         f"(bf16); budget {args.budget_gib} GiB; P = {args.prompt}; workspace: {workspace_estimate(arch, 1, 1).source}"
     )
     print(f"\nFig. 6a: peak GiB vs generation length at B = {FIG6A_BATCH} (OOM: over budget)\n")
-    print(_table(fig6a(arch, **kw), "generation", FIG6_METHODS))
+    print(_table(fig6a(arch, **kw), "generation", NAMES))
     print(f"\nFig. 6b: peak GiB vs batch at L_gen = {FIG6B_GENERATION}\n")
-    print(_table(fig6b(arch, **kw), "batch", FIG6_METHODS))
+    print(_table(fig6b(arch, **kw), "batch", NAMES))
     print("\nMax batch at L_gen = 8K:")
-    for m in FIG6_METHODS:
+    for m in NAMES:
         best = max_batch(arch, m, FIG6B_GENERATION, **kw)
         print(f"  {m}: " + (f"B = {best.batch} ({best.peak_gib:.2f} GiB)" if best else "B = 1 does not fit"))
-    print("\nAgainst the paper (A100-SXM4-40GB, quoted):\n")
+    print(f"\nAgainst the paper ({GPU}, quoted):\n")
     print(tabulate(comparison(arch, **kw), headers="keys", tablefmt="github", floatfmt=".2f"))
     print()
     for note in explain(arch, **kw):

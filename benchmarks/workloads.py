@@ -11,12 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from reference.paper import FIG6A_BATCH, FIG6B_GENERATION, FIG6B_MAX_BATCH, FIG6C_TOKENS_PER_S, PROMPT
+
 from .analysis import K
-from .memory import FIG6A_BATCH, FIG6A_GENERATION, FIG6B_BATCHES, FIG6B_GENERATION, PROMPT
+from .memory import FIG6A_GENERATION, FIG6B_BATCHES
 from .models import ARCHITECTURES, Architecture, tiny_architecture
 
 GPU_METHODS = ("FP16", "KIVI-2", "Kitty", "PN-Mix")
 TINY_METHODS = ("FP16", "PN-Mix")  # the two cache paths; conformance covers every method's kernels
+FP16_MAX, PNMIX_MAX = FIG6B_MAX_BATCH["FP16"][0], FIG6B_MAX_BATCH["PN-Mix"][0]  # the paper's largest batches
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,9 @@ def fig6_memory(scale: Scale) -> list[Fig6Memory]:
 
 def fig6c_throughput(scale: Scale) -> list[Fig6cThroughput]:
     if scale.name == "full":
-        batches, generation = (1, 8, 16, 20, 21, 23, 32, 64, 110), FIG6B_GENERATION
+        # the paper's Fig. 6c batches, FP16's first out-of-memory batch, and a few in between
+        batches = sorted({1, 8, 16, 32, 64, FP16_MAX + 1, *(b for _, b in FIG6C_TOKENS_PER_S)})
+        generation = FIG6B_GENERATION
         samples = (0, 2 * K, 4 * K, 6 * K, 8 * K - 16)
     else:
         batches, generation, samples = (1,), 260, (0, 250)
@@ -118,7 +123,7 @@ def kernel_decode(scale: Scale) -> list[KernelDecode]:
     s = scale.arch.shape
     layer = (s.kv_heads, s.query_heads // s.kv_heads, s.head_dim)
     if scale.name == "full":
-        points = [(b, c) for b in (1, 32, 110) for c in (K, 8 * K, 32 * K)]
+        points = [(b, c) for b in (1, FIG6A_BATCH, PNMIX_MAX) for c in (K, 8 * K, 32 * K)]
     else:
         points = [(1, 300)]
     return [KernelDecode(scale.name, m, b, c, layer) for b, c in points for m in scale.methods]
@@ -130,7 +135,7 @@ def in_short_sweep(work) -> bool:
     if work.scale != "full" or isinstance(work, KernelDecode):
         return True
     if isinstance(work, Fig6Memory):
-        return work.method in ("FP16", "PN-Mix") and (work.batch == FIG6A_BATCH or work.batch in (20, 21, 110, 128))
+        return work.method in ("FP16", "PN-Mix") and work.batch in (FIG6A_BATCH, FP16_MAX, FP16_MAX + 1, PNMIX_MAX, 128)
     if isinstance(work, Fig6cThroughput):
-        return work.method in ("FP16", "PN-Mix") and work.batch in (1, 20, 110)
+        return work.method in ("FP16", "PN-Mix") and work.batch in (1, FP16_MAX, PNMIX_MAX)
     return work.method in ("FP16", "Kitty", "PN-Mix")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from reference import ReferenceCache
+from reference.contract import Capabilities
 
 from . import strategies as cs
-from .api import Capabilities
 
 
 @dataclass

@@ -1,14 +1,15 @@
-"""Resolve an implementation name: a built-in, an installed plug-in, or `package.module:factory`."""
+"""Resolve an implementation name: an installed plug-in (the built-in ones are plug-ins of this
+package, registered in its pyproject.toml) or an import path `package.module:factory`."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 
-from .api import Capabilities, missing_names
-from .impls import BUILTINS
+from reference.contract import ENTRY_POINT_GROUP, Capabilities, missing_names
 
-ENTRY_POINT_GROUP = "pnmix.implementations"
+#: The distribution whose plug-ins are the built-in implementations.
+DISTRIBUTION = "pnmix"
 
 
 class NotDefined(Exception):
@@ -39,15 +40,27 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def builtins() -> dict[str, str]:
+    """The implementations this package registers, name -> 'module:factory', in its own order."""
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    found = {ep.name: ep.value for ep in eps if ep.dist is not None and ep.dist.name == DISTRIBUTION}
+    # The executable specs first (the order tables list them in), then the compiled ones.
+    found = dict(sorted(found.items(), key=lambda item: (not item[1].startswith("reference."), item[1])))
+    if not found:
+        raise RuntimeError(
+            f"no implementation is registered under the entry-point group {ENTRY_POINT_GROUP!r}: install this "
+            "package (pip install -e .) so that its built-in implementations are found"
+        )
+    return found
+
+
 def available_names() -> list[str]:
-    return sorted(set(BUILTINS) | set(_entry_points()))
+    return sorted(_entry_points())
 
 
 def load(name: str) -> object:
     """The implementation object named `name`; ValueError with the choices if unknown."""
-    if name in BUILTINS:
-        obj, origin = _import(BUILTINS[name]), BUILTINS[name]
-    elif ":" in name:
+    if ":" in name:
         obj, origin = _import(name), name
     else:
         eps = _entry_points()

@@ -11,16 +11,14 @@ reports/inputs/.
 from __future__ import annotations
 
 import os
-import platform
 import warnings
 from pathlib import Path
 
 import pytest
 
-from reports.files import utc_stamp, write_json
+from reference.records import record, utc_stamp, write_json
 
 from . import loader
-from .impls import BUILTINS
 
 XFAIL_DIR = Path(__file__).parent / "xfails"
 _IMPLS = pytest.StashKey[list]()
@@ -43,7 +41,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     names = config.getoption("--impl") or [n for n in os.environ.get("PNMIX_IMPL", "").split(",") if n]
-    names = names or list(BUILTINS)
+    if not names:
+        try:
+            names = list(loader.builtins())
+        except RuntimeError as err:
+            raise pytest.UsageError(str(err)) from None
     impls = []
     for name in dict.fromkeys(names):
         try:
@@ -162,19 +164,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = config.getoption("--conformance-json") or (
         Path(config.rootpath) / "reports" / "inputs" / f"conformance-{utc_stamp()}.json"
     )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    data = {
-        "kind": "pnmix-conformance",
-        "created_utc": utc_stamp(),
-        "implementations": sorted({r["implementation"] for r in records}),
-        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.machine()})",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "hypothesis_profile": settings.get_current_profile_name(),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
-        "exitstatus": int(exitstatus),
-        "results": records,
-    }
+    # the device the `device` fixture gave the tests (--device, auto: CUDA when available)
+    choice = config.getoption("--device", "auto")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
+    data = record(
+        "conformance",
+        device,
+        implementations=sorted({r["implementation"] for r in records}),
+        hypothesis_profile=settings.get_current_profile_name(),
+        exitstatus=int(exitstatus),
+        results=records,
+    )
     written = write_json(path, data)
     reporter = config.pluginmanager.getplugin("terminalreporter")
     if reporter is not None:

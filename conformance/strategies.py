@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from reference import PNMixConfig
 from reference.config import CRITERIA, check_head_dim
-
-from .api import Capabilities
+from reference.contract import Capabilities
 
 MAX_BATCH = 3
 MAX_KV_HEADS = 3

@@ -9,8 +9,8 @@ from hypothesis import example, given
 
 from conformance import strategies as cs
 from conformance.harness import final_state, fitted
-from conformance.tolerances import float32_slack, spacing
 from reference import PNMixConfig, token_layout
+from reference.tolerances import float32_slack, spacing
 
 ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=3)
 

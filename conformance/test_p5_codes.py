@@ -7,8 +7,8 @@ from hypothesis import example, given
 
 from conformance import strategies as cs
 from conformance.harness import bits_of, final_state, fitted
-from conformance.tolerances import TIE_RELATIVE, reconstruction_bound
 from reference import PNMixConfig, token_layout
+from reference.tolerances import TIE_RELATIVE, reconstruction_bound
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=1)
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from conformance import strategies as cs
 from conformance.harness import final_state, fitted
-from conformance.tolerances import attention_bound
 from reference import PNMixConfig, attention_ref
+from reference.tolerances import attention_bound
 
 CFG = PNMixConfig(group_size=8, residual_length=16, n_sink=4)
 

@@ -1,12 +1,13 @@
-"""The Triton implementation as seen by the conformance suite (`--impl triton`)."""
+"""The Triton implementation under the contract of `reference.contract` (`--impl triton`; registered
+as an entry point in pyproject.toml)."""
 
 from __future__ import annotations
 
 import torch
 
-from conformance.api import Capabilities
-from conformance.impls.reference import KITTY_CLAIMS, KIVI_CLAIMS
 from reference import PNMixConfig, packing
+from reference.contract import Capabilities, variant
+from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS
 
 from . import __version__, _runtime
 from .cache import PNMixCache
@@ -16,12 +17,6 @@ from .kernels import dequantize_plane, encode_pack
 def _identity_params(b: int, h: int, rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     # Packing given codes is encoding them with scale 1 and zero 0: the same kernel, no copy.
     return torch.ones(b, h, rows, cols, device=device), torch.zeros(b, h, rows, cols, device=device)
-
-
-def _slot(channel_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    slot = torch.full(channel_mask.shape, -1, dtype=torch.int32, device=channel_mask.device)
-    columns = torch.arange(index.shape[-1], dtype=torch.int32, device=slot.device).expand_as(index).contiguous()
-    return slot.scatter_(-1, index.long(), columns)
 
 
 def claims(tokens: int = 96, **method) -> Capabilities:
@@ -61,12 +56,11 @@ class TritonImplementation:
     def unpack_keys(self, low, high, channel_mask, config):
         b, h, _, d = low.shape
         t = low.shape[2] * 8 // packing.field_width(config.b_low)
-        index = packing.salient_channel_index(channel_mask)
         codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=low.device)
         scale, zero = _identity_params(b, h, 1, d, low.device)
+        slot = packing.high_plane_columns(channel_mask)
         dequantize_plane(low, scale, zero, codes, group=max(t, 1), along="tokens", low_bits=config.b_low,
-                         high=high, high_bits=config.b_high - config.b_low, slot=_slot(channel_mask, index),
-                         codes=True)  # fmt: skip
+                         high=high, high_bits=config.b_high - config.b_low, slot=slot, codes=True)  # fmt: skip
         return codes
 
     def pack_values(self, codes, config):
@@ -98,17 +92,11 @@ def make() -> TritonImplementation:
     return TritonImplementation()
 
 
-def _baseline(name: str, capabilities: Capabilities) -> TritonImplementation:
-    impl = TritonImplementation()
-    impl.name, impl.capabilities = name, capabilities
-    return impl
-
-
 def make_kivi() -> TritonImplementation:
     """KIVI on the same kernels (uniform keys, Eq. 2 at 1 bit); smaller CI shapes, same code paths."""
-    return _baseline("kivi-triton", claims(tokens=48, **KIVI_CLAIMS))
+    return variant(TritonImplementation(), "kivi-triton", claims(tokens=48, **KIVI_CLAIMS))
 
 
 def make_kitty() -> TritonImplementation:
     """Kitty on the same kernels (per-page channel ranks read by the decode kernel)."""
-    return _baseline("kitty-triton", claims(tokens=48, **KITTY_CLAIMS))
+    return variant(TritonImplementation(), "kitty-triton", claims(tokens=48, **KITTY_CLAIMS))

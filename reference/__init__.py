@@ -3,13 +3,16 @@
 Eq. 2 and Eq. 7: `quantize`, `dequantize`, `asymmetric_params`, `midpoint_params`, `quantize_keys`.
 Eq. 6: `pair_norms`, `pair_saliency`, `select_salient_pairs`, `channel_mask_from_pairs`.
 Packing (Appendix G): `pack_fields`, `pack_key_codes`, `pack_value_codes`, `pack_mask` and inverses.
-Online cache (Fig. 1): `ReferenceCache`. Storage accounting: `storage_model`, `measure`, `bit_widths`.
+Cache-layout plan (which token goes where, what is stored): `CacheLayout`, `token_layout`, `allocation`.
+Channel selection rules: `reference.selection`. Online cache (Fig. 1): `ReferenceCache`.
+Storage accounting: `storage_model` (sums the layout's table), `measure`, `bit_widths`.
 Attention oracle: `attention_ref`.
 """
 
 from .attention import attention_ref
-from .cache import ReferenceCache, empty_quantized_region
+from .cache import ReferenceCache
 from .config import PNMixConfig, field_width
+from .layout import AppendPlan, CacheLayout, Component, TokenLayout, allocation, token_layout
 from .models import MODEL_SHAPES, ModelShape
 from .packing import (
     pack_fields,
@@ -40,28 +43,24 @@ from .saliency import (
     prefill_pair_mask,
     select_salient_pairs,
 )
-from .storage import (
-    COMPONENTS,
-    BitWidths,
-    StorageReport,
-    TokenLayout,
-    allocation,
-    bit_widths,
-    measure,
-    storage_model,
-    token_layout,
-)
+from .selection import SELECTIONS, Selection
+from .storage import COMPONENTS, BitWidths, StorageReport, bit_widths, measure, storage_model
 
 __version__ = "0.1.0"
 
 __all__ = [
     "COMPONENTS",
     "MODEL_SHAPES",
+    "SELECTIONS",
+    "AppendPlan",
     "BitWidths",
+    "CacheLayout",
+    "Component",
     "ModelShape",
     "PNMixConfig",
     "Quantized",
     "ReferenceCache",
+    "Selection",
     "StorageReport",
     "TokenLayout",
     "allocation",
@@ -70,7 +69,6 @@ __all__ = [
     "bit_widths",
     "channel_mask_from_pairs",
     "dequantize",
-    "empty_quantized_region",
     "encode",
     "field_width",
     "group_min_max",

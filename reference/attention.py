@@ -7,6 +7,32 @@ import math
 import torch
 
 
+def attention_logits_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """The scaled scores q k^T of `attention_ref`, before the softmax, with its GQA and causal rules.
+
+    q: [B, H, T_q, d]; k: [B, H_kv, T_k, d]. Returns [B, H, T_q, T_k] in float32 (upcast=True)
+    or q's dtype; with causal=True the keys a query may not see are -inf, so
+    `torch.log_softmax(logits, -1)` gives exactly the log attention probabilities of `attention_ref`.
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    dtype = torch.float32 if upcast else q.dtype
+    qc, kc = q.to(dtype), k.to(dtype).repeat_interleave(n_rep, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+    if causal:
+        t_q, t_k = q.shape[2], k.shape[2]
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits
+
+
 def attention_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -23,18 +49,10 @@ def attention_ref(
     queries are the last T_q positions of the T_k keys (bottom-right aligned), so query j
     sees keys 0 .. T_k - T_q + j. upcast=True computes in float32 (the oracle); upcast=False
     computes in q's dtype, which is how the low-precision error of the same math is measured.
-    Returns [B, H, T_q, d] in q's dtype.
+    The scores are `attention_logits_ref`'s. Returns [B, H, T_q, d] in q's dtype.
     """
     n_rep = q.shape[1] // k.shape[1]
     dtype = torch.float32 if upcast else q.dtype
-    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
-    kc = kc.repeat_interleave(n_rep, dim=1)
-    vc = vc.repeat_interleave(n_rep, dim=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
-    if causal:
-        t_q, t_k = q.shape[2], k.shape[2]
-        allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q)
-        logits = logits.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    vc = v.to(dtype).repeat_interleave(n_rep, dim=1)
+    probs = torch.softmax(attention_logits_ref(q, k, scale=scale, causal=causal, upcast=upcast), dim=-1)
     return torch.matmul(probs, vc).to(q.dtype)

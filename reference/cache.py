@@ -2,7 +2,7 @@
 
 Tokens live in three regions, read by attention in this order:
 [sinks (exact) | quantized region (packed codes) | residual (exact)].
-See `reference.storage.token_layout` for which token goes where.
+`reference.layout` decides which token goes where and what is stored; this cache carries it out.
 """
 
 from __future__ import annotations
@@ -11,55 +11,23 @@ import torch
 
 from . import packing, quant, saliency, validation
 from .attention import attention_ref
-from .config import PNMixConfig, field_width
-from .storage import StorageReport, TokenLayout, measure, token_layout
+from .config import PNMixConfig
+from .layout import CacheLayout, TokenLayout, token_layout
+from .storage import StorageReport, measure
 
 
 def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return torch.cat([old, new], dim=-2)
 
 
-def empty_quantized_region(
-    config: PNMixConfig, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device
-) -> dict[str, torch.Tensor]:
-    """The packed quantized region holding no token: each tensor is [B, H_kv, 0, last].
-
-    Tensors grow along dim 2 (tokens, or packed token bytes for the key planes).
-    """
-    d, sd = head_dim, config.scale_dtype
-    if config.values_quantized:
-        value = (d * field_width(config.value_bits) // 8, torch.uint8)
-        value_groups = d // config.value_group(d)
-    else:
-        value, value_groups = (d, dtype), 0
-    lasts = {
-        "key_low": (d, torch.uint8),
-        "key_high": (config.n_salient_channels(d), torch.uint8),
-        "key_scale": (d, sd),
-        "key_zero": (d, sd),
-        "value_payload": value,
-        "value_scale": (value_groups, sd),
-        "value_zero": (value_groups, sd),
-    }
-    return {name: torch.empty(batch, kv_heads, 0, last, dtype=dt, device=device) for name, (last, dt) in lasts.items()}
-
-
-def held_pair_mask(config: PNMixConfig, stored: torch.Tensor, batch: int, kv_heads: int, head_dim: int) -> torch.Tensor:
-    """The prefill pair mask [B, H_kv, d/2] a cache holds as `stored`: the unpacked bits (PN-Mix),
-    or all False (uniform keys). A per-page selection (Kitty) has no single mask."""
-    if config.selection == "page-channels":
-        raise AttributeError("a per-page selection (page-channels) has no single pair mask; see page_channel_masks")
-    if config.selection == "none":
-        return torch.zeros(batch, kv_heads, head_dim // 2, dtype=torch.bool, device=stored.device)
-    return packing.unpack_mask(stored, head_dim // 2)
-
-
 class ReferenceCache:
     """PN-Mix cache for one attention layer: batch B, H_kv KV heads, head_dim d, equal lengths.
 
     Use `ReferenceCache.from_prefill(q, k, v, config)`, then `append(k, v)` for each new
-    token(s) and `attend(q)` for decode attention. A rejected call (ValueError/TypeError)
-    leaves the cache exactly as it was: every check runs before any state changes.
+    token(s) and `attend(q)` for decode attention. The stored tensors are the components of
+    its `reference.layout.CacheLayout`, grown exactly; every append carries out the layout's
+    plan. A rejected call (ValueError/TypeError) leaves the cache exactly as it was: every
+    check runs before any state changes.
     """
 
     def __init__(self, config: PNMixConfig | None = None) -> None:
@@ -68,15 +36,10 @@ class ReferenceCache:
             raise TypeError(f"config must be a PNMixConfig, got {type(self.config).__name__}")
         self.saliency_computations = 0
         self.length = 0
-        self._shape: tuple[int, int, int, int] | None = None  # (B, H_kv, -, d)
-        self._dtype: torch.dtype | None = None
-        self._device: torch.device | None = None
-        # Selection metadata: the packed pair mask [B, H_kv, ceil(d/16)] (PN-Mix), nothing
-        # [B, H_kv, 0] (uniform keys) or per-page channel ranks [B, H_kv, pages, d] (Kitty).
-        self._mask: torch.Tensor | None = None
-        # Exact tokens [B, H_kv, n, d] and the packed quantized region, set up by prefill.
-        self._sink_k = self._sink_v = self._res_k = self._res_v = None
-        self._q: dict[str, torch.Tensor] = {}
+        self.cache_layout: CacheLayout | None = None  # set by prefill
+        # Every component of the layout by name (see CacheLayout.components); "mask" holds the
+        # selection metadata: a packed pair mask, nothing, or per-page channel ranks.
+        self._t: dict[str, torch.Tensor] = {}
 
     @classmethod
     def from_prefill(
@@ -93,19 +56,15 @@ class ReferenceCache:
 
         q: [B, H, T, d], k, v: [B, H_kv, T, d], post-RoPE.
         """
-        if self._shape is not None:
+        if self.cache_layout is not None:
             raise RuntimeError("prefill was already called on this cache; create a new cache per sequence")
         validation.check_prefill(q, k, v, self.config)
         b, h, _, d = k.shape
-        selection = self.config.selection
-        if selection == "prefill-pairs":
-            self._mask = packing.pack_mask(saliency.prefill_pair_mask(q, k, self.config))
-            self.saliency_computations += 1
-        else:
-            self._mask = k.new_empty((b, h, 0, d) if selection == "page-channels" else (b, h, 0), dtype=torch.uint8)
-        self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
-        self._sink_k, self._sink_v, self._res_k, self._res_v = (k.new_empty(b, h, 0, d) for _ in range(4))
-        self._q = empty_quantized_region(self.config, b, h, d, k.dtype, k.device)
+        layout = CacheLayout(self.config, b, h, d, k.dtype)
+        tensors = layout.allocate(k.device)
+        tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
+        self.saliency_computations += layout.selection.prefill_evaluations
+        self.cache_layout, self._t = layout, tensors
         self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -113,35 +72,33 @@ class ReferenceCache:
         self._require_prefill()
         for name, t in (("k", k), ("v", v)):
             validation.check_tensor(name, t)
-            validation.check_matches_cache(name, t, self._shape, self._dtype, self._device)
+            validation.check_matches_cache(name, t, self._shape, self.cache_layout.dtype, self._device)
         validation.check_kv(k, v, self.config)
         self._store(k, v)
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        take = min(self.config.n_sink - self._sink_k.shape[-2], k.shape[-2])
-        if take:
-            self._sink_k = _cat(self._sink_k, k[..., :take, :].clone())
-            self._sink_v = _cat(self._sink_v, v[..., :take, :].clone())
-        self._res_k = _cat(self._res_k, k[..., take:, :].clone())
-        self._res_v = _cat(self._res_v, v[..., take:, :].clone())
-        n = self.config.residual_length
-        while self._res_k.shape[-2] >= n:
-            self._flush(self._res_k[..., :n, :], self._res_v[..., :n, :])
-            self._res_k, self._res_v = self._res_k[..., n:, :].clone(), self._res_v[..., n:, :].clone()
-        self.length += k.shape[-2]
+        """Carry out the layout's plan for k, v: sinks, then whole residual pages flushed in order."""
+        step = self.cache_layout.plan(self.length, k.shape[-2])
+        t, s, n = self._t, step.to_sink, self.config.residual_length
+        t["sink_key"] = _cat(t["sink_key"], k[..., :s, :].clone())
+        t["sink_value"] = _cat(t["sink_value"], v[..., :s, :].clone())
+        queue_k, queue_v = _cat(t["residual_key"], k[..., s:, :]), _cat(t["residual_value"], v[..., s:, :])
+        for page in range(step.pages(n)):
+            self._flush(queue_k[..., page * n : (page + 1) * n, :], queue_v[..., page * n : (page + 1) * n, :])
+        t["residual_key"] = queue_k[..., step.flush :, :].clone()
+        t["residual_value"] = queue_v[..., step.flush :, :].clone()
+        self.length = step.after.length
 
     def _flush(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize N residual tokens (N / G key groups) and append them to the quantized region."""
-        cfg = self.config
+        """Quantize one page of N residual tokens (N / G key groups) onto the quantized region."""
+        cfg, t = self.config, self._t
         midpoint = cfg.one_bit == "midpoint"
-        if cfg.selection == "page-channels":  # Kitty: each page's channels from its own keys
-            n_boost = cfg.n_salient_channels(k.shape[-1])
-            ranks = saliency.page_channel_ranks(k, cfg.group_size, n_boost)
-            self._mask = torch.cat([self._mask, ranks], dim=2)
-            self.saliency_computations += ranks.shape[2]
-            mask = ranks < n_boost
-        else:
-            mask = self.channel_mask
+        chosen = self.cache_layout.selection.for_groups(k, cfg)  # Kitty: this page's channels, from its own keys
+        if chosen is not None:
+            t["mask"] = torch.cat([t["mask"], chosen], dim=2)
+            self.saliency_computations += chosen.shape[2]
+        new_groups = k.shape[-2] // cfg.group_size
+        mask = self._group_masks(t["key_scale"].shape[2] + new_groups)[:, :, -new_groups:]
         keys = quant.quantize_keys(k, mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype, midpoint)
         low, high = packing.pack_key_codes(keys.codes, mask, cfg.b_high, cfg.b_low)
         new = {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}
@@ -155,21 +112,34 @@ class ReferenceCache:
             }
         else:
             new["value_payload"] = v.clone()
-        for name, t in new.items():
-            self._q[name] = _cat(self._q[name], t)
+            new["value_scale"] = new["value_zero"] = v.new_empty(*v.shape[:-1], 0, dtype=cfg.scale_dtype)
+        for name, x in new.items():
+            t[name] = _cat(t[name], x)
 
     # -- reading ------------------------------------------------------------------------
 
     @property
+    def _shape(self) -> tuple[int, int, int, int]:
+        lay = self.cache_layout
+        return (lay.batch, lay.kv_heads, self.length, lay.head_dim)
+
+    @property
+    def _device(self) -> torch.device:
+        return self._t["sink_key"].device
+
+    @property
     def layout(self) -> TokenLayout:
+        """Where the tokens held live: (n_sink, n_quantized, n_residual)."""
         return token_layout(self.config, self.length)
+
+    def _group_masks(self, n_groups: int) -> torch.Tensor:
+        return self.cache_layout.selection.group_masks(self._t["mask"], self.config, self._shape[-1], n_groups)
 
     @property
     def pair_mask(self) -> torch.Tensor:
         """Salient RoPE pairs chosen at prefill: bool [B, H_kv, d/2] (all False for uniform keys)."""
         self._require_prefill()
-        b, h, _, d = self._shape
-        return held_pair_mask(self.config, self._mask, b, h, d)
+        return self.cache_layout.selection.pair_mask(self._t["mask"], self._shape[-1])
 
     @property
     def channel_mask(self) -> torch.Tensor:
@@ -177,17 +147,14 @@ class ReferenceCache:
         return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
 
     def page_channel_masks(self) -> torch.Tensor:
-        """Channels with b_high bits in each quantized page of G tokens: bool [B, H_kv, T_q / G, d]."""
+        """Channels with b_high bits in each quantized group of G tokens: bool [B, H_kv, T_q / G, d]."""
         self._require_prefill()
-        cfg = self.config
-        if cfg.selection == "page-channels":
-            return self._mask < cfg.n_salient_channels(self._shape[-1])
-        return self.channel_mask.unsqueeze(2).expand(-1, -1, self._q["key_scale"].shape[2], -1)
+        return self._group_masks(self._t["key_scale"].shape[2])
 
     def packed(self) -> dict[str, torch.Tensor]:
         """The packed quantized region (layouts in `reference.packing`); [B, H_kv, 0, .] before a flush."""
         self._require_prefill()
-        return dict(self._q)
+        return {c.name: self._t[c.name] for c in self.cache_layout.components if c.region == "quantized"}
 
     def key_codes(self) -> quant.Quantized:
         """Key codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q / G, d] of the quantized region."""
@@ -207,25 +174,25 @@ class ReferenceCache:
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact sink keys and values [B, H_kv, min(T, n_sink), d] in the input dtype."""
         self._require_prefill()
-        return self._sink_k, self._sink_v
+        return self._t["sink_key"], self._t["sink_value"]
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact residual keys and values [B, H_kv, n_residual, d] in the input dtype."""
         self._require_prefill()
-        return self._res_k, self._res_v
+        return self._t["residual_key"], self._t["residual_value"]
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All T cached keys and values, float32 [B, H_kv, T, d]: sinks and residual exact."""
         self._require_prefill()
-        cfg = self.config
+        cfg, t = self.config, self._t
         d = self._shape[-1]
         k_q = quant.dequantize(self.key_codes(), cfg.group_size, dim=-2)
         if cfg.values_quantized:
             v_q = quant.dequantize(self.value_codes(), cfg.value_group(d), dim=-1)
         else:
-            v_q = self.packed()["value_payload"].float()
-        k = torch.cat([self._sink_k.float(), k_q, self._res_k.float()], dim=-2)
-        v = torch.cat([self._sink_v.float(), v_q, self._res_v.float()], dim=-2)
+            v_q = t["value_payload"].float()
+        k = torch.cat([t["sink_key"].float(), k_q, t["residual_key"].float()], dim=-2)
+        v = torch.cat([t["sink_value"].float(), v_q, t["residual_value"].float()], dim=-2)
         return k, v
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
@@ -236,25 +203,15 @@ class ReferenceCache:
         """
         self._require_prefill()
         b, h, _, d = self._shape
-        validation.check_query(q, b, h, d, self._dtype, self._device, self.length)
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length)
         k, v = self.dequantize()
         return attention_ref(q, k, v, causal=True, upcast=True)
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache persists, by component (measured, not modelled)."""
         self._require_prefill()
-        p = self.packed()
-        return measure(
-            {
-                **p,
-                "sink_key": self._sink_k,
-                "sink_value": self._sink_v,
-                "residual_key": self._res_k,
-                "residual_value": self._res_v,
-                "mask": self._mask,
-            }
-        )
+        return measure(self._t)
 
     def _require_prefill(self) -> None:
-        if self._shape is None:
+        if self.cache_layout is None:
             raise RuntimeError("the cache is empty: call prefill(q, k, v) first")

@@ -15,9 +15,10 @@ from tabulate import tabulate
 from .config import PNMixConfig
 from .methods import METHODS
 from .models import MODEL_SHAPES
+from .paper import FIG6A_BATCH, FIG6B_GENERATION, MODEL, N_QUANTIZED, PROMPT
+from .records import GIB
+from .selection import UNIFORM
 from .storage import bit_widths, storage_model
-
-GIB = 1024**3
 
 
 def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
@@ -38,7 +39,7 @@ SWEEP_PAIRS = ((3, 1), (4, 2), (4, 1), (3, 2), (2, 1), (2, 2))
 
 
 def label(cfg: PNMixConfig) -> str:
-    if cfg.selection == "none":
+    if cfg.selector is UNIFORM:
         return f"uniform {cfg.b_low}-bit G{cfg.group_size} V{cfg.value_bits} sinks {cfg.n_sink}"
     return f"H{cfg.b_high}({cfg.ratio:.0%})L{cfg.b_low} G{cfg.group_size} V{cfg.value_bits}"
 
@@ -76,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-sink", type=int, default=defaults.n_sink)
     parser.add_argument("--value-bits", type=int, default=defaults.value_bits)
     parser.add_argument("--value-group-size", type=int, default=None)
-    parser.add_argument("--n-quantized", type=int, default=32768, help="T_q of the bit-width convention")
-    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default="Qwen3-8B")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--length", type=int, default=8192 + 141, help="tokens per sequence")
+    parser.add_argument("--n-quantized", type=int, default=N_QUANTIZED, help="T_q of the bit-width convention")
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=MODEL)
+    parser.add_argument("--batch", type=int, default=FIG6A_BATCH)
+    parser.add_argument("--length", type=int, default=PROMPT + FIG6B_GENERATION, help="tokens per sequence")
     parser.add_argument(
         "--sweep", action="store_true", help="also show the paper's Table 14 bit-width sweep next to the config"
     )

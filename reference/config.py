@@ -11,9 +11,6 @@ import torch
 KEY_BITS = (1, 2, 3, 4, 8)
 VALUE_BITS = (1, 2, 3, 4, 8, 16)
 PAIR_LAYOUTS = ("adjacent", "split")
-#: Which key channels get b_high bits: PN-Mix's pairs chosen once from the prompt (Eq. 6),
-#: none (uniform, as KIVI), or channels chosen per page from that page's keys (as Kitty).
-SELECTIONS = ("prefill-pairs", "none", "page-channels")
 #: 1-bit groups: Eq. 7 bin midpoints (PN-Mix) or Eq. 2 group ends (KIVI's 1-bit keys).
 ONE_BIT = ("midpoint", "ends")
 CRITERIA = ("qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range")
@@ -55,11 +52,11 @@ class PNMixConfig:
         (i, i + d/2) as Hugging Face `rotate_half` models (Llama, Qwen, SmolLM2) do. The
         default is "split" because that is what the models users load actually store.
     scale_dtype: storage dtype of every scale and zero.
-    selection: "prefill-pairs" (PN-Mix, Eq. 6 once at prefill), "none" (uniform keys, KIVI;
-        needs b_high == b_low) or "page-channels" (Kitty: per key group of G tokens, the
-        floor(r * d) channels of largest mean |k| over that group's own keys).
+    selection: the name of a rule of `reference.selection` (which key channels get b_high
+        bits): PN-Mix's pairs chosen once at prefill (Eq. 6, the default), none (uniform
+        keys, KIVI; needs b_high == b_low) or Kitty's channels chosen per page of G keys.
     one_bit: "midpoint" (Eq. 7) or "ends" (Eq. 2 with b = 1) for 1-bit groups.
-    criterion: what "prefill-pairs" ranks pairs by: "qk-pair-norm" (Eq. 6, PN-Mix) or the
+    criterion: what the prefill pair selection ranks pairs by: "qk-pair-norm" (Eq. 6, PN-Mix) or the
         ablations' "k-pair-norm", "k-magnitude", "k-range" (reference.saliency.criterion_scores).
     """
 
@@ -73,7 +70,7 @@ class PNMixConfig:
     value_group_size: int | None = None
     pair_layout: str = "split"
     scale_dtype: torch.dtype = field(default=torch.float16)
-    selection: str = "prefill-pairs"
+    selection: str = "prefill-pairs"  # reference.selection.PrefillPairs
     one_bit: str = "midpoint"
     criterion: str = "qk-pair-norm"
 
@@ -107,10 +104,11 @@ class PNMixConfig:
             raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}, got {self.pair_layout!r}")
         if self.scale_dtype not in SCALE_DTYPES:
             raise TypeError(f"scale_dtype must be one of {SCALE_DTYPES}, got {self.scale_dtype}")
+        from .selection import SELECTIONS  # selection builds on packing, which builds on this module
+
         if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
-        if self.selection == "none" and self.b_high != self.b_low:
-            raise ValueError(f"selection 'none' (uniform keys) needs b_high == b_low, got {self.b_high}, {self.b_low}")
+            raise ValueError(f"selection must be one of {tuple(SELECTIONS)}, got {self.selection!r}")
+        SELECTIONS[self.selection].validate(self)
         if self.criterion not in CRITERIA:
             raise ValueError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
         if self.one_bit not in ONE_BIT:
@@ -126,14 +124,17 @@ class PNMixConfig:
         # The epsilon keeps e.g. r=0.3, d=20 at 3 pairs despite 0.3 * 10 = 2.9999999999999996.
         return math.floor(self.ratio * (head_dim // 2) + 1e-9)
 
+    @property
+    def selector(self):
+        """The `reference.selection.Selection` rule named by `selection`."""
+        from .selection import SELECTIONS
+
+        return SELECTIONS[self.selection]
+
     def n_salient_channels(self, head_dim: int) -> int:
-        """Channels of a KV head (or of a page, for "page-channels") that get b_high bits."""
-        if self.selection == "prefill-pairs":
-            return 2 * self.n_salient_pairs(head_dim)
-        if self.selection == "page-channels":
-            check_head_dim(self, head_dim)
-            return math.floor(self.ratio * head_dim + 1e-9)
-        return 0
+        """Channels of a KV head (of a key group, for a per-group selection) that get b_high bits."""
+        check_head_dim(self, head_dim)
+        return self.selector.n_high_channels(self, head_dim)
 
     def value_group(self, head_dim: int) -> int:
         """Channels per value quantization group for this head_dim."""
@@ -146,8 +147,7 @@ def check_head_dim(config: PNMixConfig, head_dim: int) -> None:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (RoPE rotates channel pairs), got {head_dim}")
-    if config.selection == "page-channels" and head_dim > 256:
-        raise ValueError(f"head_dim must be <= 256 for per-page channel ranks stored in uint8, got {head_dim}")
+    config.selector.check_head_dim(head_dim)
     if config.values_quantized:
         group = config.value_group(head_dim)
         if head_dim % group:

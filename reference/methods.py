@@ -15,11 +15,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from .config import PNMixConfig
+from .selection import PAGE_CHANNELS, UNIFORM
 
 EVERY_TOKEN = 2**62  # an exact region longer than any sequence
+#: How each baseline treats keys, whatever its bits, group and sinks.
+KIVI_KEYS = {"ratio": 0.0, "selection": UNIFORM.name, "one_bit": "ends"}
+KITTY_KEYS = {"selection": PAGE_CHANNELS.name, "one_bit": "midpoint"}
 
 
 def pnmix(**overrides) -> PNMixConfig:
@@ -32,9 +37,7 @@ def kivi(bits: int = 2, group_size: int = 128, n_sink: int = 0, **overrides) -> 
         **{
             "b_high": bits,
             "b_low": bits,
-            "ratio": 0.0,
-            "selection": "none",
-            "one_bit": "ends",
+            **KIVI_KEYS,
             "group_size": group_size,
             "residual_length": group_size,
             "n_sink": n_sink,
@@ -52,7 +55,7 @@ def kitty(light: bool = False, **overrides) -> PNMixConfig:
             "b_high": 4,
             "b_low": 2,
             "ratio": 0.125 if light else 0.25,
-            "selection": "page-channels",
+            **KITTY_KEYS,
             "group_size": 128,
             "residual_length": 128,
             "n_sink": 32,
@@ -66,7 +69,7 @@ def kitty(light: bool = False, **overrides) -> PNMixConfig:
 def fp16(**overrides) -> PNMixConfig:
     """The unquantized cache: every token exact (16-bit keys and values)."""
     return PNMixConfig(
-        **{"b_high": 1, "b_low": 1, "selection": "none", "n_sink": EVERY_TOKEN, "value_bits": 16, **overrides}
+        **{"b_high": 1, "b_low": 1, "selection": UNIFORM.name, "n_sink": EVERY_TOKEN, "value_bits": 16, **overrides}
     )
 
 
@@ -80,3 +83,33 @@ METHODS: dict[str, Callable[..., PNMixConfig]] = {
     "Kitty-light": lambda **o: kitty(light=True, **o),
     "PN-Mix": pnmix,
 }
+
+#: Every method's name in the order tables and figures list them (a figure's colors follow it too).
+NAMES = tuple(METHODS)
+
+
+# What each baseline claims in the conformance suite, whichever implementation runs it
+# (keyword arguments of `reference.contract.Capabilities`): the suite draws a configuration and
+# `preset` turns it into that method's, so that properties the method does not claim skip.
+
+
+def kivi_preset(config: PNMixConfig) -> PNMixConfig:
+    return dataclasses.replace(config, b_high=config.b_low, **KIVI_KEYS)
+
+
+def kitty_preset(config: PNMixConfig) -> PNMixConfig:
+    return dataclasses.replace(config, **KITTY_KEYS)
+
+
+def fp16_preset(config: PNMixConfig) -> PNMixConfig:
+    return fp16()
+
+
+KIVI_CLAIMS = {
+    "prefill_selection": False,
+    "preset": kivi_preset,
+    "midpoint_one_bit": False,
+    "key_bits": frozenset((b, b) for b in (1, 2, 3, 4, 8)),
+}
+KITTY_CLAIMS = {"prefill_selection": False, "preset": kitty_preset, "key_bits": frozenset({(4, 2), (4, 1), (2, 1)})}
+FP16_CLAIMS = {"prefill_selection": False, "preset": fp16_preset, "midpoint_one_bit": False}

@@ -72,6 +72,16 @@ def salient_channel_index(channel_mask: torch.Tensor) -> torch.Tensor:
     return order[..., :n]
 
 
+def high_plane_columns(channel_mask: torch.Tensor) -> torch.Tensor:
+    """Column of each channel in the key high plane, -1 for a channel without one: int32 [..., d].
+
+    The inverse of `salient_channel_index`: column j of key_high holds the j-th salient
+    channel in ascending order. Example: mask [T, F, T, T] -> [0, -1, 1, 2].
+    """
+    salient = channel_mask.to(torch.int32)
+    return torch.where(channel_mask, salient.cumsum(-1, dtype=torch.int32) - 1, -1).to(torch.int32)
+
+
 def _pages(t: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(t.chunk(n, dim=-2)) if n else []
 

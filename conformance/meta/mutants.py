@@ -1,18 +1,27 @@
 """Deliberately broken PN-Mix implementations, one bug each (selectable with --impl).
 
 Each is the reference with a single defect injected, so a property that misses it is blind
-to that defect. conformance/meta/test_mutants.py runs the suite against each one.
+to that defect. conformance/meta/test_mutants.py runs the suite against each one and checks
+that the property written for the defect fails with its own assertion, not with a crash.
+
+A mutant changes as little as it can, and through public names where it can: it patches a
+spec function (keeping its signature, for the duration of one public call) or post-processes
+what a public method returns. Only `mask_recomputed` writes a stored component, because its
+defect is a change of stored state.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from unittest import mock
 
 import torch
 
-from reference import ReferenceCache, packing, quant, saliency, validation
-
-from ..impls.reference import ReferenceImplementation
+from reference import ReferenceCache, quant, validation
+from reference import cache as cache_module
+from reference.implementation import ReferenceImplementation
 
 
 def _mutant(name: str, cache_class: type = ReferenceCache, **overrides):
@@ -21,74 +30,106 @@ def _mutant(name: str, cache_class: type = ReferenceCache, **overrides):
     return type(f"Mutant_{name}", (ReferenceImplementation,), attrs)()
 
 
+def _with_argument(function, name: str, value):
+    """`function` with argument `name` forced to `value`, whatever else its callers pass."""
+    signature = inspect.signature(function)
+    if name not in signature.parameters:
+        raise TypeError(f"{function.__qualname__} has no argument {name!r}: this mutant no longer fits it")
+
+    @functools.wraps(function)
+    def forced(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments[name] = value
+        return function(*bound.args, **bound.kwargs)
+
+    return forced
+
+
 class _OneBitAtGroupEnds(ReferenceCache):
-    """1-bit groups use Eq. 2 (levels at min and max) instead of the Eq. 7 midpoints."""
+    """1-bit groups use Eq. 2 (levels at min and max) instead of the Eq. 7 midpoints.
 
-    def _flush(self, k, v):
-        def ends(xmin, xmax, bits, scale_dtype):
-            scale, zero = quant.asymmetric_params(xmin, xmax, bits)
-            return scale.to(scale_dtype), zero.to(scale_dtype)
+    `quant.group_params` runs with midpoint=False while prefill and append quantize.
+    """
 
-        with mock.patch.object(quant, "group_params", ends):
-            super()._flush(k, v)
+    def _ends(self):
+        return mock.patch.object(quant, "group_params", _with_argument(quant.group_params, "midpoint", False))
+
+    def prefill(self, q, k, v):
+        with self._ends():
+            super().prefill(q, k, v)
+
+    def append(self, k, v):
+        with self._ends():
+            super().append(k, v)
+
+
+def _four_bit_per_token(t: torch.Tensor) -> torch.Tensor:
+    """t [..., T, d] through 4-bit quantization per token (one group of d channels), in t's dtype."""
+    q = quant.quantize(t, 4, t.shape[-1], -1, torch.float32)
+    return quant.dequantize(q, t.shape[-1], -1).to(t.dtype)
 
 
 class _QuantizedSinks(ReferenceCache):
-    """Sink tokens pass through 4-bit per-token quantization before they are stored."""
+    """Sink tokens come back through 4-bit per-token quantization: `sinks()`, `dequantize()`
+    and so `attend()` see them lossy (the bytes held are unchanged)."""
 
-    def _store(self, k, v):
-        take = min(self.config.n_sink - self._sink_k.shape[-2], k.shape[-2])
-        if take > 0:
-            k, v = k.clone(), v.clone()
-            for t in (k, v):
-                head = t[..., :take, :]
-                q = quant.quantize(head, 4, head.shape[-1], -1, torch.float32)
-                t[..., :take, :] = quant.dequantize(q, head.shape[-1], -1).to(t.dtype)
-        super()._store(k, v)
+    def sinks(self):
+        k, v = super().sinks()
+        return _four_bit_per_token(k), _four_bit_per_token(v)
+
+    def dequantize(self):
+        k, v = super().dequantize()
+        sink_k, sink_v = self.sinks()
+        n = sink_k.shape[-2]
+        return torch.cat([sink_k.float(), k[..., n:, :]], -2), torch.cat([sink_v.float(), v[..., n:, :]], -2)
 
 
 class _MaskRecomputed(ReferenceCache):
-    """Eq. 6 is evaluated again at every append, over the prefill queries and all cached keys."""
+    """Eq. 6 is evaluated again after every append, over the prefill queries and all cached
+    keys, and the new selection replaces the stored pair mask (which then reads every page)."""
 
     def prefill(self, q, k, v):
         super().prefill(q, k, v)
-        self._prefill_q = q
+        self._prefill_q = q  # the recomputation needs them: such a cache holds the prompt's queries
 
     def append(self, k, v):
         super().append(k, v)
+        selection = self.cache_layout.selection
+        if selection.per_group or not selection.prefill_evaluations:
+            return  # no prefill selection to recompute
         keys = self.dequantize()[0]
-        sigma = saliency.pair_saliency(self._prefill_q.float(), keys, self.config.pair_layout)
-        mask = saliency.select_salient_pairs(sigma, self.config.n_salient_pairs(keys.shape[-1]))
-        self._mask = packing.pack_mask(mask)
-        self.saliency_computations += 1
+        self._t["mask"] = selection.at_prefill(self._prefill_q, keys, self.config)
+        self.saliency_computations += selection.prefill_evaluations
+
+
+def _interleave_heads(q: object, n_kv: int, forward: bool = True) -> object:
+    """q [B, H, T, d] reordered so that the `repeat_kv` reading (query head h -> KV head
+    h // (H / H_kv)) pairs each original head h with KV head h % H_kv; forward=False undoes it.
+    Anything that is not such a tensor is returned as is, for the checks to reject."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or n_kv < 1 or q.shape[1] % n_kv:
+        return q
+    b, h, t, d = q.shape
+    a, c = (h // n_kv, n_kv) if forward else (n_kv, h // n_kv)
+    return q.reshape(b, a, c, t, d).transpose(1, 2).reshape(b, h, t, d)
 
 
 class _WrongGQA(ReferenceCache):
-    """Query head h reads KV head h % H_kv (interleaved) instead of h // n_rep (repeat_kv order)."""
-
-    @staticmethod
-    def _swap(q, n_kv, forward=True):
-        """Reorder query heads so that repeat_kv order reads them interleaved (or back)."""
-        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] % n_kv:
-            return q  # leave bad input to the checks
-        b, h, t, d = q.shape
-        a, c = (h // n_kv, n_kv) if forward else (n_kv, h // n_kv)
-        return q.reshape(b, a, c, t, d).transpose(1, 2).reshape(b, h, t, d)
+    """Query head h reads KV head h % H_kv (interleaved) instead of h // n_rep (repeat_kv order),
+    both in the Eq. 6 selection at prefill and in decode attention."""
 
     def prefill(self, q, k, v):
-        super().prefill(self._swap(q, k.shape[1] if isinstance(k, torch.Tensor) else 1), k, v)
+        n_kv = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 1
+        super().prefill(_interleave_heads(q, n_kv), k, v)
 
     def attend(self, q):
-        n_kv = self._shape[1]
-        return self._swap(super().attend(self._swap(q, n_kv)), n_kv, forward=False)
+        n_kv = self.sinks()[0].shape[1]  # sinks() also refuses an empty cache, as attend does
+        return _interleave_heads(super().attend(_interleave_heads(q, n_kv)), n_kv, forward=False)
 
 
 class _StorageOmitsMask(ReferenceCache):
     """The storage report leaves out the pair mask."""
 
     def storage(self):
-        import dataclasses
-
         return dataclasses.replace(super().storage(), mask=0)
 
 
@@ -96,18 +137,16 @@ class _AcceptsNaN(ReferenceCache):
     """Appended keys and values are not checked for NaN or Inf."""
 
     def append(self, k, v):
-        with mock.patch.object(validation, "check_finite", lambda name, t: None):
+        with mock.patch.object(validation, "check_finite", lambda *args, **kwargs: None):
             super().append(k, v)
 
 
 class _UnscaledAttention(ReferenceCache):
-    """Decode attention forgets the 1/sqrt(d) scaling."""
+    """Decode attention forgets the 1/sqrt(d) scaling (scale 1)."""
 
     def attend(self, q):
-        from reference import cache as cache_module
-
-        original = cache_module.attention_ref
-        with mock.patch.object(cache_module, "attention_ref", lambda *a, **kw: original(*a, **kw, scale=1.0)):
+        unscaled = _with_argument(cache_module.attention_ref, "scale", 1.0)
+        with mock.patch.object(cache_module, "attention_ref", unscaled):
             return super().attend(q)
 
 
@@ -146,6 +185,8 @@ def unscaled_attention():
 
 
 def msb_first_keys():
+    """Key codes packed most significant bit first (and unpacked the same way): self-consistent,
+    but not the reference's bytes."""
     base = ReferenceImplementation()
 
     def pack_keys(self, codes, channel_mask, config):

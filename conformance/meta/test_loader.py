@@ -3,7 +3,7 @@
 import pytest
 
 from conformance import loader
-from conformance.api import Capabilities, missing_names
+from reference.contract import Capabilities, missing_names
 
 
 class Partial:
@@ -39,7 +39,7 @@ def test_missing_names_become_stubs_that_say_so():
     [
         ("no-such-impl", "unknown implementation 'no-such-impl'"),
         ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-        ("conformance.impls.reference:nothing", "has no attribute 'nothing'"),
+        ("reference.implementation:nothing", "has no attribute 'nothing'"),
         (":make", "must look like 'package.module:factory'"),
     ],
 )

@@ -1,16 +1,30 @@
-"""Every deliberately broken implementation must be caught by the property written for it."""
+"""Every deliberately broken implementation must be caught by the property written for it.
+
+The suite runs once, in one subprocess, against every mutant (conformance/meta/mutants.py),
+each on the property modules that target it. This module is also loaded into that run as a
+plug-in (`-p conformance.meta.test_mutants`), where `pytest_runtest_makereport` records the
+class of each exception a test raises and the repository file that raised it, as junitxml
+properties. A mutant is caught when the property written for it fails with its own verdict:
+an AssertionError raised in the property's module (pytest's `Failed`, "DID NOT RAISE", where
+the property checks with `pytest.raises`). Any other error, e.g. a TypeError of a mutant that
+no longer fits the reference, is a crash: the property never judged the defect.
+"""
+
+from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (mutant factory in conformance.meta.mutants, property module, the test that must fail)
+# (mutant factory in conformance.meta.mutants, property module, the test that must catch it)
 MUTANTS = [
     ("one_bit_group_ends", "test_p2_midpoint.py", "test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint"),
     ("quantized_sinks", "test_p3_sinks.py", "test_sink_tokens_are_bit_identical"),
@@ -23,6 +37,8 @@ MUTANTS = [
     ("unscaled_attention", "test_p7_attention.py", "test_decode_attention_within_the_low_precision_error"),
     ("msb_first_keys", "test_p1_packing.py", "test_key_codes_roundtrip_and_match_reference_bytes"),
 ]
+#: The exception a property fails with when it judges a defect: its own assert, or pytest.raises' "DID NOT RAISE".
+VERDICTS = ("AssertionError", "Failed")
 
 
 def run_suite(*args: str) -> subprocess.CompletedProcess:
@@ -32,13 +48,106 @@ def run_suite(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+# -- the plug-in loaded into the suite run by `suite_on_mutants` --------------------------------
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, e.g. hypothesis' distinct failures.
+
+    Read through the groups' `exceptions` tuple: Python 3.10 has no builtin BaseExceptionGroup.
+    """
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, tuple) and inner and all(isinstance(e, BaseException) for e in inner):
+        return [leaf for e in inner for leaf in _leaves(e)]
+    return [exc]
+
+
+def _raised_in(exc: BaseException) -> str:
+    """The innermost repository file (outside the virtualenv) on exc's traceback, relative to ROOT."""
+    where = "?"
+    tb = exc.__traceback__
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename).resolve()
+        if path.is_relative_to(ROOT) and not path.is_relative_to(Path(sys.prefix).resolve()):
+            where = path.relative_to(ROOT).as_posix()
+        tb = tb.tb_next
+    return where
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+    """(Active only in the suite run with -p conformance.meta.test_mutants.) Record each
+    exception the test raised as a junitxml property "raised": "<class> <file>"."""
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        for exc in _leaves(call.excinfo.value):
+            item.user_properties.append(("raised", f"{type(exc).__name__} {_raised_in(exc)}"))
+
+
+# -- the meta tests ------------------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """One test of one mutant: passed, failed, error or skipped, and the (class, file) it raised."""
+
+    outcome: str
+    raised: tuple[tuple[str, str], ...]
+
+
+def read_junitxml(path: Path) -> dict[tuple[str, str, str], Outcome]:
+    """(implementation, module file name, test) -> Outcome, from a junitxml written with the plug-in."""
+    results = {}
+    for case in ET.parse(path).iter("testcase"):
+        test, _, impl = case.get("name").removesuffix("]").partition("[")
+        module = case.get("classname").rpartition(".")[2] + ".py"
+        found = [tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None]
+        raised = [p.get("value").split(" ", 1) for p in case.iter("property") if p.get("name") == "raised"]
+        results[(impl, module, test)] = Outcome(
+            {"failure": "failed", "error": "error", "skipped": "skipped"}[found[0]] if found else "passed",
+            tuple((cls, where) for cls, where in raised),
+        )
+    return results
+
+
+@pytest.fixture(scope="module")
+def suite_on_mutants(tmp_path_factory) -> dict[tuple[str, str, str], Outcome]:
+    """The suite run once on every mutant, each on the modules of the properties that target it."""
+    modules = {}
+    for mutant, module, _ in MUTANTS:
+        modules.setdefault(mutant, []).append(module)
+    impls = [arg for mutant in modules for arg in ("--impl", f"conformance.meta.mutants:{mutant}")]
+    select = " or ".join(
+        f"({mutant} and ({' or '.join(Path(m).stem for m in dict.fromkeys(ms))}))" for mutant, ms in modules.items()
+    )
+    paths = [f"conformance/{m}" for m in sorted({m for ms in modules.values() for m in ms})]
+    xml = tmp_path_factory.mktemp("mutants") / "junit.xml"
+    plugin = ["-p", "conformance.meta.test_mutants", "--junitxml", str(xml)]
+    result = run_suite(*paths, *impls, "-k", select, *plugin, "--no-conformance-json")
+    print(result.stdout[-5000:], result.stderr[-2000:])
+    assert result.returncode == 1, f"the suite run on the mutants exited {result.returncode}, expected 1 (failures)"
+    results = read_junitxml(xml)
+    assert {impl for impl, _, _ in results} == set(modules), "the run did not cover exactly the mutants"
+    return results
+
+
 @pytest.mark.parametrize(("mutant", "module", "test"), MUTANTS, ids=[f"{m}-{t}" for m, _, t in MUTANTS])
-def test_mutant_is_caught(mutant, module, test):
-    result = run_suite(f"conformance/{module}", "--impl", f"conformance.meta.mutants:{mutant}", "--no-conformance-json")
-    failed = f"FAILED conformance/{module}::{test}[{mutant}]"
-    print(result.stdout[-3000:])
-    assert result.returncode == 1, f"the suite did not fail on {mutant} (exit {result.returncode})"
-    assert failed in result.stdout, f"{test} did not catch {mutant}"
+def test_mutant_is_caught(suite_on_mutants, mutant, module, test):
+    got = suite_on_mutants.get((mutant, module, test))
+    assert got is not None, f"conformance/{module}::{test} did not run on {mutant}"
+    assert got.outcome == "failed", f"{test} did not catch {mutant}: {got.outcome}"
+    verdicts = [(cls, where) for cls, where in got.raised if cls in VERDICTS and where == f"conformance/{module}"]
+    assert got.raised and verdicts == list(got.raised), (
+        f"{test} failed on {mutant} with {got.raised}, not only its own assertion: the mutant crashed"
+    )
+
+
+def test_mutants_pass_the_other_properties(suite_on_mutants):
+    """In the modules run, every property not written for a mutant passes (or is skipped) on it:
+    a mutant carries one defect and otherwise behaves like the reference."""
+    targeted = set(MUTANTS)
+    others = {key: got for key, got in suite_on_mutants.items() if key not in targeted}
+    assert others, "no other property ran"
+    wrong = {f"{impl}: {module}::{test}": got for (impl, module, test), got in others.items()}
+    wrong = {name: got for name, got in wrong.items() if got.outcome not in ("passed", "skipped")}
+    assert not wrong, f"properties not written for these mutants did not pass: {wrong}"
 
 
 def test_known_failures_results_file_and_no_overwrite(tmp_path):

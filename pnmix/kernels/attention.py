@@ -9,6 +9,7 @@ log-sum-exp. Neither dequantized K/V nor the logits matrix is written to global 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from reference.config import field_width
+from reference.layout import CacheLayout, TokenLayout
 
 from .. import _runtime
 from .common import round_to, unpack_field
@@ -159,26 +161,12 @@ def _merge_kernel(
 
 @dataclass(frozen=True)
 class PackedRegion:
-    """The tensors decode attention reads for one layer, all [B, H_kv, rows, cols] (views allowed).
+    """What decode attention reads for one layer: every component of the cache's
+    `reference.layout.CacheLayout` by name (whole buffers or views; the kernels read them by
+    position), and `tokens`, the (n_sink, n_quantized, n_residual) tokens they hold."""
 
-    sink_k/v and residual_k/v: exact tokens; key_low/high, key_scale/zero: packed keys;
-    mask: the selection metadata: the bit-packed pair mask [B, H_kv, ceil(d / 16)] (PN-Mix),
-    per-page channel ranks [B, H_kv, pages, d] (Kitty) or empty (uniform keys);
-    value_payload, value_scale/zero: packed values (or dense values if value_bits == 16).
-    """
-
-    sink_k: torch.Tensor
-    sink_v: torch.Tensor
-    residual_k: torch.Tensor
-    residual_v: torch.Tensor
-    key_low: torch.Tensor
-    key_high: torch.Tensor
-    key_scale: torch.Tensor
-    key_zero: torch.Tensor
-    mask: torch.Tensor
-    value_payload: torch.Tensor
-    value_scale: torch.Tensor
-    value_zero: torch.Tensor
+    tensors: Mapping[str, torch.Tensor]
+    tokens: TokenLayout
 
 
 def _stride(t: torch.Tensor) -> int:
@@ -197,24 +185,19 @@ def default_splits(work_items: int, length: int, block_n: int) -> int:
 def decode_attention(
     q: torch.Tensor,
     region: PackedRegion,
+    layout: CacheLayout,
     *,
-    n_sink: int,
-    n_quantized: int,
-    length: int,
-    group_size: int,
-    value_group: int,
-    b_high: int,
-    b_low: int,
-    value_bits: int,
-    pair_layout: str,
-    selection: str = "prefill-pairs",
-    n_boost: int = 0,
     num_splits: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache."""
+    """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache.
+
+    The layout says how the region is stored (bits, group sizes, pair layout, the selection's
+    metadata format); num_splits and block_n only tune the launch.
+    """
     batch, n_heads, t_new, d = q.shape
-    n_kv = region.sink_k.shape[1]
+    cfg, t = layout.config, region.tokens
+    n_kv, length = layout.kv_heads, t.length
     n_rep = n_heads // n_kv
     q = q.contiguous()
     block_m = max(16, triton.next_power_of_2(n_rep * t_new))
@@ -230,21 +213,23 @@ def decode_attention(
     dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
     if dot is tl.bfloat16 and _runtime.INTERPRETED:
         dot = tl.float32  # the interpreter's bfloat16 tl.dot is wrong; float32 is exact there
-    r = region
-    v_quant = value_bits < 16
-    has_high = b_high > b_low and r.key_high.shape[-1] > 0
+    r = region.tensors
+    v_quant = cfg.values_quantized
+    value_group = cfg.value_group(d)
+    has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
+    vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
     _split_kernel[(batch * n_kv, splits)](
         q, m, l_sum, acc,
-        r.sink_k, r.sink_v, r.residual_k, r.residual_v, r.key_low, r.key_high, r.mask, r.key_scale, r.key_zero,
-        r.value_payload, r.value_scale if v_quant else r.value_payload, r.value_zero if v_quant else r.value_payload,
-        n_sink, n_quantized, length, t_new, n_rep, n_kv, d, 1.0 / math.sqrt(d), split_len, splits,
-        _stride(r.sink_k), _stride(r.residual_k), _stride(r.key_low), _stride(r.key_high), _stride(r.mask),
-        _stride(r.key_scale), _stride(r.value_payload), _stride(r.value_scale) if v_quant else 0,
-        r.key_high.stride(2), r.value_payload.stride(2), d // value_group, n_boost,
-        ADJACENT=pair_layout == "adjacent", PAGE_RANKS=selection == "page-channels",
-        G=group_size, VG=value_group, W_LO=field_width(b_low), B_LO=b_low, HAS_HIGH=has_high,
-        W_HI=field_width(b_high - b_low) if has_high else 1, B_HI=(b_high - b_low) if has_high else 1,
-        V_QUANT=v_quant, W_V=field_width(value_bits) if v_quant else 8, B_V=value_bits if v_quant else 8,
+        r["sink_key"], r["sink_value"], r["residual_key"], r["residual_value"], r["key_low"], r["key_high"],
+        r["mask"], r["key_scale"], r["key_zero"], r["value_payload"], vs, vz,
+        t.n_sink, t.n_quantized, length, t_new, n_rep, n_kv, d, 1.0 / math.sqrt(d), split_len, splits,
+        _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["key_low"]), _stride(r["key_high"]),
+        _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,
+        r["key_high"].stride(2), r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
+        ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
+        G=cfg.group_size, VG=value_group, W_LO=field_width(cfg.b_low), B_LO=cfg.b_low, HAS_HIGH=has_high,
+        W_HI=field_width(cfg.b_high - cfg.b_low) if has_high else 1, B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
+        V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
         DOT=dot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
     )  # fmt: skip
     out = torch.empty_like(q)

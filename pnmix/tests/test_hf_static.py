@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 import pnmix.hf  # noqa: F401  (registers attn_implementation="pnmix")
 from pnmix.hf import PNMixHFCache
@@ -14,12 +14,13 @@ SMALL_PAGES = PNMixConfig(group_size=8, residual_length=8, n_sink=4)
 
 @pytest.fixture(scope="module")
 def model():
-    from benchmarks.models import tiny_architecture
-
+    # Two layers, GQA 2:1, head_dim 64: a real model's KV shape scaled down.
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, tie_word_embeddings=False, rope_theta=1_000_000.0,
+    )  # fmt: skip
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(
-        tiny_architecture().hf_config(), dtype=torch.bfloat16, attn_implementation="pnmix"
-    ).eval()
+    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="pnmix").eval()
 
 
 def test_static_preallocation_needs_the_triton_backend(model):

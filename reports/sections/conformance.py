@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from conformance.impls import BUILTINS
+from conformance.loader import builtins
 
 from ..inputs import Source
 from ..markdown import Section, table
@@ -19,7 +19,7 @@ def _columns(sources: Sequence[Source]) -> dict[tuple, str]:
     in it, and the source number when that still leaves two columns alike."""
     keys = [(i, r["implementation"]) for i, s in enumerate(sources) for r in s.data["results"]]
     keys = list(dict.fromkeys(keys))
-    order = list(BUILTINS)
+    order = list(builtins())
     keys.sort(key=lambda k: (order.index(k[1]) if k[1] in order else len(order), k[1], k[0]))
     devices = {s.data.get("device") for s in sources}
     heads = {k: k[1] + (f" ({sources[k[0]].data.get('device')})" if len(devices) > 1 else "") for k in keys}
@@ -42,10 +42,13 @@ def counts(source: Source) -> dict[str, collections.Counter]:
 
 def _provenance(i: int, s: Source) -> str:
     d = s.data
+    # results written before `reference.records` carry created_utc and triton_interpret instead
+    date = d.get("date_utc") or d.get("created_utc", "?")
+    interpret = d.get("machine", {}).get("TRITON_INTERPRET") or d.get("triton_interpret") or "unset"
     return (
-        f"#{i + 1}: measured on {d.get('device', '?')}, {d.get('created_utc', '?')}, hypothesis profile "
-        f"{d.get('hypothesis_profile', '?')}, TRITON_INTERPRET={d.get('triton_interpret') or 'unset'}, "
-        f"command `{s.command or 'not recorded'}`, file `{s.name}`"
+        f"#{i + 1}: measured on {d.get('device', '?')}, {date}, hypothesis profile "
+        f"{d.get('hypothesis_profile', '?')}, TRITON_INTERPRET={interpret}, "
+        f"command `{d.get('command') or s.command or 'not recorded'}`, file `{s.name}`"
     )
 
 

@@ -11,18 +11,20 @@ from ..steps import Outcome
 
 
 def _source_record(s: Source) -> tuple[str, str, str]:
-    """(device, date, command) as the file records them."""
+    """(device, date, command) as the file records them (`reference.records.environment`)."""
     d = s.data
-    if s.kind == "conformance":
-        return d.get("device", "?"), d.get("created_utc", "?"), s.command or "not recorded"
     if s.kind == "pytest-benchmark":
         infos = [b.get("extra_info") or {} for b in d["benchmarks"]]
         devices = sorted({i["device"] for i in infos if "device" in i}) or [
             d["machine_info"].get("cpu", {}).get("brand_raw", d["machine_info"].get("machine", "?"))
         ]
+        dates = sorted({i["date_utc"] for i in infos if "date_utc" in i})
+        date = (dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}") if dates else d.get("datetime", "?")
         commands = sorted({i["command"] for i in infos if "command" in i})
-        return "; ".join(devices), d.get("datetime", "?"), "; ".join(commands) or s.command or "not recorded"
-    return d.get("device", "?"), d.get("date_utc", "?"), d.get("command") or s.command or "not recorded"
+        return "; ".join(devices), date, "; ".join(commands) or s.command or "not recorded"
+    # conformance results written before the records had one date field carry `created_utc`
+    date = d.get("date_utc") or d.get("created_utc", "?")
+    return d.get("device", "?"), date, d.get("command") or s.command or "not recorded"
 
 
 def render(
@@ -35,7 +37,7 @@ def render(
     outcomes: Sequence[Outcome],
     sources: Sequence[Source],
 ) -> Section:
-    this = "measured: this report's run (`environment.py`: platform, importlib.metadata, git)"
+    this = "measured: this report's run (`reference.records`: platform, importlib.metadata; git)"
     parts = [
         table([[k, v] for k, v in machine.items()], ["machine", ""], this),
         table([[k, v] for k, v in versions.items()], ["package", "version"], this),

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks import fidelity
+from reference import paper
 from reference.config import CRITERIA
 
 from .. import figures
@@ -24,10 +25,13 @@ from ..markdown import (
 )
 from ..provenance import measured, quoted
 
-#: Fig. 5's medians (percent held by the top 10/30/50% pairs), quoted.
-PAPER_FIG5 = {"Qwen3-14B": (89.3, 97.0, 98.7), "Qwen3-32B": (86.0, 94.8, 97.4)}
-SHARES = ("10", "30", "50")
+SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
 WHERE = {"fig4": "Fig. 4", "table9": "Table 9", "table11": "Table 11", "fig5": "Fig. 5"}
+
+
+TABLE2 = "Table 2: mean accuracy " + "; ".join(
+    f"{model} {fp16:.2f} (FP16) vs {pnmix:.2f} (PN-Mix)" for model, (fp16, pnmix) in paper.TABLE2_MEAN_ACCURACY.items()
+)
 
 
 def is_smoke(s: Source) -> bool:
@@ -77,7 +81,7 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
         )
     out.append(
         Claim(
-            "Table 2: mean accuracy Qwen3-8B 77.85 (FP16) vs 77.21 (PN-Mix); Llama-3.1-8B 54.04 vs 53.08",
+            TABLE2,
             NOT_MEASURED,
             "measured (proxy)" if e2e else "-",
             evidence,
@@ -102,7 +106,7 @@ def _fig5(sources: Sequence[Source]) -> bytes | None:
                 marker="o",
                 label=f"{s.data['model'].split()[0]}, {_label(s)} (measured)",
             )
-        for model, ys in PAPER_FIG5.items():
+        for model, ys in paper.FIG5_SHARE_PERCENT.items():
             ax.plot(x, ys, marker="*", ls="--", label=f"{model} (paper, quoted)")
         ax.set(
             xlabel="top r% of pairs",

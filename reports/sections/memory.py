@@ -8,17 +8,20 @@ from collections.abc import Sequence
 
 from benchmarks import memory
 from benchmarks.models import ARCHITECTURES
+from reference import paper
+from reference.methods import NAMES
+from reference.records import GIB
 
 from .. import figures
 from ..inputs import Source, benchmarks
 from ..markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, figure, fmt, table
 from ..provenance import computed, measured, quoted
 
-MODEL = "Qwen3-8B"
+MODEL = paper.MODEL
 MODEL_SOURCE = computed(
     "benchmarks.memory (weights from the parameter count in bf16 + the cache of reference.storage_model with "
-    "capacity = P + L_gen + workspace_estimate, an explicit estimate, not a measurement), Qwen3-8B, P = 141, "
-    f"budget {memory.DEFAULT_BUDGET_GIB:g} GiB"
+    "capacity = P + L_gen + workspace_estimate, an explicit estimate, not a measurement), "
+    f"{paper.MODEL}, P = {paper.PROMPT}, budget {memory.DEFAULT_BUDGET_GIB:g} GiB"
 )
 
 
@@ -30,21 +33,36 @@ class FitClaim:
     points: tuple[tuple[str, int, int, bool], ...]
 
 
-CLAIMS = (
-    FitClaim(
-        "Fig. 6a: at B = 32 FP16 fits up to L_gen = 4K and exceeds 40 GB beyond",
-        (("FP16", 32, 4096, True), ("FP16", 32, 8192, False)),
-    ),
-    FitClaim("Fig. 6a: at B = 32 PN-Mix fits up to L_gen = 32K (8x longer than FP16)", (("PN-Mix", 32, 32768, True),)),
-    FitClaim(
-        "Fig. 6b: at L_gen = 8K FP16's largest batch is B = 20 (38.48 GB); B = 21 runs out of memory",
-        (("FP16", 20, 8192, True), ("FP16", 21, 8192, False)),
-    ),
-    FitClaim(
-        "Fig. 6b: at L_gen = 8K PN-Mix runs B = 110 (38.21 GB), a 5.5x larger batch than FP16",
-        (("PN-Mix", 110, 8192, True),),
-    ),
-)
+def _fit_claims() -> tuple[FitClaim, ...]:
+    """The paper's Fig. 6a/6b boundaries (`reference.paper`) as claims, each side of a boundary a point."""
+    batch_a, gen_b, gb = paper.FIG6A_BATCH, paper.FIG6B_GENERATION, paper.GPU_MEMORY_GIB
+    fp16_gen, pnmix_gen = paper.FIG6A_MAX_GENERATION["FP16"], paper.FIG6A_MAX_GENERATION["PN-Mix"]
+    beyond = min(g for g in memory.FIG6A_GENERATION if g > fp16_gen)
+    (fp16_b, fp16_gib), (pnmix_b, pnmix_gib) = paper.FIG6B_MAX_BATCH["FP16"], paper.FIG6B_MAX_BATCH["PN-Mix"]
+    return (
+        FitClaim(
+            f"Fig. 6a: at B = {batch_a} FP16 fits up to L_gen = {fp16_gen // 1024}K and exceeds {gb:g} GB beyond",
+            (("FP16", batch_a, fp16_gen, True), ("FP16", batch_a, beyond, False)),
+        ),
+        FitClaim(
+            f"Fig. 6a: at B = {batch_a} PN-Mix fits up to L_gen = {pnmix_gen // 1024}K "
+            f"({pnmix_gen // fp16_gen}x longer than FP16)",
+            (("PN-Mix", batch_a, pnmix_gen, True),),
+        ),
+        FitClaim(
+            f"Fig. 6b: at L_gen = {gen_b // 1024}K FP16's largest batch is B = {fp16_b} ({fp16_gib:.2f} GB); "
+            f"B = {fp16_b + 1} runs out of memory",
+            (("FP16", fp16_b, gen_b, True), ("FP16", fp16_b + 1, gen_b, False)),
+        ),
+        FitClaim(
+            f"Fig. 6b: at L_gen = {gen_b // 1024}K PN-Mix runs B = {pnmix_b} ({pnmix_gib:.2f} GB), a "
+            f"{paper.FIG6B_BATCH_RATIO:g}x larger batch than FP16",
+            (("PN-Mix", pnmix_b, gen_b, True),),
+        ),
+    )
+
+
+CLAIMS = _fit_claims()
 
 
 def measured_points(sources: Sequence[Source]) -> list[dict]:
@@ -89,11 +107,11 @@ def _pivot(points: Sequence[memory.MemoryPoint], key: str) -> list[list]:
     return list(rows.values())
 
 
-def _plot(points, key: str, paper: dict, measured_pts: list[dict], xlabel: str, title: str, logx: bool) -> bytes | None:
+def _plot(points, key: str, stars: dict, measured_pts: list[dict], xlabel: str, title: str, logx: bool) -> bytes | None:
     budget = memory.DEFAULT_BUDGET_GIB
 
     def draw(ax):
-        for method in memory.FIG6_METHODS:
+        for method in NAMES:
             mine = [p for p in points if p.method == method]
             ax.plot(
                 [getattr(p, key) for p in mine],
@@ -103,7 +121,7 @@ def _plot(points, key: str, paper: dict, measured_pts: list[dict], xlabel: str, 
                 label=f"{method} (model)",
             )
         ax.axhline(budget, color="k", ls="--", lw=1, label=f"{budget:g} GiB budget")
-        for method, (x, y) in paper.items():
+        for method, (x, y) in stars.items():
             ax.plot(
                 [x],
                 [y],
@@ -136,8 +154,8 @@ def _plot(points, key: str, paper: dict, measured_pts: list[dict], xlabel: str, 
 
 
 def _paper_gib(method: str, batch: int, generation: int) -> float | None:
-    paper = memory.PAPER_FIG6B.get(method)
-    return paper[1] if paper and paper[0] == batch and generation == memory.FIG6B_GENERATION else None
+    known = paper.FIG6B_MAX_BATCH.get(method)
+    return known[1] if known and known[0] == batch and generation == paper.FIG6B_GENERATION else None
 
 
 def _measured_table(points: list[dict]) -> str:
@@ -163,13 +181,13 @@ def _measured_table(points: list[dict]) -> str:
 def render(sources: Sequence[Source]) -> Section:
     arch = ARCHITECTURES[MODEL]
     a, b = memory.fig6a(arch), memory.fig6b(arch)
-    methods = list(memory.FIG6_METHODS)
+    methods = list(NAMES)
     best = [
         [
             m,
             *(
                 (p.batch, f"{p.peak_gib:.2f}")
-                if (p := memory.max_batch(arch, m, memory.FIG6B_GENERATION))
+                if (p := memory.max_batch(arch, m, paper.FIG6B_GENERATION))
                 else ("none", "-")
             ),
         ]
@@ -177,44 +195,44 @@ def render(sources: Sequence[Source]) -> Section:
     ]
     comparison = memory.comparison(arch)
     measured_pts = measured_points(sources)
-    paper_6a = {m: (g, memory.DEFAULT_BUDGET_GIB) for m, g in memory.PAPER_FIG6A_MAX_GENERATION.items()}
+    paper_6a = {m: (g, memory.DEFAULT_BUDGET_GIB) for m, g in paper.FIG6A_MAX_GENERATION.items()}
     figs = {
         "fig6a-memory.png": _plot(
             a,
             "generation",
             paper_6a,
-            [p for p in measured_pts if p["batch"] == memory.FIG6A_BATCH],
+            [p for p in measured_pts if p["batch"] == paper.FIG6A_BATCH],
             "generation length L_gen (tokens)",
-            "Fig. 6a: peak memory vs L_gen at B = 32 (paper stars: longest L_gen that fits)",
+            f"Fig. 6a: peak memory vs L_gen at B = {paper.FIG6A_BATCH} (paper stars: longest L_gen that fits)",
             logx=True,
         ),
         "fig6b-memory.png": _plot(
             b,
             "batch",
-            memory.PAPER_FIG6B,
-            [p for p in measured_pts if p["generation"] == memory.FIG6B_GENERATION],
+            paper.FIG6B_MAX_BATCH,
+            [p for p in measured_pts if p["generation"] == paper.FIG6B_GENERATION],
             "batch B",
-            "Fig. 6b: peak memory vs batch at L_gen = 8K",
+            f"Fig. 6b: peak memory vs batch at L_gen = {paper.FIG6B_GENERATION // 1024}K",
             logx=False,
         ),
     }
     figs = {k: v for k, v in figs.items() if v is not None}
     parts = [
         f"Peak GPU memory of {arch.name} ({arch.parameters() / 1e9:.2f} B parameters, weights "
-        f"{arch.weight_bytes() / memory.GIB:.2f} GiB in bf16) with every layer's cache preallocated to P + L_gen "
-        f"(P = {memory.PROMPT}), against the paper's {memory.DEFAULT_BUDGET_GIB:g} GiB A100. GiB throughout; "
+        f"{arch.weight_bytes() / GIB:.2f} GiB in bf16) with every layer's cache preallocated to P + L_gen "
+        f"(P = {paper.PROMPT}), against the paper's {memory.DEFAULT_BUDGET_GIB:g} GiB A100. GiB throughout; "
         "OOM: over the budget.\n",
-        f"### Fig. 6a: peak GiB vs generation length at B = {memory.FIG6A_BATCH}\n",
+        f"### Fig. 6a: peak GiB vs generation length at B = {paper.FIG6A_BATCH}\n",
         table(_pivot(a, "generation"), ["L_gen", *methods], MODEL_SOURCE),
-        f"### Fig. 6b: peak GiB vs batch at L_gen = {memory.FIG6B_GENERATION}\n",
+        f"### Fig. 6b: peak GiB vs batch at L_gen = {paper.FIG6B_GENERATION}\n",
         table(_pivot(b, "batch"), ["batch", *methods], MODEL_SOURCE),
-        f"### Largest batch that fits at L_gen = {memory.FIG6B_GENERATION}\n",
+        f"### Largest batch that fits at L_gen = {paper.FIG6B_GENERATION}\n",
         table(best, ["method", "max batch", "peak GiB"], MODEL_SOURCE + "; benchmarks.memory.max_batch"),
         "### The model beside the paper\n",
         table(
             [[r["figure"], r["method"], r["paper"], r["model"], "yes" if r["agrees"] else "no"] for r in comparison],
             ["figure", "method", "paper (quoted)", "model (computed)", "agrees"],
-            f"paper column {quoted('Fig. 6a/6b, A100-SXM4-40GB, Qwen3-8B, P = 141')}; model column "
+            f"paper column {quoted('Fig. 6a/6b, ' + paper.EFFICIENCY_SETTING)}; model column "
             f"{MODEL_SOURCE}; benchmarks.memory.comparison",
         ),
         "Where they differ, and why (benchmarks.memory.explain, computed from the numbers above):\n",
@@ -224,15 +242,15 @@ def render(sources: Sequence[Source]) -> Section:
         parts += ["### Measured on a GPU\n", _measured_table(measured_pts)]
     else:
         parts.append(
-            "No GPU memory measurements at the paper's 40 GiB budget were given: the figures above are the "
-            "model's (computed), not measured.\n"
+            f"No GPU memory measurements at the paper's {paper.GPU_MEMORY_GIB:g} GiB budget were given: the figures "
+            "above are the model's (computed), not measured.\n"
         )
     if figs:
         parts += [
             figure(n, c)
             for n, c in (
-                ("fig6a-memory.png", "Fig. 6a: peak memory vs generation length, B = 32"),
-                ("fig6b-memory.png", "Fig. 6b: peak memory vs batch, L_gen = 8K"),
+                ("fig6a-memory.png", f"Fig. 6a: peak memory vs generation length, B = {paper.FIG6A_BATCH}"),
+                ("fig6b-memory.png", f"Fig. 6b: peak memory vs batch, L_gen = {paper.FIG6B_GENERATION // 1024}K"),
             )
             if n in figs
         ]

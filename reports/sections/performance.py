@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from benchmarks.analysis import FIG7_FIT
+from reference import paper
 
 from .. import figures
 from ..inputs import BENCHMARK as BENCH
 from ..inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
 from ..markdown import Section, details, figure, fmt, ratio, table
 from ..provenance import quoted
-from .gpu_claims import judge_all
+from .gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
 from .measured import (
     FP16,
     KITTY,
-    PN_MIX,
     baseline,
     gpu_check_lines,
     is_fp16,
@@ -26,10 +26,7 @@ from .measured import (
     slopes,
 )
 
-#: The paper's Fig. 6c and Fig. 7 numbers (A100-SXM4-40GB, Qwen3-8B, P = 141), quoted.
-PAPER_FIG6C = {(FP16, 20): 469.8, (PN_MIX, 20): 420.8, (PN_MIX, 23): 485.0, (PN_MIX, 110): 1114.0}
-PAPER_FIG7_SLOPE = {PN_MIX: 2.17, KITTY: 2.38}
-PAPER_WHERE = "Fig. 6c/7, A100-SXM4-40GB, Qwen3-8B, P = 141"
+PAPER_WHERE = f"Fig. 6c/7, {paper.EFFICIENCY_SETTING}"
 NOT_PREDICTIVE = "CPU tiny harness: checks that the harness runs end to end; not predictive of GPU performance"
 
 
@@ -50,7 +47,7 @@ def throughput_rows(rows: Sequence[dict]) -> list[list]:
                 fmt(None if r["oom"] else r["total_s"], ".1f"),
                 fmt(ratio(tps, baseline(rows, r, match, FP16, "tokens_per_s")), ".3f"),
                 fmt(ratio(tps, baseline(rows, r, match, KITTY, "tokens_per_s")), ".3f"),
-                fmt(PAPER_FIG6C.get((r["method"], r["batch"])), ".1f"),
+                fmt(paper.FIG6C_TOKENS_PER_S.get((r["method"], r["batch"])), ".1f"),
             ]
         )
     return out
@@ -79,8 +76,7 @@ def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
                 ["batch", "method", "protocol", "tok/s", "total s", "tok/s / FP16", "tok/s / Kitty", "paper tok/s"],
                 src,
             ),
-            "Largest throughput each method reaches over the batches that fit (the paper: PN-Mix 1114.0 tok/s at "
-            "B = 110, 2.37x FP16's 469.8 at B = 20):\n",
+            f"Largest throughput each method reaches over the batches that fit (the paper: {PAPER_MAX_THROUGHPUT}):\n",
             table(summary, ["method", "at batch", "max tok/s", "/ FP16 max", "/ Kitty max"], provenance(rows)),
         ]
     )
@@ -90,7 +86,7 @@ def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
             pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows if r["method"] == m and not r["oom"])
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", color=figures.color(m), label=f"{m} (measured)")
-        for (m, b), v in PAPER_FIG6C.items():
+        for (m, b), v in paper.FIG6C_TOKENS_PER_S.items():
             ax.plot([b], [v], marker="*", ms=12, ls="", color=figures.color(m), mec="k", label=f"{m} (paper, quoted)")
         ax.set(xlabel="batch B", ylabel="tokens / s", title=f"Fig. 6c: throughput vs batch, {rows[0]['device']}")
         _dedupe_legend(ax)
@@ -113,7 +109,7 @@ def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
             fmt(s, ".3f", "n/a: < 2 steps in window"),
             fmt(ratio(s, fp16), ".3f"),
             fmt(ratio(s, fit.get(KITTY)), ".3f"),
-            fmt(PAPER_FIG7_SLOPE.get(m), ".2f"),
+            fmt(paper.FIG7_SLOPE_US.get(m), ".2f"),
             fmt(at_last.get(m), ".2f"),
             fmt(ratio(at_last.get(m), fp16_last), ".3f"),
             fmt(ratio(at_last.get(m), at_last.get(KITTY)), ".3f"),
@@ -135,7 +131,8 @@ def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
     src = provenance(rows)
     md = "\n".join(
         [
-            f"#### Fig. 7: decode latency per step (B = 1), slope over steps {FIG7_FIT[0]}-{FIG7_FIT[1]} (11K-31K)\n",
+            f"#### Fig. 7: decode latency per step (B = 1), slope over steps {FIG7_FIT[0]}-{FIG7_FIT[1]} "
+            f"({FIG7_FIT[0] // 1024}K-{FIG7_FIT[1] // 1024}K)\n",
             table(
                 summary,
                 [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from reference import PNMixConfig, bit_widths
+from reference import PNMixConfig, bit_widths, paper
 from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows
 from reference.methods import EVERY_TOKEN, METHODS
 from reference.models import MODEL_SHAPES
@@ -13,9 +13,12 @@ from reference.models import MODEL_SHAPES
 from ..markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
 from ..provenance import computed
 
-HEAD_DIM, N_QUANTIZED = 128, 32768  # the paper's convention: d = 128, T_q = 32768
-MODEL, BATCH, LENGTH = "Qwen3-8B", 32, 8192 + 141  # Fig. 6's model, B = 32, P + L_gen
-PAPER_PN_MIX_BITS = (2.26, 2.28)  # the paper's PN-Mix key bit-widths across its variants
+HEAD_DIM, N_QUANTIZED = 128, paper.N_QUANTIZED  # the paper's convention: d = 128, T_q = 32768
+MODEL, BATCH, LENGTH = paper.MODEL, paper.FIG6A_BATCH, paper.PROMPT + paper.FIG6B_GENERATION  # Fig. 6: B, P + L_gen
+_BITS = (
+    f"about {paper.PN_MIX_KEY_BITS} bits per element, {'-'.join(map(str, paper.PN_MIX_KEY_BITS_RANGE))} across "
+    "its variants"
+)
 
 
 def configs() -> dict[str, PNMixConfig]:
@@ -35,17 +38,16 @@ def _show(value: object) -> str:
 
 def claims() -> list[Claim]:
     bw = bit_widths(PNMixConfig(), HEAD_DIM, N_QUANTIZED)
-    lo, hi = PAPER_PN_MIX_BITS
+    lo, hi = paper.PN_MIX_KEY_BITS_RANGE
     holds = round(bw.key_effective, 2) >= lo and round(bw.key_total, 2) <= hi
     return [
         Claim(
-            "PN-Mix (H3(50%)L1, G = 128, 32 FP16 sinks) stores keys in about 2.26 bits per element, 2.26-2.28 "
-            "across its variants (Appendix, storage accounting)",
+            f"PN-Mix (H3(50%)L1, G = 128, 32 FP16 sinks) stores keys in {_BITS} (Appendix, storage accounting)",
             CONFIRMED if holds else NOT_CONFIRMED,
             "computed",
             f"effective key bits {bw.key_effective:.4f}, with the pair mask {bw.key_total:.4f} (d = {HEAD_DIM}, "
             f"T_q = {N_QUANTIZED})",
-            computed("reference.storage.bit_widths(PNMixConfig(), 128, 32768)"),
+            computed(f"reference.storage.bit_widths(PNMixConfig(), {HEAD_DIM}, {N_QUANTIZED})"),
         )
     ]
 
@@ -74,7 +76,7 @@ def render() -> Section:
                 ),
                 floatfmt=("", ".4f", ".2e", ".4f", ".4f", ".2f"),
             ),
-            "Paper (quoted): PN-Mix about 2.26 bits, 2.26-2.28 across its variants; comparisons at 2.25-2.4 bits.\n",
+            f"Paper (quoted): PN-Mix {_BITS}; comparisons at {'-'.join(map(str, paper.COMPARISON_BITS))} bits.\n",
             f"### KV cache of {shape.name} at B = {BATCH}, {LENGTH} tokens per sequence\n",
             f"{shape.layers} layers, {shape.kv_heads} KV heads, head_dim {shape.head_dim} ({shape.source}); sinks and "
             "residual included.\n",

@@ -16,6 +16,9 @@ FIG6C = {("FP16", 20): 500.0, ("FP16", 21): None, ("Kitty", 20): 450.0, ("PN-Mix
 #: kernel ms per (method, batch, context)
 KERNEL = {("FP16", 1, 8192): 0.10, ("Kitty", 1, 8192): 0.05, ("PN-Mix", 1, 8192): 0.04}
 COPY_GBPS = 4000.0
+#: `reference.records.machine` of the run that wrote a file.
+MACHINE = {"platform": "Linux-6.8-x86_64", "cpu": "x86_64, 16 logical cores", "memory": "128.0 GiB",
+           "gpu": DEVICE, "cuda": "12.8", "TRITON_INTERPRET": "unset"}  # fmt: skip
 
 
 def _bench(name: str, info: dict, median_s: float = 1.0) -> dict:
@@ -32,8 +35,8 @@ def _info(suite: str, method: str, scale: str = "full", **figures) -> dict:
     return {
         "suite": suite,
         "scale": scale,
-        "device": DEVICE if scale == "full" else "cpu (x86_64), Triton interpreter",
-        "driver": "12.8",
+        "device": DEVICE if scale == "full" else "cpu (x86_64)",
+        "machine": MACHINE,
         "versions": {"python": "3.11", "torch": "2.13", "triton": "3.7", "transformers": "5.2"},
         "date_utc": "2026-12-01T10:00:00+00:00",
         "command": COMMAND,
@@ -179,8 +182,11 @@ def conformance() -> dict:
     ]
     return {
         "kind": "pnmix-conformance",
-        "created_utc": "20261201T100000_000000Z",
+        "date_utc": "2026-12-01T10:00:00+00:00",
         "device": "cpu (x86_64)",
+        "command": "pytest conformance --impl reference --impl triton",
+        "versions": {"python": "3.11", "torch": "2.13", "hypothesis": "6.100"},
+        "machine": {**MACHINE, "gpu": "none", "TRITON_INTERPRET": "1"},
         "implementations": ["reference", "triton"],
         "hypothesis_profile": "ci",
         "exitstatus": 1,
@@ -194,7 +200,7 @@ def gpu_check(bench_name: str = "bench-GPU-1.json") -> dict:
         "kind": "pnmix-gpu-check",
         "date_utc": "2026-12-01T11:00:00+00:00",
         "device": "NVIDIA Check GPU",
-        "driver": "12.8",
+        "machine": {**MACHINE, "gpu": "NVIDIA Check GPU"},
         "versions": {},
         "command": "python -m benchmarks.gpu_check",
         "steps": {

@@ -112,6 +112,18 @@ def test_conformance_matrix_counts_and_reasons(tmp_path):
     assert tables_without_source(s.body) == []
 
 
+def test_conformance_provenance_comes_from_the_environment_record_or_an_older_file(tmp_path):
+    new = synthetic.conformance()
+    old = {k: v for k, v in new.items() if k not in ("date_utc", "command", "machine")}
+    old |= {"created_utc": "20261201T100000_000000Z", "triton_interpret": "1"}  # before reference.records
+    body = conformance.render([load(tmp_path, "new.json", new), load(tmp_path, "old.json", old)]).body
+    assert (
+        "#1: measured on cpu (x86_64), 2026-12-01T10:00:00+00:00, hypothesis profile ci, TRITON_INTERPRET=1, "
+        f"command `{new['command']}`, file `" in body
+    )
+    assert "#2: measured on cpu (x86_64), 20261201T100000_000000Z, hypothesis profile ci, TRITON_INTERPRET=1" in body
+
+
 def test_measured_memory_points_decide_the_memory_claims(gpu):
     s = memory.render(gpu)
     rows = table_after(s.body, "### Measured on a GPU")

@@ -1,8 +1,11 @@
-"""The one protocol an implementation of PN-Mix satisfies to be checked by this suite.
+"""The implementation contract: the one protocol an implementation of PN-Mix satisfies.
 
 An implementation is an object with a name, a version, its `Capabilities`, a `create(config)`
 that returns an empty `Cache`, and the pack/unpack functions of the storage format. The
-suite never reaches past these names; everything it compares against comes from `reference`.
+conformance suite never reaches past these names; everything it compares against comes from
+`reference`. It lives in the spec layer so that implementations (`pnmix`, third parties)
+depend on it without depending on the test suite. Implementations register under the
+entry-point group `ENTRY_POINT_GROUP`, the built-in ones too (see pyproject.toml).
 
 Shapes: q [B, H, T, d]; k, v [B, H_kv, T, d]; H a multiple of H_kv (query head h reads KV
 head h // (H / H_kv)). Packed layouts are those of `reference.packing`.
@@ -16,7 +19,12 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from reference import PNMixConfig, Quantized, StorageReport
+from .config import PNMixConfig
+from .quant import Quantized
+from .storage import StorageReport
+
+#: The entry-point group under which implementations register (name -> factory).
+ENTRY_POINT_GROUP = "pnmix.implementations"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +136,12 @@ REQUIRED = (
     "pack_mask",
     "unpack_mask",
 )
+
+
+def variant(impl, name: str, capabilities: Capabilities):
+    """`impl` under another name and claims: a baseline method run on the same code."""
+    impl.name, impl.capabilities = name, capabilities
+    return impl
 
 
 def missing_names(impl: object) -> list[str]:

@@ -1,6 +1,6 @@
-"""Every tolerance of the suite, with its reason. Exact things (codes, bytes, sinks, masks,
-scales) are compared exactly; only floating-point results get a tolerance, and that tolerance
-is measured on the same inputs wherever it can be (flash-attention's policy).
+"""Every tolerance of the conformance suite and the kernel tests, with its reason. Exact things
+(codes, bytes, sinks, masks, scales) are compared exactly; only floating-point results get a
+tolerance, and that tolerance is measured on the same inputs wherever it can be (flash-attention's policy).
 """
 
 from __future__ import annotations

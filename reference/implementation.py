@@ -1,19 +1,19 @@
-"""The executable spec itself, run through the protocol (it must pass every property), and the
-baselines (KIVI, Kitty, FP16) as configurations of the same spec."""
+"""The executable spec as an implementation of `reference.contract` (it must pass every
+conformance property), and the baselines (KIVI, Kitty, FP16) as configurations of the same spec.
+Registered as entry points like any third party's (pyproject.toml)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import reference
-from reference import PNMixConfig, ReferenceCache, methods, packing
-
-from ..api import Capabilities
+from . import __version__, packing
+from .cache import ReferenceCache
+from .config import PNMixConfig
+from .contract import Capabilities, variant
+from .methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS
 
 
 class ReferenceImplementation:
     name = "reference"
-    version = reference.__version__
+    version = __version__
     capabilities = Capabilities()
     cache_class = ReferenceCache
 
@@ -43,34 +43,8 @@ def make() -> ReferenceImplementation:
     return ReferenceImplementation()
 
 
-def kivi_preset(config: PNMixConfig) -> PNMixConfig:
-    return dataclasses.replace(config, b_high=config.b_low, ratio=0.0, selection="none", one_bit="ends")
-
-
-def kitty_preset(config: PNMixConfig) -> PNMixConfig:
-    return dataclasses.replace(config, selection="page-channels", one_bit="midpoint")
-
-
-def fp16_preset(config: PNMixConfig) -> PNMixConfig:
-    return methods.fp16()
-
-
-#: What each baseline claims, whichever implementation runs it.
-KIVI_CLAIMS = {
-    "prefill_selection": False,
-    "preset": kivi_preset,
-    "midpoint_one_bit": False,
-    "key_bits": frozenset((b, b) for b in (1, 2, 3, 4, 8)),
-}
-KITTY_CLAIMS = {"prefill_selection": False, "preset": kitty_preset, "key_bits": frozenset({(4, 2), (4, 1), (2, 1)})}
-FP16_CLAIMS = {"prefill_selection": False, "preset": fp16_preset, "midpoint_one_bit": False}
-
-
 def _baseline(name: str, claims: dict) -> ReferenceImplementation:
-    impl = ReferenceImplementation()
-    impl.name = name
-    impl.capabilities = Capabilities(**claims)
-    return impl
+    return variant(ReferenceImplementation(), name, Capabilities(**claims))
 
 
 def make_kivi() -> ReferenceImplementation:

@@ -1,0 +1,43 @@
+"""The oracle's scores: q k^T / sqrt(d) with GQA head h -> h // n_rep, bottom-right causal, and
+attention_ref is their softmax times v."""
+
+import math
+
+import pytest
+import torch
+
+from reference import attention_ref
+from reference.attention import attention_logits_ref
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "t_q", "t_k"), [(6, 2, 5, 17), (3, 3, 1, 12), (4, 1, 9, 9)])
+def test_logits_are_scaled_dot_products_with_the_gqa_map_and_causal_mask(heads, kv_heads, t_q, t_k):
+    g = torch.Generator().manual_seed(t_k)
+    q, k = torch.randn(2, heads, t_q, 10, generator=g), torch.randn(2, kv_heads, t_k, 10, generator=g)
+    logits = attention_logits_ref(q, k, causal=True)
+    assert logits.shape == (2, heads, t_q, t_k) and logits.dtype == torch.float32
+    n_rep = heads // kv_heads
+    for b in range(2):
+        for h in range(heads):
+            for j in range(t_q):
+                for s in range(t_k):
+                    if s > t_k - t_q + j:
+                        assert logits[b, h, j, s] == float("-inf")
+                    else:
+                        direct = float(q[b, h, j].double() @ k[b, h // n_rep, s].double()) / math.sqrt(10)
+                        assert float(logits[b, h, j, s]) == pytest.approx(direct, rel=1e-5, abs=1e-5)
+    assert torch.isfinite(attention_logits_ref(q, k, causal=False)).all()
+    torch.testing.assert_close(attention_logits_ref(q, k, scale=1.0), attention_logits_ref(q, k) * math.sqrt(10))
+
+
+def test_attention_ref_is_the_softmax_of_the_logits_times_v():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 4, 3, 8, generator=g),
+        torch.randn(1, 2, 11, 8, generator=g),
+        torch.randn(1, 2, 11, 8, generator=g),
+    )
+    probs = torch.softmax(attention_logits_ref(q, k, causal=True), -1)
+    assert torch.equal(attention_ref(q, k, v, causal=True), probs @ v.repeat_interleave(2, dim=1))
+    low = attention_logits_ref(q.half(), k.half(), upcast=False)
+    assert low.dtype == torch.float16

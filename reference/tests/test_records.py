@@ -1,0 +1,106 @@
+"""Result records: atomic writes that never overwrite unasked, kinds read from content, one environment."""
+
+import json
+import os
+import platform
+import re
+
+import pytest
+import torch
+
+from reference import records
+
+ISO_UTC_SECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+
+
+def test_bytes_and_text_share_the_atomic_path(tmp_path):
+    png = bytes(range(256))
+    records.write_bytes_atomic(tmp_path / "a.png", png)
+    records.write_atomic(tmp_path / "b.md", "zürich\n")
+    records.write_json(tmp_path / "c.json", {"b": 1, "a": [2]})
+    assert (tmp_path / "a.png").read_bytes() == png
+    assert (tmp_path / "b.md").read_bytes() == "zürich\n".encode()
+    assert json.loads((tmp_path / "c.json").read_text()) == {"a": [2], "b": 1}
+    with pytest.raises(FileExistsError, match=r"a\.png exists"):
+        records.write_bytes_atomic(tmp_path / "a.png", b"other")
+    assert (tmp_path / "a.png").read_bytes() == png
+    records.write_bytes_atomic(tmp_path / "a.png", b"other", overwrite=True)
+    assert (tmp_path / "a.png").read_bytes() == b"other"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.md", "c.json"]  # no temporary files left
+
+
+def test_a_failed_write_leaves_neither_the_file_nor_a_part_of_it(tmp_path, monkeypatch):
+    def disk_full(fd):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(records.os, "fsync", disk_full)
+    with pytest.raises(OSError, match="no space"):
+        records.write_atomic(tmp_path / "r.json", "x" * 10_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_appears_while_writing_is_not_overwritten(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    mkstemp = records.tempfile.mkstemp
+
+    def rival_writes_first(*args, **kwargs):
+        target.write_text("theirs")  # after the existence check, before the final link
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(records.tempfile, "mkstemp", rival_writes_first)
+    with pytest.raises(FileExistsError):
+        records.write_atomic(target, "ours")
+    assert target.read_text() == "theirs" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+@pytest.mark.parametrize("kind", sorted(records.TAGS))
+def test_a_record_is_stamped_with_its_kind_and_read_back_as_it(kind):
+    data = json.loads(json.dumps(records.record(kind, "cpu", figures=[1, 2])))
+    assert data[records.KIND] == records.TAGS[kind] and data["figures"] == [1, 2]
+    assert records.kind_of(data) == kind
+
+
+def test_pytest_benchmark_json_is_told_by_its_own_keys():
+    assert records.kind_of({"benchmarks": [], "machine_info": {}, "datetime": "x"}) == records.BENCHMARK
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [({"kind": "something-else"}, "kind 'something-else'"), ([1, 2], "no 'kind' key"),
+     ({"benchmarks": []}, "no 'kind' key"), ("text", "no 'kind' key")],
+)  # fmt: skip
+def test_unknown_content_is_rejected_saying_what_was_found_and_expected(data, says):
+    with pytest.raises(ValueError) as err:
+        records.kind_of(data)
+    assert says in str(err.value) and "'pnmix-conformance'" in str(err.value) and "pytest-benchmark" in str(err.value)
+
+
+def test_record_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        records.record("pnmix-conformance")  # the tag, not the kind
+
+
+def test_environment_names_the_device_used_and_dates_in_one_format():
+    env = records.environment(torch.device("cpu"), command="python -m x --smoke")
+    assert env["device"] == f"cpu ({platform.machine()})"
+    assert ISO_UTC_SECONDS.fullmatch(env["date_utc"]) and ISO_UTC_SECONDS.fullmatch(records.now_utc())
+    assert env["command"] == "python -m x --smoke"
+    assert {"python", "torch", "triton", "transformers"} <= set(env["versions"])
+    assert set(env["machine"]) == {"platform", "cpu", "memory", "gpu", "cuda", "TRITON_INTERPRET"}
+    assert env["machine"]["TRITON_INTERPRET"] == os.environ.get("TRITON_INTERPRET", "unset")
+
+
+def test_a_cuda_device_is_named_by_its_gpu(monkeypatch):
+    monkeypatch.setattr(records.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert records.device_name(torch.device("cuda", 0)) == "NVIDIA H200"
+    assert records.device_name("cuda") == "NVIDIA H200"
+    monkeypatch.setattr(records.torch.cuda, "is_available", lambda: False)
+    assert records.device_name() == f"cpu ({platform.machine()})"  # the default device
+
+
+def test_the_command_is_the_one_typed(monkeypatch):
+    monkeypatch.setattr(records.sys, "argv", ["/venv/bin/pytest", "benchmarks", "-k", "a b"])
+    assert records.command_line() == "pytest benchmarks -k 'a b'"
+    monkeypatch.setattr(records.sys, "argv", ["/repo/benchmarks/gpu_check.py", "--tiny"])
+    monkeypatch.setattr(records.sys, "orig_argv", ["/usr/bin/python3", "-m", "benchmarks.gpu_check", "--tiny"])
+    assert records.command_line() == "python -m benchmarks.gpu_check --tiny"
