@@ -9,7 +9,7 @@ from reports import inputs
 
 from . import synthetic
 
-COMMITTED_FIDELITY = Path(__file__).parents[2] / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from . import synthetic
 from .mdtables import table_after, tables_without_source
 
 ROOT = Path(__file__).parents[2]
-COMMITTED_FIDELITY = ROOT / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 SECTIONS = ("## 1. Environment and provenance", "## 2. Conformance matrix", "## 3. Storage and bit widths",
             "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
             "## 7. The paper's claims")  # fmt: skip

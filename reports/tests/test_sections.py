@@ -16,7 +16,7 @@ from reports.sections import conformance, fidelity, memory, performance
 from . import synthetic
 from .mdtables import table_after, tables_without_source
 
-COMMITTED_FIDELITY = Path(__file__).parents[2] / "benchmarks" / "results" / "fidelity-20261129T145337_176889Z.json"
+COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 
 
 def load(tmp_path, name, data):
