@@ -15,6 +15,7 @@ per group of G tokens.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import ClassVar
 
@@ -23,7 +24,7 @@ import torch
 from . import packing, saliency
 
 
-class Selection:
+class Selection(abc.ABC):
     """Interface of a channel-selection rule; subclasses are stateless singletons."""
 
     name: ClassVar[str]
@@ -32,18 +33,20 @@ class Selection:
     prefill_evaluations: ClassVar[int] = 0  # saliency evaluations at prefill (PN-Mix: exactly one)
 
     def validate(self, config) -> None:
-        """Reject a configuration this rule cannot serve (called by PNMixConfig)."""
+        """Reject a configuration this rule cannot serve (called by PNMixConfig); by default any."""
+        return None
 
     def check_head_dim(self, head_dim: int) -> None:
-        """Reject a head_dim whose metadata this rule cannot store."""
+        """Reject a head_dim whose metadata this rule cannot store; by default none."""
+        return None
 
+    @abc.abstractmethod
     def n_high_channels(self, config, head_dim: int) -> int:
         """Channels of a KV head (of one group, if per_group) that get b_high bits."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def metadata_columns(self, head_dim: int) -> int:
         """Last-dimension size of the stored metadata tensor."""
-        raise NotImplementedError
 
     def at_prefill(self, q: torch.Tensor, k: torch.Tensor, config) -> torch.Tensor:
         """Metadata stored once from the prompt's post-RoPE q [B, H, T, d] and k [B, H_kv, T, d]."""
@@ -58,9 +61,9 @@ class Selection:
         channel = saliency.channel_mask_from_pairs(self.pair_mask(stored, head_dim), config.pair_layout)
         return channel.unsqueeze(2).expand(-1, -1, n_groups, -1)
 
+    @abc.abstractmethod
     def pair_mask(self, stored: torch.Tensor, head_dim: int) -> torch.Tensor:
         """The prefill pair mask [B, H_kv, d/2] held as `stored`."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
