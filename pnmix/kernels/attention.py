@@ -163,10 +163,18 @@ def _merge_kernel(
 class PackedRegion:
     """What decode attention reads for one layer: every component of the cache's
     `reference.layout.CacheLayout` by name (whole buffers or views; the kernels read them by
-    position), and `tokens`, the (n_sink, n_quantized, n_residual) tokens they hold."""
+    position), and `tokens`, the (n_sink, n_quantized, n_residual) tokens they hold.
+
+    counts: the same three numbers as an int32 tensor on the kernels' device, which the kernels
+    read (so a captured CUDA graph replays with the lengths of the moment, not of the capture);
+    None builds it from `tokens`. capacity: the most tokens the buffers can hold (preallocated
+    caches), which fixes the launch grid across steps; None sizes the grid from `tokens`.
+    """
 
     tensors: Mapping[str, torch.Tensor]
     tokens: TokenLayout
+    counts: torch.Tensor | None = None
+    capacity: int | None = None
 
 
 def _stride(t: torch.Tensor) -> int:
