@@ -1,17 +1,21 @@
 """Options and fixtures of the benchmark suites (`benchmarks/suites/`).
 
     pytest benchmarks --benchmark-only [--bench-scale full|tiny|all] [--budget-gib 40]
-        [--throughput-protocol sampled|full] [--model-path DIR] --benchmark-json PATH
+        [--throughput-protocol sampled|full] [--model-path DIR] [--share-gpu] --benchmark-json PATH
 
 Full-scale points need CUDA and skip without it; tiny points run wherever the suite runs
 (CUDA if present, else the CPU under the Triton interpreter). The figures are in each
 benchmark's `extra_info`; pytest-benchmark's own statistics time the whole point.
+
+Before the first test of a session, whichever it is, this process takes its GPU and caps its
+memory (`gpu_session`): results do not depend on which tests ran before. Under pytest-xdist,
+worker gwN takes GPU N; more workers than GPUs is an error unless --share-gpu says otherwise.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import pytest
 import torch
@@ -31,6 +35,8 @@ OPTIONS = {
     "--throughput-protocol": ({"choices": ("sampled", "full"), "default": "sampled"},
                               "Fig. 6c: time decode steps at a few lengths and integrate (default), or run every step"),
     "--model-path": ({"default": None}, "a local checkpoint of the full-scale architecture instead of random weights"),
+    "--share-gpu": ({"action": "store_true", "default": os.environ.get("PNMIX_SHARE_GPU", "") not in ("", "0")},
+                    "let pytest-xdist workers share GPUs (gwN takes GPU N mod the count; env PNMIX_SHARE_GPU=1)"),
 }  # fmt: skip
 
 
@@ -64,22 +70,47 @@ def points(workloads) -> list:
     return out
 
 
-@pytest.fixture(scope="session")
-def bench_device() -> torch.device:
-    """CUDA when present; under pytest-xdist, worker gwN takes GPU N mod the device count."""
+_GPU_INDEX = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Decided at start-up, so that a worker without a GPU of its own stops the run with the reason.
+    if torch.cuda.is_available():
+        worker, share = os.environ.get("PYTEST_XDIST_WORKER"), config.getoption("--share-gpu")
+        try:
+            config.stash[_GPU_INDEX] = harness.worker_gpu(worker, torch.cuda.device_count(), share)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class GpuSession:
+    device: torch.device
+    shared: bool  # more pytest-xdist workers than GPUs: some share this one
+    budget_gib: float | None  # the memory cap in force (None: none)
+    requested_gib: float  # --budget-gib (0: no cap asked for)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gpu_session(pytestconfig) -> GpuSession:
+    """This process's GPU and memory cap, set before the first test of the session runs."""
+    requested = pytestconfig.getoption("--budget-gib")
     if not torch.cuda.is_available():
-        return torch.device("cpu")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    device = torch.device("cuda", int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
+        return GpuSession(torch.device("cpu"), False, None, requested)
+    device, cap = harness.take_gpu(pytestconfig.stash[_GPU_INDEX], requested)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return GpuSession(device, workers > torch.cuda.device_count(), cap, requested)
 
 
 @pytest.fixture(scope="session")
-def budget_gib(pytestconfig, bench_device) -> float | None:
-    """The memory cap, applied once for the session (None: no cap in force)."""
-    budget = pytestconfig.getoption("--budget-gib")
-    return harness.cap_memory(bench_device, budget) if budget > 0 else None
+def bench_device(gpu_session) -> torch.device:
+    return gpu_session.device
+
+
+@pytest.fixture(scope="session")
+def budget_gib(gpu_session) -> float | None:
+    """The memory cap in force for the session (None: no cap)."""
+    return gpu_session.budget_gib
 
 
 class Models:
@@ -98,20 +129,22 @@ class Models:
 
 
 @pytest.fixture(scope="session")
-def models(pytestconfig, bench_device, budget_gib) -> Models:
+def models(pytestconfig, bench_device) -> Models:
     return Models(bench_device, pytestconfig.getoption("--model-path"))
 
 
 @pytest.fixture(scope="session")
 def copy_gbps(bench_device) -> float:
-    return harness.copy_bandwidth_gbps(bench_device, 2**31 if bench_device.type == "cuda" else 2**22)
+    return harness.copy_bandwidth_gbps(bench_device, 2**30 if bench_device.type == "cuda" else 2**22)
 
 
 @pytest.fixture
-def record(benchmark, bench_device):
-    """Fills a benchmark's extra_info with the shared record plus the suite's own figures."""
+def record(benchmark, gpu_session):
+    """Fills a benchmark's extra_info with the shared record plus the suite's own figures; each
+    suite says whether finite-value checks were on (`harness.CHECK_FINITE` on this path)."""
+    bench_device = gpu_session.device
 
-    def fill(suite: str, work, scale, **figures) -> dict:
+    def fill(suite: str, work, scale, *, check_finite: bool, **figures) -> dict:
         cuda = bench_device.type == "cuda"
         coordinates = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(work).items() if k != "scale"}
         info = {
@@ -124,6 +157,11 @@ def record(benchmark, bench_device):
             "attention": harness.attention_of(work.method),
             "method_config": harness.config_record(work.method),
             "timing": "cuda events" if cuda else "wall clock (CPU, not predictive of GPU performance)",
+            "device_index": bench_device.index,
+            "gpu_shared": gpu_session.shared,
+            "budget_gib": gpu_session.budget_gib,
+            "budget_requested_gib": gpu_session.requested_gib,
+            "check_finite": check_finite,
             **figures,
         }
         benchmark.group = f"{suite} ({scale.name})"

@@ -10,6 +10,11 @@ interpreter), so the CPU run checks the harness that produces the GPU numbers. C
 Cache contents beyond the prompt are synthetic (random post-RoPE keys and values written
 straight into the cache), since decode cost does not depend on what the keys say; the
 prompt itself goes through the model, so PN-Mix selects its pairs from real queries.
+
+Clocks: `timed`/`time_ms` put CUDA events around one eager call (a decode step as a user
+runs it, launch overhead included); `device_ms` times device work only (kernels; host gaps
+kept out by enqueueing every call while the GPU is held busy); `graph_ms` and
+`Generation.graph_step` time replays of a captured CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 import torch
@@ -29,6 +34,10 @@ from reference.records import GIB
 from .models import Architecture
 
 FP16 = "FP16"
+#: Finite-value checks of the packed caches are off on the benchmark path: each reads a tensor
+#: back to the host (a synchronization per append and per attend, and no CUDA graph capture),
+#: and the inputs here are model activations or random normals. Every result records the setting.
+CHECK_FINITE = False
 FP16_ATTENTION = "sdpa over transformers StaticCache (16-bit K/V, preallocated)"
 PACKED_ATTENTION = "pnmix: Triton split-K decode over PNMixHFCache (packed, preallocated)"
 
@@ -69,20 +78,200 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int, warmup: i
     return {"ms": wall if gpu is None else gpu, "wall_ms": wall, "gpu_ms": gpu}
 
 
-def do_bench_ms(fn: Callable[[], object], device: torch.device) -> float:
-    """Median milliseconds of a kernel call: triton.testing.do_bench on CUDA (flushes L2), else wall clock."""
-    if device.type == "cuda":
-        import triton.testing
+#: Bytes zeroed between timed kernel calls so that each one starts with a cold L2 (as
+#: triton.testing.do_bench does): larger than the L2 of any current GPU.
+L2_FLUSH_BYTES = 256 * 2**20
+#: The longest the GPU is held idle while the host enqueues the timed calls (see `device_ms`).
+MAX_HOLD_MS = 1000.0
+_SLEEP_CYCLES_PER_MS: dict[int, float] = {}
 
-        return float(triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0])
-    return time_ms(fn, device, reps=1, warmup=0)["wall_ms"]  # the CPU harness check: one call
+
+def _sleep_cycles_per_ms(device: torch.device) -> float:
+    """Clock cycles of `torch.cuda._sleep` per millisecond on this device, measured once."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SLEEP_CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_MS[index] = 1_000_000 / max(start.elapsed_time(end), 1e-3)
+    return _SLEEP_CYCLES_PER_MS[index]
+
+
+def l2_flusher(device: torch.device) -> Callable[[], None]:
+    buffer = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    return buffer.zero_
+
+
+def device_ms(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    reps: int | None = None,
+    target_ms: float = 100.0,
+    flush_l2: bool = True,
+    between: Callable[[], object] | None = None,
+) -> dict:
+    """Median milliseconds of the device work of one fn() call, without the host's time.
+
+    On CUDA each call sits between two CUDA events, with the L2 flushed (flush_l2) and
+    `between` run before each start event, outside the timed region. A GPU left idle after a
+    synchronize would time the host too: the events of a call that the host is slower to
+    enqueue than the GPU to run (Python, argument checks, launches) would include the wait for
+    the launch. So the GPU is first held busy (`torch.cuda._sleep`) while the host enqueues
+    every call; `host_gaps_excluded` says whether the host finished before the hold ended (it
+    cannot when fn synchronizes with the host). reps: calls timed (default: about target_ms of
+    device time, 5 to 500; fewer when the host could not enqueue them within MAX_HOLD_MS). On
+    the CPU: the wall clock of `reps` (default 1) calls.
+    """
+    if device.type != "cuda":
+        runs = [timed(fn, device)[1] for _ in range(reps or 1)]
+        return {"ms": statistics.median(runs), "reps": len(runs), "host_gaps_excluded": None}
+    flush = l2_flusher(device) if flush_l2 else None
+
+    def prepare() -> None:
+        if flush is not None:
+            flush()
+        if between is not None:
+            between()
+
+    fn()  # compiles, allocates, warms caches
+    synchronize(device)
+    t0 = time.perf_counter()
+    prepare()
+    fn()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    prepare()
+    start.record()
+    fn()
+    end.record()
+    synchronize(device)
+    estimate = max(start.elapsed_time(end), 1e-3)  # an upper bound: it may include host time
+    n = reps or min(500, max(5, int(target_ms / estimate)))
+    n = min(n, max(5, int((MAX_HOLD_MS - 1.0) / (2 * host_ms))))  # all n enqueued within one hold
+    sleep = getattr(torch.cuda, "_sleep", None)
+    cycles_per_ms = _sleep_cycles_per_ms(device) if sleep is not None else 0.0
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    covered = False
+    for _ in range(2):  # a second try with the hold sized from the first try's enqueue time
+        hold_ms = min(MAX_HOLD_MS, 2 * n * host_ms + 1.0)
+        held_from, held_to = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        synchronize(device)
+        t0 = time.perf_counter()
+        held_from.record()
+        if sleep is not None:
+            sleep(int(hold_ms * cycles_per_ms))
+        held_to.record()
+        for i in range(n):
+            prepare()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+        synchronize(device)
+        # The hold began no earlier than t0 on the host's clock, so every call was enqueued
+        # before the GPU was free to start it when the host took less than the hold lasted.
+        covered = sleep is not None and enqueue_ms < held_from.elapsed_time(held_to)
+        if covered or hold_ms >= MAX_HOLD_MS:
+            break
+        host_ms = enqueue_ms / n
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return {"ms": statistics.median(times), "min_ms": times[0], "reps": n, "host_gaps_excluded": covered}
+
+
+def graph_ms(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup: int = 1,
+    flush_l2: bool = True,
+    state: Sequence[torch.Tensor] = (),
+) -> dict:
+    """fn captured once in a CUDA graph, its replays timed by `device_ms` (launch overhead gone,
+    as gpt-fast measures decode): {"graph_ms", "graph_note"}; graph_ms is None with the reason in
+    graph_note when there is no graph (CPU) or capture fails.
+
+    fn runs `warmup` times on a side stream first; those calls and the capture do whatever fn
+    does to host-side state, replays repeat only the captured device work. state: device
+    tensors that a replay advances (cache lengths), saved before the capture and put back before
+    every replay, untimed, so that each replay redoes the captured call. Out of memory is
+    raised, as everywhere in a point.
+    """
+    if device.type != "cuda":
+        return {"graph_ms": None, "graph_note": "no CUDA graphs on the CPU"}
+    graph = torch.cuda.CUDAGraph()
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        saved = [t.clone() for t in state]
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as error:
+        if out_of_memory(error):
+            raise
+        return {"graph_ms": None, "graph_note": f"capture failed: {type(error).__name__}: {error}"[:300]}
+
+    def rewind() -> None:
+        for t, s in zip(state, saved, strict=True):
+            t.copy_(s)
+
+    try:
+        # Every replay starts from the saved state (the first one too: capture runs nothing), so
+        # the state ends where the captured call left it, as the host-side state believes.
+        timing = device_ms(graph.replay, device, flush_l2=flush_l2, between=rewind if state else None)
+    finally:
+        del graph
+        release(device)
+    note = None if timing["host_gaps_excluded"] else "replays not enqueued ahead: host gaps may be included"
+    return {"graph_ms": timing["ms"], "graph_note": note}
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int) -> float:
-    """GB/s of a device-to-device copy of nbytes (read + write counted), this run, this device."""
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
-    dst = torch.empty_like(src)
-    return 2 * nbytes / (do_bench_ms(lambda: dst.copy_(src), device) * 1e-3) / 1e9
+    """GB/s of a device-to-device copy of an nbytes buffer (read + write counted), this run, this device."""
+
+    def copy_ms() -> float:
+        src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
+        dst = torch.empty_like(src)
+        return device_ms(lambda: dst.copy_(src), device, flush_l2=False)["ms"]
+
+    ms = copy_ms()
+    release(device)  # the 2 nbytes go back before the points that follow
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def worker_gpu(worker: str | None, device_count: int, share: bool = False) -> int:
+    """The CUDA device index a pytest-xdist worker takes: gwN takes GPU N, its own; with more
+    workers than GPUs, ValueError unless share is set, then GPU N mod the device count (two
+    processes on one GPU time each other's work, so sharing is asked for, not fallen into).
+    worker None (no pytest-xdist) takes GPU 0 (the first of CUDA_VISIBLE_DEVICES)."""
+    if device_count < 1:
+        raise ValueError(f"device_count must be at least 1, got {device_count}")
+    if worker is None:
+        return 0
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        raise ValueError(f"PYTEST_XDIST_WORKER must be gw<N>, got {worker!r}")
+    n = int(worker[2:])
+    if n >= device_count and not share:
+        raise ValueError(
+            f"pytest-xdist worker {worker} has no GPU of its own ({device_count} visible): run at most "
+            f"-n {device_count} workers, or share GPUs with --share-gpu (PNMIX_SHARE_GPU=1)"
+        )
+    return n % device_count
+
+
+def take_gpu(index: int, budget_gib: float) -> tuple[torch.device, float | None]:
+    """Make CUDA device `index` this process's current device (kernels launch on it) and cap its
+    memory at budget_gib (0: no cap): (the device, the cap in force, None when none is)."""
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device, cap_memory(device, budget_gib) if budget_gib > 0 else None
 
 
 def cap_memory(device: torch.device, budget_gib: float) -> float | None:
@@ -115,21 +304,35 @@ def peak_gib(device: torch.device) -> tuple[float | None, float | None]:
     return torch.cuda.max_memory_allocated(device) / GIB, torch.cuda.max_memory_reserved(device) / GIB
 
 
+def _oom_of(error: BaseException | None) -> BaseException | None:
+    """CUDA's out of memory if it is the error or one it was raised from or while handling (a
+    graph capture that runs out of memory ends in a capture error of its own)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError from 2.5 on, same class
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.cuda.OutOfMemoryError)  # torch.OutOfMemoryError from 2.5 on, same class
+    return _oom_of(error) is not None
 
 
 def unless_oom(measure: Callable[[], dict], device: torch.device, **oom_figures) -> dict:
-    """measure() with {"oom": False} added, or {"oom": True, **oom_figures} when the device runs
-    out of memory: out of memory is a data point of a memory sweep, not a crash. Memory held by
-    the measurement is released either way, before the next point."""
+    """measure() with {"oom": False} added, or {"oom": True, **oom_figures, "oom_error": message}
+    when the device runs out of memory anywhere in it (building, warm-up, timing, graph capture):
+    out of memory is a data point of a sweep, not a crash. Memory held by the measurement is
+    released either way, before the next point."""
     release(device)
     try:
         return {"oom": False, **measure()}
     except Exception as error:
-        if not out_of_memory(error):
+        oom = _oom_of(error)
+        if oom is None:
             raise
-        return {"oom": True, **oom_figures}
+        return {"oom": True, **oom_figures, "oom_error": (str(oom).splitlines() or [""])[0][:200]}
     finally:
         release(device)
 
@@ -177,9 +380,19 @@ def measured_cache_bytes(cache) -> int:
 
 class Generation:
     """One batch of greedy generation under the static protocol: a cache preallocated to
-    `capacity`, the prompt through the model, then synthetic fill and timed decode steps."""
+    `capacity`, the prompt through the model, then synthetic fill and timed decode steps.
+    check_finite: the packed caches' finite-value checks (the FP16 path has none)."""
 
-    def __init__(self, model, method: str, batch: int, prompt: int, capacity: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model,
+        method: str,
+        batch: int,
+        prompt: int,
+        capacity: int,
+        seed: int = 0,
+        check_finite: bool = CHECK_FINITE,
+    ) -> None:
         from transformers import StaticCache
 
         from pnmix.hf import PNMixHFCache
@@ -194,11 +407,19 @@ class Generation:
         if method == FP16:
             self.cache = StaticCache(config=cfg, max_cache_len=capacity)
         else:
-            self.cache = PNMixHFCache(cfg, method_config(method), backend="triton", max_cache_len=capacity)
+            self.cache = PNMixHFCache(cfg, method_config(method), backend="triton", max_cache_len=capacity,
+                                      check_finite=check_finite)  # fmt: skip
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.length = 0
         prompt_ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=self.gen, device=self.device)
         self.token = self._forward(prompt_ids)
+
+    @property
+    def check_finite(self) -> bool:
+        """Whether finite-value checks are in force on this cache's appends and attends."""
+        if self.method == FP16:
+            return False
+        return all(layer.cache.check_finite for layer in self.cache.layers)
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -215,6 +436,45 @@ class Generation:
         if self.length >= self.capacity:
             raise ValueError(f"the cache is full: {self.length} tokens of max_cache_len {self.capacity}")
         self.token = self._forward(self.token)
+
+    def graph_step(self) -> dict:
+        """The decode step at the current length captured in a CUDA graph, its replays timed
+        (`graph_ms`), as gpt-fast times decode: {"graph_ms", "graph_note", "graph_steps"}.
+
+        The side-stream warm-up and the capture each take a step (graph_steps: 2). Every replay
+        redoes the captured step at the same position: the device-side token counts a replay
+        advances (transformers' StaticCache keeps one per layer, PNMixCache one per layer) are
+        put back before each, so replays never write past the captured position.
+        """
+        if self.device.type != "cuda":
+            return {**graph_ms(self.step, self.device), "graph_steps": 0}
+        if self.capacity - self.length < 2:
+            return {"graph_ms": None, "graph_note": "no room in the cache for a warm-up and a captured step",
+                    "graph_steps": 0}  # fmt: skip
+        token, start = self.token, self.length
+        result = graph_ms(lambda: self._forward(token), self.device, warmup=1, flush_l2=False,
+                          state=self._device_counts())  # fmt: skip
+        self._check_counts()
+        return {**result, "graph_steps": self.length - start}
+
+    def _device_counts(self) -> list[torch.Tensor]:
+        """The per-layer token counts held on the device, which a decode step advances there."""
+        if self.method == FP16:
+            return [layer.cumulative_length for layer in self.cache.layers]
+        counts = [layer.cache.region().counts for layer in self.cache.layers]  # views of the live counts
+        return [c for c in counts if c is not None]
+
+    def _check_counts(self) -> None:
+        """Every layer's cache holds self.length tokens on the device too (reads them back). A
+        capture that failed part-way through the model leaves the host-side mirrors of the
+        layers before the failure one step ahead of their devices: they are reset from them."""
+        if self.method == FP16:
+            held = [int(layer.cumulative_length) for layer in self.cache.layers]
+        else:
+            held = [layer.cache.sync_length() for layer in self.cache.layers]
+        if any(n != self.length for n in held):
+            raise AssertionError(f"graph replays moved the cache: layers hold {sorted(set(held))} tokens, "
+                                 f"the generation {self.length}")  # fmt: skip
 
     @torch.inference_mode()
     def fill_to(self, length: int, chunk: int = 4096) -> None:
@@ -242,10 +502,18 @@ def pnmix_attention() -> str:
 
 
 def build_decode_cache(
-    method: str, batch: int, context: int, layer: tuple[int, int, int], device, prompt: int, chunk: int = 4096
+    method: str,
+    batch: int,
+    context: int,
+    layer: tuple[int, int, int],
+    device,
+    prompt: int,
+    chunk: int = 4096,
+    check_finite: bool = CHECK_FINITE,
 ):
-    """One attention layer's PNMixCache holding `context` random tokens, and a decode query:
-    the kernel microbenchmark's input (layer = (KV heads, query heads per KV head, head_dim))."""
+    """One attention layer's PNMixCache preallocated to and holding `context` random tokens, and a
+    decode query: the kernel microbenchmark's input (layer = (KV heads, query heads per KV head,
+    head_dim))."""
     from pnmix import PNMixCache
 
     kv_heads, n_rep, head_dim = layer
@@ -256,7 +524,8 @@ def build_decode_cache(
 
     prompt = min(prompt, context)
     cache = PNMixCache.from_prefill(rand(kv_heads * n_rep, prompt), rand(kv_heads, prompt), rand(kv_heads, prompt),
-                                    method_config(method))  # fmt: skip
+                                    method_config(method), max_cache_len=context,
+                                    check_finite=check_finite)  # fmt: skip
     while cache.length < context:
         n = min(chunk, context - cache.length)
         cache.append(rand(kv_heads, n), rand(kv_heads, n))

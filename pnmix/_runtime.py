@@ -1,4 +1,5 @@
-"""Where Triton kernels run: compiled on CUDA, under the Triton interpreter on the CPU.
+"""Where Triton kernels run: compiled on CUDA, under the Triton interpreter on the CPU, or not at
+all while `pnmix.aot` records launches to compile them ahead of time for a GPU target.
 
 TRITON_INTERPRET must be set before `triton.jit` decorates a kernel, so this module is
 imported before any kernel module. Without CUDA it sets TRITON_INTERPRET=1 unless the user
@@ -8,6 +9,8 @@ set it; with CUDA it leaves the setting to the user (default: compiled).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,9 +20,74 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@dataclass(frozen=True)
+class Target:
+    """What launch choices depend on: the compute capability (80 = sm_80) and the SM count."""
+
+    arch: int
+    sms: int
+
+
+@dataclass
+class Launch:
+    """One kernel launch as the package makes it: kernel, grid, arguments and compile options."""
+
+    kernel: object
+    grid: tuple[int, ...]
+    args: tuple
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return getattr(self.kernel, "__name__", None) or self.kernel.fn.__name__
+
+
+@dataclass
+class _Recorder:
+    target: Target
+    launches: list[Launch] = field(default_factory=list)
+
+
+_recorder: _Recorder | None = None
+
+
+@contextmanager
+def recording(target: Target):
+    """Record launches instead of running them (tensors stay on the CPU): what `pnmix.aot` compiles."""
+    global _recorder
+    if INTERPRETED:
+        raise RuntimeError("recording launches needs compiled kernels: run with TRITON_INTERPRET=0")
+    previous, _recorder = _recorder, _Recorder(target)
+    try:
+        yield _recorder.launches
+    finally:
+        _recorder = previous
+
+
+def target() -> Target | None:
+    """The GPU the launches are for: the recording target, the current CUDA device, or None
+    under the interpreter."""
+    if _recorder is not None:
+        return _recorder.target
+    if INTERPRETED:
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return Target(props.major * 10 + props.minor, props.multi_processor_count)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 1, **constexprs) -> None:
+    """Launch kernel[grid] (or record it while `recording`)."""
+    if _recorder is not None:
+        _recorder.launches.append(Launch(kernel, tuple(grid), args, constexprs, num_warps, num_stages))
+        return
+    kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+
+
 def kernel_device() -> torch.device:
-    """The device whose tensors the kernels take: CPU under the interpreter, else CUDA."""
-    return torch.device("cpu") if INTERPRETED else torch.device("cuda")
+    """The device whose tensors the kernels take: CPU under the interpreter (or while recording), else CUDA."""
+    return torch.device("cpu") if INTERPRETED or _recorder is not None else torch.device("cuda")
 
 
 def check_device(name: str, t: torch.Tensor) -> None:

@@ -17,8 +17,12 @@ from reference.config import field_width
 from reference.quant import Quantized
 
 from . import _runtime
-from .kernels import decode_attention, dequantize_plane, encode_pack, group_params
+from .kernels import append_rows, decode_attention, dequantize_plane, encode_pack, group_params
 from .kernels.attention import PackedRegion
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class _Rows:
@@ -31,6 +35,19 @@ class _Rows:
 
     def view(self) -> torch.Tensor:
         return self.data[:, :, : self.used]
+
+    def extend(self, n: int) -> torch.Tensor | None:
+        """Room for n more rows, which the caller writes at row `used` (before the call) of `data`.
+        Returns the previous buffer when growing reallocated it (the caller copies its rows over)."""
+        old = None
+        if self.static:
+            if self.used + n > self.data.shape[2]:
+                raise AssertionError("capacity was checked before any write")
+        else:
+            old = self.data
+            self.data = torch.empty(*old.shape[:2], self.used + n, old.shape[3], dtype=old.dtype, device=old.device)
+        self.used += n
+        return old
 
     def grow(self, n: int) -> torch.Tensor:
         """Room for n more rows, returned as the view to write them into."""
@@ -50,7 +67,7 @@ class _Rows:
         if self.static:
             self.data[:, :, : rows.shape[2]] = rows
         else:
-            self.data = rows.clone()
+            self.data = rows.clone(memory_format=torch.contiguous_format)
         self.used = rows.shape[2]
 
 
@@ -62,9 +79,22 @@ class PNMixCache:
     spec's ReferenceCache also takes float32); the kernels run compiled on CUDA or under the
     Triton interpreter on the CPU (pnmix._runtime). The buffers are the components of its
     `reference.layout.CacheLayout`; every append carries out the layout's plan.
+
+    check_finite: check that inputs hold no NaN or Inf (and that keys and values fit the
+    scale/zero dtype). Each check of a tensor reads its answer back, one device->host sync (up
+    to five a decode step: k and v finite and in range, q finite), and these are the only syncs
+    of a decode step; on by default, off in the benchmarks, which record the setting.
+
+    The token counts are held on the device too, next to the host mirror `length`, so that a
+    decode step (an append that neither writes sinks nor completes a page, then attend) is
+    three launches (append, attention splits, merge) that the host issues without waiting,
+    and can be captured in a CUDA graph on a preallocated cache with check_finite=False.
+    Eager calls keep `length` exact; after replaying captured steps call `sync_length()`.
     """
 
-    def __init__(self, config: PNMixConfig | None = None, *, max_cache_len: int | None = None) -> None:
+    def __init__(
+        self, config: PNMixConfig | None = None, *, max_cache_len: int | None = None, check_finite: bool = True
+    ) -> None:
         self.config = PNMixConfig() if config is None else config
         if not isinstance(self.config, PNMixConfig):
             raise TypeError(f"config must be a PNMixConfig, got {type(self.config).__name__}")
@@ -72,12 +102,18 @@ class PNMixCache:
             isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1
         ):
             raise ValueError(f"max_cache_len must be a positive int or None, got {max_cache_len!r}")
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self.capacity = max_cache_len
+        self.check_finite = check_finite
         self.saliency_computations = 0
         self.length = 0
         self.cache_layout: CacheLayout | None = None  # set by prefill
         self._rows: dict[str, _Rows] = {}  # components with a row axis
         self._fixed: dict[str, torch.Tensor] = {}  # components stored once (the pair mask)
+        # int32 (n_sink, n_quantized, n_residual, arrivals): the layout on the device, and the
+        # append kernel's arrival counter (0 between launches); set by prefill.
+        self._counts: torch.Tensor | None = None
 
     @classmethod
     def from_prefill(cls, q, k, v, config: PNMixConfig | None = None, **kwargs) -> PNMixCache:
@@ -94,7 +130,7 @@ class PNMixCache:
         for name, t in (("q", q), ("k", k), ("v", v)):
             validation.check_tensor(name, t)
             _runtime.check_device(name, t)
-        validation.check_prefill(q, k, v, self.config)
+        validation.check_prefill(q, k, v, self.config, values=self.check_finite)
         if k.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(
                 f"k must be float16 or bfloat16 for PNMixCache, got {k.dtype} (ReferenceCache takes float32)"
@@ -113,6 +149,7 @@ class PNMixCache:
                 rows[c.name] = _Rows(b, h, c.columns, c.dtype, k.device, capacity)
         self.saliency_computations += layout.selection.prefill_evaluations
         self.cache_layout, self._rows, self._fixed = layout, rows, fixed
+        self._counts = torch.zeros(4, dtype=torch.int32, device=k.device)
         self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -123,12 +160,32 @@ class PNMixCache:
             validation.check_tensor(name, t)
             validation.check_matches_cache(name, t, (lay.batch, lay.kv_heads, 0, lay.head_dim), lay.dtype,
                                            self._device)  # fmt: skip
-        validation.check_kv(k, v, self.config)
+        self._check_capturable(k)
+        validation.check_kv(k, v, self.config, values=self.check_finite)
         self._store(k, v)
+
+    def _check_capturable(self, t: object) -> None:
+        if self.check_finite and isinstance(t, torch.Tensor) and _capturing(t):
+            raise RuntimeError("check_finite=True reads inputs back to the host, which a CUDA graph cannot capture; "
+                               "capture with PNMixCache(..., check_finite=False)")  # fmt: skip
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         step = self.cache_layout.plan(self.length, k.shape[2])
         r, s = self._rows, step.to_sink
+        if not s and not step.flush:  # the decode path: one launch, which also moves the device count
+            rk, rv = r["residual_key"], r["residual_value"]
+            if not rk.static and _capturing(k):
+                raise RuntimeError("CUDA-graph capture needs a preallocated cache (max_cache_len): "
+                                   "a dynamic cache reallocates its buffers as it grows")  # fmt: skip
+            n_old = rk.used
+            old_k, old_v = rk.extend(k.shape[2]), rv.extend(k.shape[2])
+            old = (old_k, old_v, n_old) if old_k is not None and n_old else None
+            append_rows(k, v, rk.data, rv.data, self._counts, old)
+            self.length = step.after.length
+            return
+        if _capturing(k):
+            raise RuntimeError("this append writes sinks or completes a residual page, which runs eagerly and cannot "
+                               "be captured in a CUDA graph; capture a decode step that does neither")  # fmt: skip
         if s:
             r["sink_key"].grow(s).copy_(k[:, :, :s])
             r["sink_value"].grow(s).copy_(v[:, :, :s])
@@ -144,6 +201,29 @@ class PNMixCache:
             r["residual_key"].replace(all_k[:, :, step.flush :])
             r["residual_value"].replace(all_v[:, :, step.flush :])
         self.length = step.after.length
+        # The host decided these counts: a host->device copy, which does not wait on the GPU.
+        self._counts[:3].copy_(torch.tensor(self.layout, dtype=torch.int32), non_blocking=True)
+
+    def sync_length(self) -> int:
+        """Read the token counts back from the device into the host mirror `length` (one
+        device->host sync) and return the length.
+
+        Eager calls keep `length` exact. Replaying a captured decode step moves only the device
+        counts, so call this after replays, before anything that reads `length` (append, attend,
+        storage, the layout). A captured step may be replayed only while no residual page
+        completes (n_residual stays below residual_length); past that this raises RuntimeError.
+        """
+        self._require_prefill()
+        counts = TokenLayout(*self._counts[:3].tolist())
+        if counts != token_layout(self.config, counts.length) or counts[:2] != self.layout[:2]:
+            raise RuntimeError(
+                f"the device token counts {tuple(counts)} do not continue the cache's layout {tuple(self.layout)}: "
+                "a captured decode step was replayed past the end of the residual page, whose flush only an eager "
+                "append carries out"
+            )
+        self.length = counts.length
+        self._rows["residual_key"].used = self._rows["residual_value"].used = counts.n_residual
+        return self.length
 
     def _metadata(self) -> torch.Tensor:
         """The selection metadata as held (pair mask, page ranks, or empty)."""
@@ -266,13 +346,15 @@ class PNMixCache:
         """What decode attention reads: every buffer as held, and the tokens in each region."""
         self._require_prefill()
         tensors = {name: rows.data for name, rows in self._rows.items()} | self._fixed
-        return PackedRegion(tensors, self.layout)
+        return PackedRegion(tensors, self.layout, counts=self._counts[:3], capacity=self.capacity)
 
     def attend(self, q: torch.Tensor, *, num_splits: int | None = None) -> torch.Tensor:
         """Causal decode attention of q [B, H, T_new, d] (the last T_new positions) -> [B, H, T_new, d]."""
         self._require_prefill()
         lay = self.cache_layout
-        validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length)
+        self._check_capturable(q)
+        validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,
+                               values=self.check_finite)  # fmt: skip
         return decode_attention(q, self.region(), lay, num_splits=num_splits)
 
     def storage(self) -> StorageReport:

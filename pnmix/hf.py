@@ -51,11 +51,14 @@ class PNMixLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, config: PNMixConfig, backend: str, max_cache_len: int | None = None) -> None:
+    def __init__(
+        self, config: PNMixConfig, backend: str, max_cache_len: int | None = None, check_finite: bool = True
+    ) -> None:
         super().__init__()
         self.config = config
         self.backend = backend
         self.max_cache_len = max_cache_len
+        self.check_finite = check_finite
         self.cache = None  # created at prefill, when the attention sees the queries
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -81,7 +84,7 @@ class PNMixLayer(CacheLayerMixin):
         if self.backend == "triton":
             from .cache import PNMixCache
 
-            self.cache = PNMixCache(self.config, max_cache_len=self.max_cache_len)
+            self.cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite)
         else:
             self.cache = ReferenceCache(self.config)
         self.cache.prefill(query_states, k, v)
@@ -120,6 +123,8 @@ class PNMixHFCache(Cache):
     backend: "reference" (CPU), "triton", or "auto" (Triton when CUDA is available).
     max_cache_len: preallocate every layer for this many tokens (the paper's static protocol;
     Triton backend); generating past it raises ValueError.
+    check_finite: check inputs for NaN and Inf (one device->host sync per tensor and step;
+    Triton backend, where False skips it, as benchmarks do; see `pnmix.PNMixCache`).
     """
 
     def __init__(
@@ -130,6 +135,7 @@ class PNMixHFCache(Cache):
         backend: str = "auto",
         pair_layout: str | None = None,
         max_cache_len: int | None = None,
+        check_finite: bool = True,
     ) -> None:
         config = PNMixConfig() if config is None else config
         if not isinstance(config, PNMixConfig):
@@ -154,8 +160,15 @@ class PNMixHFCache(Cache):
             backend = "triton" if torch.cuda.is_available() else "reference"
         if max_cache_len is not None and backend != "triton":
             raise ValueError(f"max_cache_len (static preallocation) needs backend='triton', got backend={backend!r}")
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
+        if not check_finite and backend != "triton":
+            raise ValueError(f"check_finite=False needs backend='triton', got backend={backend!r}")
         self.config = config
-        layers = [PNMixLayer(config, backend, max_cache_len) for _ in range(model_config.num_hidden_layers)]
+        self.check_finite = check_finite
+        layers = [
+            PNMixLayer(config, backend, max_cache_len, check_finite) for _ in range(model_config.num_hidden_layers)
+        ]
         super().__init__(layers=layers)
 
     def crop(self, max_length: int) -> None:
@@ -180,8 +193,12 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
 
 def pnmix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
                **kwargs):  # fmt: skip
-    """No mask is needed (attention is causal by construction) and padding is refused."""
-    if attention_mask is not None and not bool(attention_mask.all()):
+    """No mask is needed (attention is causal by construction) and padding is refused.
+
+    Padding is looked for in the prompt and any multi-token call; one-token decode steps skip
+    the check, which would wait on the GPU every step (generation extends the mask with ones)."""
+    decode_step = q_length == 1 and q_offset != 0
+    if attention_mask is not None and not decode_step and not bool(attention_mask.all()):
         raise ValueError(
             "PN-Mix caches need equal-length sequences: this batch is padded (attention_mask has zeros), and "
             "padding would enter the saliency and the sink tokens; run the sequences separately"

@@ -21,6 +21,7 @@ def check_tensor(name: str, t: object, ndim: int = 4) -> torch.Tensor:
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
+    """No NaN or Inf in t (reads the answer back: one device->host sync)."""
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or Inf")
 
@@ -46,8 +47,9 @@ def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int
         )
 
 
-def check_kv(k: object, v: object, config: PNMixConfig) -> None:
-    """Keys and values [B, H_kv, T, d] of one shape, dtype and device, T >= 1."""
+def check_kv(k: object, v: object, config: PNMixConfig, *, values: bool = True) -> None:
+    """Keys and values [B, H_kv, T, d] of one shape, dtype and device, T >= 1; with `values`,
+    also `check_kv_values`."""
     check_tensor("k", k)
     check_tensor("v", v)
     if k.shape != v.shape:
@@ -57,6 +59,13 @@ def check_kv(k: object, v: object, config: PNMixConfig) -> None:
     if k.shape[2] < 1:
         raise ValueError("k and v must hold at least one token (dim 2), got 0")
     check_head_dim(config, k.shape[-1])
+    if values:
+        check_kv_values(k, v, config)
+
+
+def check_kv_values(k: torch.Tensor, v: torch.Tensor, config: PNMixConfig) -> None:
+    """What k and v hold: finite, and within the scale/zero dtype. Unlike the shape checks,
+    these read data back to the host, one device->host sync each."""
     check_finite("k", k)
     check_finite("v", v)
     check_quantizable("k", k, config, config.b_low)
@@ -64,14 +73,16 @@ def check_kv(k: object, v: object, config: PNMixConfig) -> None:
         check_quantizable("v", v, config, config.value_bits)
 
 
-def check_prefill(q: object, k: object, v: object, config: PNMixConfig) -> None:
-    """Prefill q [B, H, T, d] with k, v [B, H_kv, T, d]; H a multiple of H_kv."""
+def check_prefill(q: object, k: object, v: object, config: PNMixConfig, *, values: bool = True) -> None:
+    """Prefill q [B, H, T, d] with k, v [B, H_kv, T, d]; H a multiple of H_kv. values=False
+    leaves out the checks that read the data (`check_kv_values`, q finite)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
     check_same(("q", "k", "v"), (q, k, v), "device")
     check_same(("q", "k", "v"), (q, k, v), "dtype")
-    check_kv(k, v, config)
-    check_finite("q", q)
+    check_kv(k, v, config, values=values)
+    if values:
+        check_finite("q", q)
     check_query_heads(q, k.shape[0], k.shape[1], k.shape[-1])
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must cover the same prefill tokens (dim 2), got {q.shape[2]} and {k.shape[2]}")
@@ -100,14 +111,18 @@ def check_matches_cache(name: str, t: torch.Tensor, shape: tuple[int, ...], dtyp
         raise ValueError(f"{name} must be on the cache's device {device}, got {t.device}")
 
 
-def check_query(q: object, batch: int, kv_heads: int, head_dim: int, dtype, device, length: int) -> None:
-    """New queries q [B, H, T_new, d] for a cache of this shape, dtype and device holding `length` tokens."""
+def check_query(
+    q: object, batch: int, kv_heads: int, head_dim: int, dtype, device, length: int, *, values: bool = True
+) -> None:
+    """New queries q [B, H, T_new, d] for a cache of this shape, dtype and device holding `length`
+    tokens; values=False leaves out the finite check (the one that reads q)."""
     check_tensor("q", q)
     check_query_heads(q, batch, kv_heads, head_dim)
     if q.dtype != dtype:
         raise TypeError(f"q must have the cache's dtype {dtype}, got {q.dtype}")
     if q.device != device:
         raise ValueError(f"q must be on the cache's device {device}, got {q.device}")
-    check_finite("q", q)
+    if values:
+        check_finite("q", q)
     if q.shape[2] > length:
         raise ValueError(f"q has {q.shape[2]} tokens (dim 2) but the cache holds only {length}")

@@ -4,6 +4,8 @@ Sampled protocol (default): the cache is filled to several lengths, a few decode
 timed at each (CUDA events), and the piecewise-linear step time is integrated over all
 L_gen steps (`benchmarks.analysis.integrated_decode_seconds`); the prompt's time is added.
 Full protocol (--throughput-protocol full): every step is run and the whole loop timed.
+Steps are eager (CUDA events around each, launch overhead included). Out of memory anywhere in
+a point is recorded as {"oom": true}.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ def step_roofline_ms(arch, method: str, batch: int, length: int, gbps: float) ->
 
 
 @pytest.mark.parametrize("work", points(fig6c_throughput))
-def test_fig6c_throughput(work, models, bench_device, budget_gib, copy_gbps, pytestconfig, benchmark, record):
+def test_fig6c_throughput(work, models, bench_device, copy_gbps, pytestconfig, benchmark, record):
     scale = SCALES[work.scale]
-    model = models.get(scale)
     protocol = pytestconfig.getoption("--throughput-protocol")
     capacity = scale.prompt + work.generation
 
@@ -59,17 +60,19 @@ def test_fig6c_throughput(work, models, bench_device, budget_gib, copy_gbps, pyt
         }
 
     def generate() -> dict:
+        model = models.get(scale)
         make = lambda: harness.Generation(model, work.method, work.batch, scale.prompt, capacity)  # noqa: E731
         gen, prefill_wall, prefill_gpu = harness.timed(make, bench_device)
         prefill_ms = prefill_wall if prefill_gpu is None else prefill_gpu
         figures = measure(gen)
         total_s = prefill_ms / 1e3 + figures["decode_s"]
         tokens_per_s = analysis.tokens_per_second(work.batch, work.generation, total_s)
-        return {"prefill_ms": prefill_ms, "total_s": total_s, "tokens_per_s": tokens_per_s, **figures}
+        return {"prefill_ms": prefill_ms, "total_s": total_s, "tokens_per_s": tokens_per_s, **figures,
+                "check_finite": gen.check_finite}  # fmt: skip
 
     def run() -> dict:
         return harness.unless_oom(generate, bench_device, tokens_per_s=None, sample_lengths=[], step_ms=[],
-                                  total_s=None)  # fmt: skip
+                                  total_s=None, check_finite=harness.CHECK_FINITE)  # fmt: skip
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     record(
@@ -77,7 +80,6 @@ def test_fig6c_throughput(work, models, bench_device, budget_gib, copy_gbps, pyt
         work,
         scale,
         protocol=protocol,
-        budget_gib=budget_gib,
         copy_gbps=copy_gbps,
         **result,
     )

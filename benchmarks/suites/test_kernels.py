@@ -1,9 +1,12 @@
 """Decode-attention kernel microbenchmark: one layer, effective bandwidth vs the same device's copy.
 
-Bytes read by a packed cache are its bytes by `reference.storage_model` (packed keys and
-values, scales, zeros, selection metadata, sinks, residual) plus q and the output; FP16 is
-SDPA over dense K/V. Times: triton.testing.do_bench (median, L2 flushed) and, on CUDA, the
-replay of a captured CUDA graph (launch overhead removed) where capture succeeds.
+Bytes read by a packed cache are its bytes by `reference.storage_model` for the tokens it holds
+(packed keys and values, scales, zeros, selection metadata, sinks, residual: what attention
+reads, not the preallocated room) plus q and the output; FP16 is SDPA over dense K/V. The cache
+is preallocated (`max_cache_len`, the static protocol) with finite-value checks off. Times:
+`harness.device_ms` (median device time, L2 flushed, host gaps excluded) and the replay of the
+call captured in a CUDA graph (`graph_ms`; graph_note says why there is none). Out of memory
+anywhere in a point is recorded as {"oom": true}.
 """
 
 from __future__ import annotations
@@ -17,62 +20,65 @@ from benchmarks.workloads import SCALES, kernel_decode
 from reference import storage_model
 
 
-def graph_ms(fn, device) -> tuple[float | None, str | None]:
-    """Median ms of replaying fn captured in a CUDA graph, or (None, why not)."""
-    if device.type != "cuda":
-        return None, "no CUDA graphs on the CPU"
-    try:
-        fn()  # compile and warm up outside the capture
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        return harness.do_bench_ms(graph.replay, device), None
-    except Exception as error:  # capture is an optimisation: record why it was not possible
-        return None, f"{type(error).__name__}: {error}"[:200]
+def bytes_read(work) -> int:
+    """Bytes one decode call reads and writes: the cache's tokens, q and the output."""
+    kv_heads, n_rep, d = work.layer
+    q_bytes = 2 * work.batch * kv_heads * n_rep * d * 2  # q in, output out, 16-bit
+    if work.method == harness.FP16:
+        return 2 * work.batch * kv_heads * work.context * d * 2 + q_bytes
+    return storage_model(harness.method_config(work.method), work.batch, kv_heads, d, work.context).total + q_bytes
 
 
 @pytest.mark.parametrize("work", points(kernel_decode))
 def test_decode_attention_bandwidth(work, bench_device, copy_gbps, benchmark, record):
     scale = SCALES[work.scale]
     kv_heads, n_rep, d = work.layer
-    try:
+    nbytes = bytes_read(work)
+
+    def measure() -> dict:
         if work.method == harness.FP16:
             k = torch.randn(work.batch, kv_heads, work.context, d, device=bench_device, dtype=torch.float16)
             v = torch.randn_like(k)
             q = torch.randn(work.batch, kv_heads * n_rep, 1, d, device=bench_device, dtype=torch.float16)
             fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-            cache_bytes = 2 * k.numel() * k.element_size()
+            allocated, check_finite = 2 * k.numel() * k.element_size(), False
         else:
             cache, q = harness.build_decode_cache(
                 work.method, work.batch, work.context, work.layer, bench_device, scale.prompt
             )
             fn = lambda: cache.attend(q)  # noqa: E731
-            cache_bytes = storage_model(harness.method_config(work.method), work.batch, kv_heads, d, work.context).total
-    except Exception as error:
-        if not harness.out_of_memory(error):
-            raise
-        record("kernel", work, scale, oom=True)
-        pytest.skip(f"out of memory building a {work.context}-token cache at B = {work.batch}")
-    ms = benchmark.pedantic(harness.do_bench_ms, args=(fn, bench_device), rounds=1, iterations=1)
-    graph, why = graph_ms(fn, bench_device)
-    nbytes = cache_bytes + 2 * q.numel() * q.element_size()
-    gbps = nbytes / (ms * 1e-3) / 1e9
+            allocated, check_finite = cache.storage().total, getattr(cache, "check_finite", True)
+        timing = harness.device_ms(fn, bench_device)
+        graph = harness.graph_ms(fn, bench_device)
+        gbps = nbytes / (timing["ms"] * 1e-3) / 1e9
+        return {
+            "ms": timing["ms"],
+            "reps": timing["reps"],
+            "host_gaps_excluded": timing["host_gaps_excluded"],
+            **graph,
+            "gbps": gbps,
+            "fraction_of_copy": gbps / copy_gbps,
+            "graph_gbps": None if graph["graph_ms"] is None else nbytes / (graph["graph_ms"] * 1e-3) / 1e9,
+            "allocated_bytes": allocated,
+            "check_finite": check_finite,
+        }
+
+    def run() -> dict:
+        return harness.unless_oom(measure, bench_device, ms=None, graph_ms=None, graph_note="out of memory",
+                                  gbps=None, fraction_of_copy=None, check_finite=harness.CHECK_FINITE)  # fmt: skip
+
+    result = benchmark.pedantic(run, rounds=1, iterations=1)
     record(
         "kernel",
         work,
         scale,
-        oom=False,
-        ms=ms,
-        graph_ms=graph,
-        graph_note=why,
+        **result,
         bytes=nbytes,
-        gbps=gbps,
         copy_gbps=copy_gbps,
-        fraction_of_copy=gbps / copy_gbps,
         roofline_ms=nbytes / (copy_gbps * 1e9) * 1e3,
-        timing="triton.testing.do_bench median" if bench_device.type == "cuda" else "wall clock (CPU, not predictive)",
+        timing="harness.device_ms: median of CUDA-event times, L2 flushed, host gaps excluded"
+        if bench_device.type == "cuda"
+        else "wall clock (CPU, not predictive)",
     )
-    assert ms > 0 and nbytes > 0
+    if not result["oom"]:
+        assert result["ms"] > 0 and result["allocated_bytes"] > 0

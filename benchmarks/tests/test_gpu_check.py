@@ -1,6 +1,9 @@
 """The GPU session command, run at tiny scale on the CPU: what it runs and what it keeps."""
 
+import importlib
 import json
+import re
+from pathlib import Path
 
 from benchmarks import gpu_check
 from reference.records import device_name
@@ -25,3 +28,85 @@ def test_without_cuda_and_without_tiny_it_says_so(capsys, monkeypatch):
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
     assert gpu_check.main([]) == 0
     assert "CUDA is not available" in capsys.readouterr().out
+
+
+# -- --short ------------------------------------------------------------------------------------
+
+
+def test_short_kernel_step_reports_bandwidth_against_copy_with_its_settings(tmp_path, capsys):
+    assert gpu_check.main(["--short", "--tiny", "--steps", "kernel", "--out", str(tmp_path)]) == 0
+    (record_path,) = tmp_path.glob("gpu-check-*.json")
+    record = json.loads(record_path.read_text())
+    assert record["mode"] == "short" and record["scale"] == "tiny" and list(record["steps"]) == ["kernel"]
+    step = record["steps"]["kernel"]
+    assert step["status"] == "passed" and step["budget_s"] == gpu_check.BUDGET_S["kernel"]
+    assert 0 < step["seconds"] and Path(step["json"]).parent == tmp_path
+    rows = {r["method"]: r for r in step["results"]}
+    assert set(rows) == {"PN-Mix", "FP16"}
+    for r in rows.values():
+        assert r["oom"] is False and r["check_finite"] is False and r["gbps"] > 0 and r["copy_gbps"] > 0
+        assert r["fraction_of_copy"] == r["gbps"] / r["copy_gbps"]
+        assert r["graph_ms"] is None and r["graph_note"] == "no CUDA graphs on the CPU"
+    infos = [b["extra_info"] for b in json.loads(Path(step["json"]).read_text())["benchmarks"]]
+    assert all({"device_index", "budget_gib", "budget_requested_gib", "gpu_shared"} <= set(i) for i in infos)
+    out = capsys.readouterr().out
+    assert re.search(r"kernel: budget 90 s, \d+ s left", out) and "kernel: passed after" in out
+
+
+def fake_pytest(calls: list):
+    def run(args, timeout_s=None) -> dict:
+        calls.append((list(args), timeout_s))
+        return {"command": "pytest " + " ".join(args), "exit_code": 0, "seconds": 0.1, "timed_out": False}
+
+    return run
+
+
+def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
+    assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
+    record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
+    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "kernel", "fig7", "fig6c"}
+    assert [timeout for _, timeout in calls] == list(gpu_check.BUDGET_S.values())  # in this order, each its budget
+    conformance = calls[0][0]
+    assert conformance[:5] == ["conformance", "--ignore=conformance/meta", "--impl", "triton", "--device"]
+    assert "--hypothesis-profile" in conformance and "-k" in conformance and "--conformance-json" in conformance
+    for args, _ in calls[1:]:  # node ids of points the suites define, and nothing else
+        ids = [a for a in args if "::" in a]
+        assert ids and all(a in args for a in ("--benchmark-only", "--benchmark-json"))
+        for node in ids:
+            path, test, point = re.fullmatch(r"(.+)\.py::(\w+)\[(.+)\]", node).groups()
+            module = importlib.import_module(path.replace("/", "."))
+            assert point in {p.id for p in getattr(module, test).pytestmark[0].args[1]}
+
+
+def test_short_full_scale_plan_fits_a_15_minute_lease():
+    steps = gpu_check.short_steps(False, Path("out"), "stamp", "gpu", 40.0)
+    assert [s.name for s in steps] == list(gpu_check.BUDGET_S)
+    ids = " ".join(a for s in steps for a in s.args)
+    for point in ("full-PN-Mix-B1-ctx32768", "full-FP16-B1-ctx32768", "full-PN-Mix-step16384", "full-PN-Mix-B20"):
+        assert f"[{point}]" in ids
+    assert "--impl triton" in " ".join(steps[0].args) and "--budget-gib 40.0" in " ".join(steps[1].args)
+    # the steps with room for gpu_check itself and interrupted steps' grace stay under 10 minutes
+    assert sum(gpu_check.BUDGET_S.values()) < gpu_check.TIME_BUDGET_S <= 540
+    assert gpu_check.TIME_BUDGET_S + len(steps) * gpu_check.GRACE_S <= 600
+
+
+def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
+    assert gpu_check.main(["--short", "--tiny", "--time-budget", "100", "--out", str(tmp_path)]) == 1
+    record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
+    status = {name: step["status"] for name, step in record["steps"].items()}
+    assert status["kernel"] == "passed" and len(calls) == 1  # the only step whose budget fits in 100 s
+    for name in ("conformance", "fig7", "fig6c"):
+        assert status[name].startswith("skipped: would overrun") and record["steps"][name]["exit_code"] is None
+    assert "skipped: would overrun" in capsys.readouterr().out
+
+
+def test_a_step_past_its_budget_is_interrupted_and_keeps_what_it_wrote(tmp_path):
+    test = tmp_path / "test_slow.py"
+    test.write_text("import time\n\n\ndef test_fast():\n    pass\n\n\ndef test_slow():\n    time.sleep(120)\n")
+    ran = gpu_check.run_pytest([str(test), f"--rootdir={tmp_path}", f"--junitxml={tmp_path / 'out.xml'}"], 8)
+    assert ran["timed_out"] and ran["exit_code"] != 0 and ran["seconds"] < 8 + gpu_check.GRACE_S
+    assert (tmp_path / "out.xml").is_file()  # pytest wrote its report after the interrupt

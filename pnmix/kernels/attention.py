@@ -22,6 +22,8 @@ from reference.layout import CacheLayout, TokenLayout
 from .. import _runtime
 from .common import round_to, unpack_field
 
+LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2
+
 
 @triton.jit
 def _load_tile(
@@ -69,75 +71,263 @@ def _load_tile(
 
 
 @triton.jit
+def _interleave(a, b):
+    """[R, C] and [R, C] -> [R, 2C] with a's columns at even and b's at odd positions (in registers)."""
+    return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def _expand(byte, WIDTH: tl.constexpr, BITS: tl.constexpr):
+    """Every field of [R, C] packed bytes, each byte read once: [R, C * per], field i of byte c
+    at column c * per + i (the packing order), interleaved in registers, not through shared
+    memory. Fields are masked in place, not shifted down: column c * per + i holds
+    code * 2^(i * WIDTH) (exact in 16-bit floats), which `_field_scale` undoes on a dot's result."""
+    per: tl.constexpr = 8 // WIDTH
+    m: tl.constexpr = (1 << BITS) - 1
+    if per == 1:
+        return byte & m
+    elif per == 2:
+        return _interleave(byte & m, byte & (m << 4))
+    elif per == 4:
+        return _interleave(_interleave(byte & m, byte & (m << 4)), _interleave(byte & (m << 2), byte & (m << 6)))
+    else:
+        f0 = _interleave(byte & 1, byte & 16)
+        f2 = _interleave(byte & 4, byte & 64)
+        f1 = _interleave(byte & 2, byte & 32)
+        f3 = _interleave(byte & 8, byte & 128)
+        return _interleave(_interleave(f0, f2), _interleave(f1, f3))
+
+
+_ASM_F16 = tl.constexpr(
+    "{ .reg .b32 t, one, neg; mov.b32 one, 0x3C003C00; mov.b32 neg, 0xE400E400; shr.b32 t, $2, $3; "
+    "and.b32 t, t, $7; prmt.b32 $0, t, 0x64006400, 0x7170; prmt.b32 $1, t, 0x64006400, 0x7372; "
+    "fma.rn.f16x2 $0, $0, one, neg; fma.rn.f16x2 $1, $1, one, neg; }"
+)
+_ASM_BF16 = tl.constexpr(
+    "{ .reg .b32 t, one, neg; mov.b32 one, 0x3F803F80; mov.b32 neg, 0xC300C300; shr.b32 t, $2, $3; "
+    "and.b32 t, t, $7; prmt.b32 $0, t, 0x43004300, 0x7170; prmt.b32 $1, t, 0x43004300, 0x7372; "
+    "fma.rn.bf16x2 $0, $0, one, neg; fma.rn.bf16x2 $1, $1, one, neg; }"
+)
+
+
+@triton.jit
+def _field_asm(byte, SHIFT: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
+    """Field (byte >> SHIFT) & MASK of uint8 bytes as 16-bit floats, four bytes at a time: shift
+    and mask the 32-bit word, put each byte under the exponent of 1024 (fp16) or 128 (bf16)
+    with PRMT, subtract that number in pairs. Exact for codes below 128."""
+    shift = tl.full(byte.shape, SHIFT, tl.int32)
+    mask = tl.full(byte.shape, MASK * 0x01010101, tl.int32)
+    if DOT == tl.float16:
+        return tl.inline_asm_elementwise(_ASM_F16, "=r,=r,r,r,r,r,r,r,r,r,r", [byte, shift, mask],
+                                         dtype=tl.float16, is_pure=True, pack=4)  # fmt: skip
+    else:
+        return tl.inline_asm_elementwise(_ASM_BF16, "=r,=r,r,r,r,r,r,r,r,r,r", [byte, shift, mask],
+                                         dtype=tl.bfloat16, is_pure=True, pack=4)  # fmt: skip
+
+
+@triton.jit
+def _expand_dot(byte, WIDTH: tl.constexpr, BITS: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+    """`_expand` as DOT operands. With ASM (compiled kernels) fields are shifted down: no field scale."""
+    if ASM:
+        per: tl.constexpr = 8 // WIDTH
+        m: tl.constexpr = (1 << BITS) - 1
+        b = byte.to(tl.uint8)
+        if per == 1:
+            return _field_asm(b, 0, m, DOT)
+        elif per == 2:
+            return _interleave(_field_asm(b, 0, m, DOT), _field_asm(b, 4, m, DOT))
+        elif per == 4:
+            even = _interleave(_field_asm(b, 0, m, DOT), _field_asm(b, 4, m, DOT))
+            odd = _interleave(_field_asm(b, 2, m, DOT), _field_asm(b, 6, m, DOT))
+            return _interleave(even, odd)
+        else:
+            f0 = _interleave(_field_asm(b, 0, 1, DOT), _field_asm(b, 4, 1, DOT))
+            f2 = _interleave(_field_asm(b, 2, 1, DOT), _field_asm(b, 6, 1, DOT))
+            f1 = _interleave(_field_asm(b, 1, 1, DOT), _field_asm(b, 5, 1, DOT))
+            f3 = _interleave(_field_asm(b, 3, 1, DOT), _field_asm(b, 7, 1, DOT))
+            return _interleave(_interleave(f0, f2), _interleave(f1, f3))
+    else:
+        return _expand(byte.to(tl.int32), WIDTH, BITS).to(DOT)
+
+
+@triton.jit
+def _field_scale(N: tl.constexpr, WIDTH: tl.constexpr, ASM: tl.constexpr):
+    """2^-(i * WIDTH) for column c * per + i of `_expand`'s result, as float32 [N] (1 with ASM)."""
+    per: tl.constexpr = 8 // WIDTH
+    if ASM:
+        return tl.full([N], 1.0, tl.float32)
+    else:
+        return tl.exp2(-((tl.arange(0, N) % per) * WIDTH).to(tl.float32))
+
+
+@triton.jit
+def _dense_tile(ptr, rows, row_ok, cols, d):
+    """Rows of a [tokens, d] buffer of exact keys or values (the sinks, the residual, FP16 pages)."""
+    return tl.load(ptr + rows[:, None] * d + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < d), other=0.0)
+
+
+@triton.jit
+def _online_softmax(logits, pos, last_visible, m_i, l_i, CAUSAL: tl.constexpr):
+    """One tile's step of the online softmax (base 2: logits are pre-scaled by log2 e)."""
+    visible = pos[None, :] >= 0
+    if CAUSAL:
+        visible = visible & (pos[None, :] <= last_visible[:, None])
+    logits = tl.where(visible, logits, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(logits - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    return p, alpha, l_i * alpha + tl.sum(p, axis=1), m_new
+
+
+@triton.jit
+def _chunk(split, n_splits, n, BLOCK_N: tl.constexpr):
+    """This split's share [lo, hi) of a segment of n tokens, in whole tiles."""
+    size = tl.cdiv(tl.cdiv(n, n_splits), BLOCK_N) * BLOCK_N
+    lo = split * size
+    return lo, tl.minimum(lo + size, n)
+
+
+@triton.jit
 def _split_kernel(
-    q_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, m_ptr, l_ptr, acc_ptr, counts_ptr,
     sk_ptr, sv_ptr, rk_ptr, rv_ptr, klo_ptr, khi_ptr, mask_ptr, ks_ptr, kz_ptr, vp_ptr, vs_ptr, vz_ptr,
-    n_sink, n_q, length, t_new, n_rep, n_kv, d, sm_scale, split_len, n_splits,
-    s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, hi_row, v_row, v_groups, n_boost,
-    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr,
+    t_new, n_rep, n_kv, d, qk_scale, n_splits,
+    s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
+    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr, ASM: tl.constexpr,
     G: tl.constexpr, VG: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
     W_HI: tl.constexpr, B_HI: tl.constexpr, V_QUANT: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
-    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
+    """Partial attention of one (sequence, KV head) over one split of each region.
+
+    Each region is its own loop: sinks and residual are dense tiles; the quantized region is
+    read in whole tiles of one key group (FAST) so that every packed byte is loaded once and
+    unpacked with shifts, and scale and zero are folded into the operands instead of applied
+    per element: q.k = (q * s).code + q.z for keys (per channel), p.v = (p * s).code + p.z for
+    values (per token). Other configurations (groups smaller than a tile, value groups smaller
+    than the head) dequantize per element.
+    """
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // n_kv
     h = bh % n_kv
+    n_real = n_rep * t_new
     rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < n_rep * t_new
-    head = h * n_rep + rows // t_new
+    row_ok = rows < n_real
     j = rows % t_new
     cols = tl.arange(0, BLOCK_D)
-    d_ok = cols[None, :] < d
-    q_off = ((b * n_rep * n_kv + head) * t_new + j) * d
-    q = tl.load(q_ptr + q_off[:, None] + cols[None, :], mask=row_ok[:, None] & d_ok, other=0.0).to(DOT)
-    if PAGE_RANKS:
-        slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from the page rank table
-    else:
-        # Column of each salient channel in the high plane, from the bit-packed pair mask alone.
-        pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
-        mask_byte = tl.load(mask_ptr + bh * s_mask + pair // 8, mask=(cols < d) & HAS_HIGH, other=0).to(tl.int32)
-        salient = ((mask_byte >> (pair % 8)) & 1) * (cols < d).to(tl.int32)
-        slot = tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
-    last_visible = length - t_new + j  # causal: query j sees positions 0 .. last_visible
+    col_ok = cols < d
+    q_rows = ((b * n_rep * n_kv + h * n_rep + rows // t_new) * t_new + j) * d
+    q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    q = q.to(tl.float32) * qk_scale
+    q_dot = q.to(DOT)
+    n_sink = tl.load(counts_ptr)
+    n_q = tl.load(counts_ptr + 1)
+    length = n_sink + n_q + tl.load(counts_ptr + 2)
+    last_visible = length - t_new + j
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    start = split * split_len
-    end = tl.minimum(start + split_len, length)
-    for block in range(start, end, BLOCK_N):
-        pos = block + tl.arange(0, BLOCK_N)
-        pos = tl.where(pos < end, pos, -1)
-        k = _load_tile(
-            pos, cols, d_ok, n_sink, n_q, sk_ptr + bh * s_sink, rk_ptr + bh * s_res, klo_ptr + bh * s_klo,
-            khi_ptr + bh * s_khi, slot, ks_ptr + bh * s_ks, kz_ptr + bh * s_ks, klo_ptr, d, d, hi_row, 0, 0,
-            mask_ptr + bh * s_mask, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
-        )  # fmt: skip
-        logits = tl.dot(q, tl.trans(k.to(DOT))) * sm_scale
-        visible = (pos[None, :] >= 0) & (pos[None, :] <= last_visible[:, None])
-        logits = tl.where(visible, logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(logits - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_tile(
-            pos, cols, d_ok, n_sink, n_q, sv_ptr + bh * s_sink, rv_ptr + bh * s_res, vp_ptr + bh * s_vp,
-            vp_ptr, slot, vs_ptr + bh * s_vs, vz_ptr + bh * s_vs, vp_ptr + bh * s_vp, d, 0, 0, v_row, v_groups,
-            vp_ptr, 0, False, V_QUANT, G, VG, W_V, B_V, False, 1, 1, False,
-        )  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
-        m_i = m_new
-    out = (bh * n_splits + split) * BLOCK_M + rows
-    tl.store(m_ptr + out, m_i)
-    tl.store(l_ptr + out, l_i)
-    tl.store(acc_ptr + out[:, None] * BLOCK_D + cols[None, :], acc)
+    tok = tl.arange(0, BLOCK_N)
+
+    # exact regions: the sinks, then the residual
+    for region in tl.static_range(2):
+        if region == 0:
+            first, n, k_ptr, v_ptr = 0, n_sink, sk_ptr + bh * s_sink, sv_ptr + bh * s_sink
+        else:
+            first, n, k_ptr, v_ptr = n_sink + n_q, length - n_sink - n_q, rk_ptr + bh * s_res, rv_ptr + bh * s_res
+        lo, hi = _chunk(split, n_splits, n, BLOCK_N)
+        for start in range(lo, hi, BLOCK_N):
+            t = start + tok
+            ok = t < hi
+            logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT)))
+            p, alpha, l_i, m_i = _online_softmax(logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), _dense_tile(v_ptr, t, ok, cols, d).to(DOT))
+
+    # the quantized region
+    klo, khi, meta = klo_ptr + bh * s_klo, khi_ptr + bh * s_khi, mask_ptr + bh * s_mask
+    ks, kz, vp = ks_ptr + bh * s_ks, kz_ptr + bh * s_ks, vp_ptr + bh * s_vp
+    vs, vz = vs_ptr + bh * s_vs, vz_ptr + bh * s_vs
+    hcol = tl.arange(0, BLOCK_H)
+    hcol_ok = hcol < n_boost
+    if not PAGE_RANKS:
+        # High-plane column of each salient channel, from the bit-packed pair mask alone, and its inverse.
+        pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
+        byte = tl.load(meta + pair // 8, mask=col_ok & HAS_HIGH, other=0).to(tl.int32)
+        salient = ((byte >> (pair % 8)) & 1) * col_ok.to(tl.int32)
+        slot = tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
+        channel = tl.sum(tl.where(slot[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
+    else:
+        slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table
+    lo_scale = _field_scale(BLOCK_N, W_LO, ASM)
+    hi_scale = _field_scale(BLOCK_N, W_HI, ASM)
+    v_scale = _field_scale(BLOCK_D, W_V, ASM)
+    lo, hi = _chunk(split, n_splits, n_q, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        t = start + tok
+        group = start // G
+        if FAST:
+            s_k = tl.load(ks + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
+            z_k = tl.load(kz + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
+            per_lo: tl.constexpr = 8 // W_LO
+            lo_rows = start // per_lo + tl.arange(0, BLOCK_N // per_lo)
+            low = tl.load(klo + lo_rows[None, :] * d + cols[:, None], mask=col_ok[:, None], other=0)
+            logits = tl.dot((q * s_k[None, :]).to(DOT), _expand_dot(low, W_LO, B_LO, DOT, ASM)) * lo_scale[None, :]
+            logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
+            if HAS_HIGH:
+                if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
+                    rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
+                    channel = tl.sum(tl.where(rank[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
+                q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :],
+                               other=0.0).to(tl.float32) * qk_scale  # fmt: skip
+                s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
+                per_hi: tl.constexpr = 8 // W_HI
+                hi_rows = start // per_hi + tl.arange(0, BLOCK_N // per_hi)
+                high = tl.load(khi + hi_rows[None, :] * n_boost + hcol[:, None], mask=hcol_ok[:, None], other=0)
+                high = _expand_dot(high, W_HI, B_HI, DOT, ASM)
+                logits += tl.dot((q_hi * s_hi[None, :]).to(DOT), high) * hi_scale[None, :]
+        else:
+            pos = tl.where(t < hi, t, -1)
+            k = _load_tile(
+                pos, cols, col_ok[None, :], 0, n_q, klo, klo, klo, khi, slot, ks, kz, klo, d, d, n_boost, 0, 0,
+                meta, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
+            )  # fmt: skip
+            logits = tl.dot(q_dot, tl.trans(k.to(DOT)))
+        p, alpha, l_i, m_i = _online_softmax(logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL)
+        if V_QUANT and VG == BLOCK_D:
+            ok = t < hi
+            s_v = tl.load(vs + t * v_groups, mask=ok, other=0.0).to(tl.float32)
+            z_v = tl.load(vz + t * v_groups, mask=ok, other=0.0).to(tl.float32)
+            per_v: tl.constexpr = 8 // W_V
+            vcol = tl.arange(0, BLOCK_D // per_v)
+            packed = tl.load(
+                vp + t[:, None] * v_row + vcol[None, :], mask=ok[:, None] & (vcol[None, :] < v_row), other=0
+            )
+            codes = _expand_dot(packed, W_V, B_V, DOT, ASM)
+            pv = tl.dot((p * s_v[None, :]).to(DOT), codes) * v_scale[None, :]
+            pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
+        elif V_QUANT:
+            pos = tl.where(t < hi, t, -1)
+            v = _load_tile(
+                pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
+                vp, 0, False, True, G, VG, W_V, B_V, False, 1, 1, False,
+            )  # fmt: skip
+            pv = tl.dot(p.to(DOT), v.to(DOT))
+        else:  # FP16 values in the quantized region
+            pv = tl.dot(p.to(DOT), _dense_tile(vp, t, t < hi, cols, d).to(DOT))
+        acc = acc * alpha[:, None] + pv
+
+    out = (bh * n_splits + split) * n_real + rows
+    tl.store(m_ptr + out, m_i, mask=row_ok)
+    tl.store(l_ptr + out, l_i, mask=row_ok)
+    tl.store(acc_ptr + out[:, None] * d + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _merge_kernel(
     m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, t_new, n_rep, n_kv, d,
-    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0)
     row = tl.program_id(1)
@@ -145,13 +335,13 @@ def _merge_kernel(
     h = bh % n_kv
     splits = tl.arange(0, BLOCK_S)
     s_ok = splits < n_splits
-    idx = (bh * n_splits + splits) * BLOCK_M + row
+    idx = (bh * n_splits + splits) * (n_rep * t_new) + row
     m = tl.load(m_ptr + idx, mask=s_ok, other=float("-inf"))
     l_s = tl.load(l_ptr + idx, mask=s_ok, other=0.0)
     m_all = tl.max(m, axis=0)
-    w = tl.where(s_ok & (m > float("-inf")), tl.exp(m - m_all), 0.0)
+    w = tl.where(s_ok & (m > float("-inf")), tl.exp2(m - m_all), 0.0)  # the maxima are in base 2
     cols = tl.arange(0, BLOCK_D)
-    acc = tl.load(acc_ptr + idx[:, None] * BLOCK_D + cols[None, :], mask=s_ok[:, None], other=0.0)
+    acc = tl.load(acc_ptr + idx[:, None] * d + cols[None, :], mask=s_ok[:, None] & (cols[None, :] < d), other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
     head = h * n_rep + row // t_new
     j = row % t_new
@@ -183,11 +373,29 @@ def _stride(t: torch.Tensor) -> int:
 
 def default_splits(work_items: int, length: int, block_n: int) -> int:
     """Enough splits that batch * KV heads * splits covers the GPU twice over (flash-decoding)."""
-    if _runtime.INTERPRETED:
+    gpu = _runtime.target()
+    if gpu is None:
         return max(1, min(4, triton.cdiv(length, block_n)))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    want = max(1, triton.cdiv(2 * sms, max(work_items, 1)))
+    want = max(1, triton.cdiv(2 * gpu.sms, max(work_items, 1)))
     return max(1, min(want, triton.cdiv(length, 4 * block_n)))
+
+
+def launch_config(layout: CacheLayout) -> dict:
+    """Tile size, warps and stages of the decode kernel for the current target (pnmix/kernels/NOTES.md).
+
+    A tile is the largest power of two up to 128 that divides the key group size G, so that a
+    tile lies in one group (the fast path); groups of fewer than 16 tokens take 64-token tiles
+    and the per-element path. The interpreter takes 16-token tiles (its cost is per element).
+    """
+    g = layout.config.group_size
+    if _runtime.target() is None:
+        return {"block_n": 16, "num_warps": 4, "num_stages": 1}
+    block_n = min(128, g & -g)
+    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": 4, "num_stages": 1}
+
+
+def counts_tensor(tokens: TokenLayout, device: torch.device) -> torch.Tensor:
+    return torch.tensor([tokens.n_sink, tokens.n_quantized, tokens.n_residual], dtype=torch.int32, device=device)
 
 
 def decode_attention(
@@ -201,23 +409,23 @@ def decode_attention(
     """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache.
 
     The layout says how the region is stored (bits, group sizes, pair layout, the selection's
-    metadata format); num_splits and block_n only tune the launch.
+    metadata format); num_splits and block_n only tune the launch. The grid depends on the
+    region's capacity when it has one, so that one launch serves every length (CUDA graphs).
     """
     batch, n_heads, t_new, d = q.shape
     cfg, t = layout.config, region.tokens
-    n_kv, length = layout.kv_heads, t.length
+    n_kv = layout.kv_heads
     n_rep = n_heads // n_kv
     q = q.contiguous()
-    block_m = max(16, triton.next_power_of_2(n_rep * t_new))
+    tune = launch_config(layout)
+    block_n = block_n or tune["block_n"]
     block_d = max(16, triton.next_power_of_2(d))
-    block_n = block_n or (16 if _runtime.INTERPRETED else 64)
-    splits = num_splits or default_splits(batch * n_kv, length, block_n)
-    split_len = triton.cdiv(triton.cdiv(length, splits), block_n) * block_n
-    splits = triton.cdiv(length, split_len)
-    dev = q.device
-    m = torch.empty(batch * n_kv * splits * block_m, device=dev, dtype=torch.float32)
+    splits = num_splits or default_splits(batch * n_kv, region.capacity or t.length, block_n)
+    counts = region.counts if region.counts is not None else counts_tensor(t, q.device)
+    dev, rows = q.device, n_rep * t_new
+    m = torch.empty(batch * n_kv * splits * rows, device=dev, dtype=torch.float32)
     l_sum = torch.empty_like(m)
-    acc = torch.empty(batch * n_kv * splits * block_m, block_d, device=dev, dtype=torch.float32)
+    acc = torch.empty(batch * n_kv * splits * rows, d, device=dev, dtype=torch.float32)
     dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
     if dot is tl.bfloat16 and _runtime.INTERPRETED:
         dot = tl.float32  # the interpreter's bfloat16 tl.dot is wrong; float32 is exact there
@@ -226,23 +434,29 @@ def decode_attention(
     value_group = cfg.value_group(d)
     has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
-    _split_kernel[(batch * n_kv, splits)](
-        q, m, l_sum, acc,
+    asm_ok = max(cfg.b_low, cfg.b_high - cfg.b_low, cfg.value_bits if v_quant else 0) < 8  # codes < 128
+    _runtime.launch(
+        _split_kernel, (batch * n_kv, splits),
+        q, m, l_sum, acc, counts,
         r["sink_key"], r["sink_value"], r["residual_key"], r["residual_value"], r["key_low"], r["key_high"],
         r["mask"], r["key_scale"], r["key_zero"], r["value_payload"], vs, vz,
-        t.n_sink, t.n_quantized, length, t_new, n_rep, n_kv, d, 1.0 / math.sqrt(d), split_len, splits,
+        t_new, n_rep, n_kv, d, LOG2E / math.sqrt(d), splits,
         _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["key_low"]), _stride(r["key_high"]),
         _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,
-        r["key_high"].stride(2), r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
+        r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
         ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
+        CAUSAL=t_new > 1, FAST=cfg.group_size % block_n == 0, ASM=_runtime.target() is not None and asm_ok,
         G=cfg.group_size, VG=value_group, W_LO=field_width(cfg.b_low), B_LO=cfg.b_low, HAS_HIGH=has_high,
         W_HI=field_width(cfg.b_high - cfg.b_low) if has_high else 1, B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
         V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
-        DOT=dot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT=dot, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
+        num_warps=tune["num_warps"], num_stages=tune["num_stages"],
     )  # fmt: skip
     out = torch.empty_like(q)
-    _merge_kernel[(batch * n_kv, n_rep * t_new)](
+    _runtime.launch(
+        _merge_kernel, (batch * n_kv, rows),
         m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_M=block_m, BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
     )  # fmt: skip
     return out

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from reference.config import field_width
 
-from .. import _runtime  # noqa: F401  (sets TRITON_INTERPRET before the kernels below are decorated)
+from .. import _runtime  # sets TRITON_INTERPRET before the kernels below are decorated
 from .common import encode, eq2_eq7_params, round_to, unpack_field
 
 
@@ -144,12 +144,14 @@ def group_params(
     grp_dim, pcol_dim = (2, 3) if along == "tokens" else (3, 2)
     block_c = min(_pow2(n_cols), 64)
     grid = (x.shape[0] * x.shape[1], n_groups, triton.cdiv(n_cols, block_c))
-    _group_params_kernel[grid](
+    _runtime.launch(
+        _group_params_kernel, grid,
         x, scale, zero, bits if per_channel else x,
         n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
         _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
         bits.stride(1) if per_channel else 0,
         GROUP=group, BLOCK_G=_pow2(group), BLOCK_C=block_c, BITS=0 if per_channel else int(bits), MIDPOINT=midpoint,
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -183,14 +185,15 @@ def encode_pack(
     block_c = min(_pow2(n_cols), 64)
     block_r = min(_pow2(n_rows), 32)
     grid = (x.shape[0] * x.shape[1], triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
-    _encode_pack_kernel[grid](
+    _runtime.launch(
+        _encode_pack_kernel, grid,
         x, scale, zero, bits if per_channel else x, colmap if colmap is not None else x, out,
         n_rows, n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
         _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
         bits.stride(1) if per_channel else 0, colmap.stride(1) if colmap is not None else 0,
         _bh_stride(out), out.stride(orow_dim), out.stride(ocol_dim),
         GROUP=group, WIDTH=width, FIELD_BITS=field_bits, SHIFT=shift, BITS=0 if per_channel else int(bits),
-        USE_COLMAP=colmap is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+        USE_COLMAP=colmap is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8,  # 4 warps spill at 8 fields
     )  # fmt: skip
 
 
@@ -223,7 +226,8 @@ def dequantize_plane(
     block_c = min(_pow2(n_cols), 64)
     block_p = min(_pow2(n_pos), 32)
     grid = (out.shape[0] * out.shape[1], triton.cdiv(n_pos, block_p), triton.cdiv(n_cols, block_c))
-    _dequantize_kernel[grid](
+    _runtime.launch(
+        _dequantize_kernel, grid,
         low, high if has_high else low, slot if has_high else low, scale, zero, out,
         n_pos, n_cols, _bh_stride(low), low.stride(lrow_dim), low.stride(lcol_dim),
         _bh_stride(high) if has_high else 0, high.stride(2) if has_high else 0,
@@ -232,7 +236,7 @@ def dequantize_plane(
         _bh_stride(out), out.stride(pos_dim), out.stride(col_dim),
         GROUP=group, W_LO=field_width(low_bits), B_LO=low_bits, HAS_HIGH=has_high,
         W_HI=field_width(high_bits) if has_high else 1, B_HI=high_bits if has_high else 1,
-        CODES=codes, BLOCK_P=block_p, BLOCK_C=block_c,
+        CODES=codes, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
     )  # fmt: skip
 
 

@@ -1,0 +1,315 @@
+"""GPU-readiness gate without a GPU: compile every kernel the package launches for sm_80 and sm_90.
+
+    python -m pnmix.aot [--all | --default] [--json FILE] [--jobs N]
+
+The launches are the package's own: `PNMixCache` prefill, append (with a page flush), decode
+attention and dequantize run on CPU tensors while `pnmix._runtime.recording` keeps each launch
+(grid, arguments, block sizes, warps, stages, chosen for that target) instead of running it.
+Each distinct launch is specialized as Triton's JIT would on a GPU and compiled to a cubin with
+the ptxas that ships in the triton wheel. Per kernel: registers, local memory (spills), shared
+memory against the target's per-block maximum, warps, stages; for the decode kernel, the SASS
+instructions of its main loop and the static issue-bound ceiling of each GPU in `pnmix.gpus`
+(bytes of cache per tile / warp-instructions per tile x chip issue rate / HBM bandwidth).
+
+Exit status 1 when a kernel does not compile, exceeds shared memory or spills (and, with
+--require-ceiling, when the default configuration's decode kernel is under
+`pnmix.gpus.REQUIRED_CEILING`); 2 on bad arguments; 3 when the toolchain (ptxas, cuobjdump,
+nvdisasm) is absent. --default compiles the default configuration (both dtypes, GQA 4 and 8;
+about a minute on 2 cores), --all every method x dtype x head_dim (the default; about ten).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from reference.layout import CacheLayout
+from reference.methods import METHODS
+
+from . import _runtime
+from .gpus import ARCHS, GPUS, REQUIRED_CEILING, ceiling, smem_limit
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+HEAD_DIMS = (64, 128, 256)
+GQA = (4, 8)
+DEFAULT_METHOD = "PN-Mix"
+DECODE_KERNEL = "_split_kernel"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration the package may run: method, dtype, head_dim, query heads per KV head."""
+
+    method: str
+    dtype: str
+    head_dim: int
+    gqa: int
+
+    @property
+    def default(self) -> bool:
+        """The configuration the ceiling requirement is about (H3(50%)L1, G=N=128, d=128)."""
+        return self.method == DEFAULT_METHOD and self.head_dim == 128
+
+
+def cases(scope: str) -> list[Case]:
+    methods = list(METHODS) if scope == "all" else [DEFAULT_METHOD]
+    dims = HEAD_DIMS if scope == "all" else (128,)
+    return [Case(m, t, d, g) for m in methods for t in DTYPES for d in dims for g in GQA]
+
+
+def record_launches(case: Case, gpu: _runtime.Target) -> tuple[list[_runtime.Launch], CacheLayout]:
+    """Every launch of a prefill (with page flushes), a one-token append, decode and dequantize."""
+    from .cache import PNMixCache
+
+    config = METHODS[case.method]()
+    dtype, d, kv = DTYPES[case.dtype], case.head_dim, 2
+    prompt = min(config.n_sink, 64) + 2 * config.residual_length + 3
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, kv * case.gqa, prompt, d, generator=gen).to(dtype)
+    k = torch.randn(1, kv, prompt, d, generator=gen).to(dtype)
+    v = torch.randn(1, kv, prompt, d, generator=gen).to(dtype)
+    with _runtime.recording(gpu) as launches:
+        cache = PNMixCache(config, max_cache_len=32768)
+        cache.prefill(q, k, v)
+        cache.append(k[:, :, -1:], v[:, :, -1:])
+        cache.attend(q[:, :, -1:])
+        cache.dequantize()
+    return launches, cache.cache_layout
+
+
+def _compile(launch: _runtime.Launch, arch: int):
+    """The launch specialized as the JIT does on a device of this arch, compiled to a cubin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    kernel = launch.kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages, debug=False)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def _key(launch: _runtime.Launch, arch: int) -> str:
+    """What makes two launches the same compiled kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    binder = create_function_from_signature(launch.kernel.signature, launch.kernel.params, backend)
+    kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    _, specialization, options = binder(*launch.args, **kwargs)
+    return f"{arch}:{launch.name}:{specialization}:{sorted(options.items())}"
+
+
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+
+
+def main_loop_instructions(sass: str) -> int | None:
+    """SASS instructions of the largest loop body (a label up to the branch back to it)."""
+    labels, body = {}, []
+    for line in sass.splitlines():
+        if m := _LABEL.match(line):
+            labels[m.group(1)] = len(body)
+        elif m := _INSTRUCTION.match(line):
+            body.append(m.group(2))
+    loops = []
+    for i, ins in enumerate(body):
+        if (m := _BRANCH.search(ins)) and m.group(1) in labels and labels[m.group(1)] < i:  # not the exit trap
+            loops.append(i + 1 - labels[m.group(1)])
+    return max(loops) if loops else None
+
+
+def toolchain() -> dict[str, str] | str:
+    """Paths of ptxas, cuobjdump and nvdisasm, or why they cannot be used."""
+    try:
+        from triton import knobs
+
+        tools = {name: getattr(knobs.nvidia, name).path for name in ("ptxas", "cuobjdump", "nvdisasm")}
+    except Exception as exc:
+        return f"triton's CUDA toolchain is unavailable: {exc}"
+    missing = [name for name, path in tools.items() if not path or not os.access(path, os.X_OK)]
+    if missing:
+        return f"not found: {', '.join(missing)} (triton ships them in triton/backends/nvidia/bin)"
+    return tools
+
+
+_JOBS: list[tuple[str, _runtime.Launch, int]] = []  # filled before the workers fork: kernels do not pickle
+
+
+def _inspect(index: int) -> dict:
+    """Compile one launch and read its resources and SASS (runs in a worker process)."""
+    key, launch, arch = _JOBS[index]
+    row = {"key": key, "kernel": launch.name, "arch": arch, "warps": launch.num_warps, "stages": launch.num_stages}
+    try:
+        compiled = _compile(launch, arch)
+    except Exception as exc:
+        return row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    tools = toolchain()
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([tools["cuobjdump"], "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+        sass = subprocess.run([tools["nvdisasm"], "-c", str(cubin)], capture_output=True, text=True).stdout
+    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    return row | {
+        "registers": int(res.get("REG", -1)),
+        "local_bytes": int(res.get("LOCAL", 0)) + int(res.get("STACK", 0)),
+        "shared_bytes": int(compiled.metadata.shared),
+        "smem_limit": smem_limit(arch),
+        "instructions": sum(1 for line in sass.splitlines() if _INSTRUCTION.match(line)),
+        "loop_instructions": main_loop_instructions(sass),
+    }
+
+
+def tile_bytes(layout: CacheLayout, block_n: int) -> float:
+    """Bytes of one KV head's quantized region that a tile of block_n tokens reads."""
+    per_page = sum(c.rows_per_page * c.columns * c.dtype.itemsize for c in layout.components if c.region == "quantized")
+    return per_page / layout.config.residual_length * block_n
+
+
+def problems(row: dict) -> list[str]:
+    if "error" in row:
+        return [f"does not compile: {row['error']}"]
+    found = []
+    if row["shared_bytes"] > row["smem_limit"]:
+        found.append(f"shared memory {row['shared_bytes']} B > {row['smem_limit']} B per block")
+    if row["local_bytes"] > 0:
+        found.append(f"{row['local_bytes']} B of local memory per thread (spills)")
+    return found
+
+
+def run(scope: str, jobs: int) -> dict:
+    """Record, compile and judge every launch of `scope`; the result as a JSON-ready dict."""
+    import tqdm
+
+    unique, uses = {}, []
+    for case in cases(scope):
+        for gpu in {g.arch: g for g in GPUS}.values():
+            launches, layout = record_launches(case, _runtime.Target(gpu.arch, gpu.sms))
+            for launch in launches:
+                key = _key(launch, gpu.arch)
+                unique.setdefault(key, (key, launch, gpu.arch))
+                if launch.name == DECODE_KERNEL:
+                    uses.append((case, gpu.arch, key, tile_bytes(layout, launch.constexprs["BLOCK_N"])))
+    rows = {}
+    _JOBS[:] = unique.values()
+    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("fork")) as pool:
+        progress = tqdm.tqdm(total=len(unique), desc="compiling", unit="kernel", file=sys.stderr)
+        for row in pool.map(_inspect, range(len(_JOBS))):
+            rows[row["key"]] = row
+            progress.update()
+        progress.close()
+    decode = []
+    for case, arch, key, nbytes in uses:
+        row = rows[key]
+        entry = asdict(case) | {"arch": arch, "tile_bytes": nbytes, "warps": row["warps"]}
+        if row.get("loop_instructions"):
+            per_tile = row["loop_instructions"] * row["warps"]
+            entry["warp_instructions_per_tile"] = per_tile
+            entry["ceilings"] = {g.name: round(ceiling(g, nbytes, per_tile), 4) for g in GPUS if g.arch == arch}
+        decode.append(entry)
+    failures = [f"{r['kernel']} sm_{r['arch']}: {p}" for r in rows.values() for p in problems(r)]
+    below = []
+    for entry in decode:
+        if not (Case(*(entry[f] for f in ("method", "dtype", "head_dim", "gqa"))).default):
+            continue
+        for gpu, need in REQUIRED_CEILING.items():
+            got = entry.get("ceilings", {}).get(gpu)
+            if got is not None and got < need:
+                below.append(f"decode ceiling {got:.0%} < {need:.0%} on {gpu} ({entry['dtype']}, GQA {entry['gqa']})")
+    return {"scope": scope, "archs": list(ARCHS), "kernels": list(rows.values()), "decode": decode,
+            "failures": failures, "below_target": below}  # fmt: skip
+
+
+def render(result: dict) -> str:
+    from tabulate import tabulate
+
+    kernels = sorted(result["kernels"], key=lambda r: (r["kernel"], r["arch"], r.get("shared_bytes", 0)))
+    head = ["kernel", "arch", "warps", "stages", "regs", "local B", "shared B", "limit B", "SASS", "loop SASS"]
+    table = [
+        [r["kernel"], f"sm_{r['arch']}", r["warps"], r["stages"], r.get("registers", "-"), r.get("local_bytes", "-"),
+         r.get("shared_bytes", "-"), r["smem_limit"] if "smem_limit" in r else "-", r.get("instructions", "-"),
+         r.get("loop_instructions") or "-"]
+        for r in kernels
+    ]  # fmt: skip
+    gpus = [g.name for g in GPUS]
+    ceil_head = ["method", "dtype", "d", "GQA", "arch", "bytes/tile", "warp-instr/tile", *gpus]
+    ceil_rows = [
+        [e["method"], e["dtype"], e["head_dim"], e["gqa"], f"sm_{e['arch']}", round(e["tile_bytes"]),
+         e.get("warp_instructions_per_tile", "-"), *[_pct(e.get("ceilings", {}).get(g)) for g in gpus]]
+        for e in result["decode"]
+    ]  # fmt: skip
+    lines = [
+        f"{len(kernels)} distinct kernels compiled for {', '.join(f'sm_{a}' for a in result['archs'])}",
+        tabulate(table, head, tablefmt="github"),
+        "",
+        "Decode kernel: static issue-bound ceiling (fraction of HBM bandwidth; required at the default",
+        f"configuration: {', '.join(f'{g} >= {v:.0%}' for g, v in REQUIRED_CEILING.items())})",
+        tabulate(ceil_rows, ceil_head, tablefmt="github"),
+        "",
+    ]
+    lines += [f"FAIL {f}" for f in result["failures"]] or ["PASS: every kernel compiles, fits and does not spill"]
+    lines += [f"BELOW TARGET {b}" for b in result["below_target"]]
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m pnmix.aot", description=__doc__.split("\n\n")[0])
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--all", dest="scope", action="store_const", const="all", help="every method x dtype x d x GQA")
+    scope.add_argument("--default", dest="scope", action="store_const", const="default",
+                       help="the default configuration only (d=128), both dtypes and GQA 4/8")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the result as JSON (atomically)")
+    parser.add_argument("--require-ceiling", action="store_true", help="exit 1 when a ceiling is below its target")
+    parser.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1, help="parallel compiles")
+    args = parser.parse_args(argv)
+    if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):
+        parser.error(f"--json: cannot write into {args.json.parent}")
+    tools = toolchain()
+    if isinstance(tools, str):
+        print(f"pnmix.aot: skipped: {tools}", file=sys.stderr)
+        return 3
+    if _runtime.INTERPRETED:  # kernels were decorated for the interpreter: start again compiled
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        return subprocess.run([sys.executable, "-m", "pnmix.aot", *argv], env=env).returncode
+    result = run(args.scope or "all", args.jobs)
+    print(render(result))
+    if args.json is not None:
+        from reference.records import KIND, environment, write_json
+
+        write_json(args.json, {KIND: "pnmix-aot", **environment(None), **result})
+    return 1 if result["failures"] or (args.require_ceiling and result["below_target"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""The host path of a decode step: how many device kernels it launches, that it never waits on
+the GPU (with check_finite off), and that the token counts on the device stay right.
+
+Kernels are counted by wrapping the launchers: every Triton launch (`kernel[grid](...)`), and
+every aten op that runs a device kernel (a dispatch mode that leaves out views, metadata and
+allocation). Host waits are the ops that read device data back: `.item()` and `bool(t)`
+dispatch to `_local_scalar_dense`, and `tolist()` is wrapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import pytest
+import torch
+import triton.runtime.jit
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import reference as R
+from pnmix import PNMixCache, _runtime
+from pnmix.hf import PNMixHFCache, pnmix_mask
+from pnmix.kernels import append_rows, decode_attention
+from reference import PNMixConfig
+from reference.methods import METHODS
+
+pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
+DEV = _runtime.kernel_device()
+SMALL = PNMixConfig(group_size=8, residual_length=8, n_sink=3)
+CONFIGS = {
+    "PN-Mix": SMALL,
+    "KIVI-2": METHODS["KIVI-2"](group_size=8, residual_length=8, n_sink=3),
+    "Kitty": METHODS["Kitty"](group_size=8, residual_length=8, n_sink=3),
+}
+
+#: aten ops that launch nothing on the device: views, metadata, allocation, host-side tensors.
+NO_KERNEL = frozenset(
+    {
+        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_", "resize_",
+        "view", "_unsafe_view", "_reshape_alias", "slice", "select", "as_strided", "t", "transpose", "permute",
+        "expand", "unsqueeze", "squeeze", "alias", "detach", "split", "unbind",
+    }
+)  # fmt: skip
+#: aten ops whose result the host reads (a device->host sync on CUDA) or whose shape depends on data.
+SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "unique"})
+
+
+class Launches(TorchDispatchMode):
+    """Device kernels (Triton launches and aten ops) and host reads of device data, while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: Counter[str] = Counter()
+        self.syncs: Counter[str] = Counter()
+        self._in_triton = 0  # the interpreter's own tensor traffic is part of one launch
+
+    @property
+    def total(self) -> int:
+        return sum(self.kernels.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self._in_triton:
+            if name in SYNCS:
+                self.syncs[name] += 1
+            elif name not in NO_KERNEL:
+                self.kernels[f"aten.{name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting(monkeypatch):
+    mode = Launches()
+    launch_at = triton.runtime.jit.KernelInterface.__getitem__
+    tolist = torch.Tensor.tolist
+
+    def getitem(kernel, grid):
+        run = launch_at(kernel, grid)
+
+        def counted(*args, **kwargs):
+            mode.kernels[kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel)] += 1
+            mode._in_triton += 1
+            try:
+                return run(*args, **kwargs)
+            finally:
+                mode._in_triton -= 1
+
+        return counted
+
+    def counted_tolist(t):
+        if not mode._in_triton:
+            mode.syncs["tolist"] += 1
+        return tolist(t)
+
+    with monkeypatch.context() as m:
+        m.setattr(triton.runtime.jit.KernelInterface, "__getitem__", getitem)
+        m.setattr(torch.Tensor, "tolist", counted_tolist)
+        with mode:
+            yield mode
+
+
+def data(shape, seed, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * 2).to(dtype).to(DEV)
+
+
+def prefilled(config=SMALL, prompt=13, capacity=48, check_finite=False, seed=0):
+    """A cache of 1 x 2 KV heads (4 query heads), head_dim 16, after a prompt of `prompt` tokens."""
+    q, k, v = data((1, 4, prompt, 16), seed), data((1, 2, prompt, 16), seed + 1), data((1, 2, prompt, 16), seed + 2)
+    return PNMixCache.from_prefill(q, k, v, config, max_cache_len=capacity, check_finite=check_finite)
+
+
+def step_tensors(seed, t=1):
+    return data((1, 2, t, 16), 100 + seed), data((1, 2, t, 16), 200 + seed), data((1, 4, t, 16), 300 + seed)
+
+
+# -- the counter itself -------------------------------------------------------------------
+
+
+def test_the_counter_sees_copies_launches_and_host_reads(monkeypatch):
+    cache = prefilled()
+    k, v, q = step_tensors(0)
+    rows = cache._rows
+    with counting(monkeypatch) as eager:  # the decode-path append as it was: one copy per buffer
+        rows["residual_key"].grow(1).copy_(k)
+        rows["residual_value"].grow(1).copy_(v)
+    assert eager.kernels == {"aten.copy_": 2} and not eager.syncs
+    with counting(monkeypatch) as launched:
+        decode_attention(q, cache.region(), cache.cache_layout)
+    assert launched.total == 2 and not launched.syncs, launched.kernels
+    with counting(monkeypatch) as reads:
+        bool(torch.isfinite(k).all())
+        k.float().sum().item()
+        k.tolist()
+    assert reads.syncs == {"_local_scalar_dense": 2, "tolist": 1}
+
+
+# -- kernels per decode step --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [48, None], ids=["preallocated", "dynamic"])
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_a_decode_step_launches_at_most_three_kernels_and_never_waits(monkeypatch, method, capacity):
+    cache = prefilled(CONFIGS[method], capacity=capacity)  # 13 tokens: 3 sinks, one page, 2 residual
+    for i in range(3):
+        k, v, q = step_tensors(i)
+        with counting(monkeypatch) as append:
+            cache.append(k, v)
+        with counting(monkeypatch) as attend:
+            cache.attend(q)
+        print(f"{method} {'dynamic' if capacity is None else 'preallocated'}: append {dict(append.kernels)}, "
+              f"attend {dict(attend.kernels)}")  # fmt: skip
+        assert append.kernels == {"_append_rows_kernel": 1}
+        assert attend.total == 2, attend.kernels
+        assert not append.syncs and not attend.syncs
+    assert cache.layout == (3, 8, 5)
+
+
+def test_checking_values_is_what_waits(monkeypatch):
+    cache = prefilled(check_finite=True)
+    assert cache.check_finite
+    k, v, q = step_tensors(0)
+    with counting(monkeypatch) as step:
+        cache.append(k, v)
+        cache.attend(q)
+    # k and v: finite and magnitude; q: finite. The kernels are the same three.
+    assert step.syncs["_local_scalar_dense"] == 5
+    assert step.kernels["_append_rows_kernel"] == 1
+    bad = k.clone()
+    bad[0, 1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="k contains NaN or Inf"):
+        cache.append(bad, v)
+    unchecked = prefilled(check_finite=False)
+    unchecked.append(bad, v)  # taken as given: the caller vouches for its inputs
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        PNMixCache(SMALL, check_finite=1)
+
+
+@pytest.mark.parametrize("capacity", [48, None], ids=["preallocated", "dynamic"])
+def test_flush_and_sink_steps_run_eagerly_with_more_kernels(monkeypatch, capacity):
+    cache = prefilled(capacity=capacity, prompt=2)  # two of the three sinks
+    k, v, _ = step_tensors(0)
+    with counting(monkeypatch) as sink_step:
+        cache.append(k, v)
+    assert "_append_rows_kernel" not in sink_step.kernels and sink_step.kernels["aten.copy_"] >= 2
+    for i in range(7):  # the residual up to 7 of 8 tokens
+        cache.append(*step_tensors(i + 1)[:2])
+    assert cache.layout == (3, 0, 7)
+    k, v, _ = step_tensors(9)
+    with counting(monkeypatch) as flush_step:
+        cache.append(k, v)
+    print(f"flush step ({'dynamic' if capacity is None else 'preallocated'}): {flush_step.total} kernels "
+          f"{dict(flush_step.kernels)}, host reads {dict(flush_step.syncs)}")  # fmt: skip
+    assert cache.layout == (3, 8, 0)
+    assert flush_step.kernels["_group_params_kernel"] >= 1 and flush_step.kernels["_encode_pack_kernel"] >= 1
+    assert flush_step.total > 3
+
+
+# -- the counts on the device -------------------------------------------------------------
+
+
+def device_layout(cache) -> tuple[int, ...]:
+    return tuple(cache.region().counts.tolist())
+
+
+@pytest.mark.parametrize("capacity", [60, None], ids=["preallocated", "dynamic"])
+@pytest.mark.parametrize(
+    ("prompt", "appends"),
+    [(1, [1] * 14), (2, [3, 1, 5, 1, 1, 9, 2]), (3, [8, 8, 1]), (12, [1, 2, 3, 4, 5, 6, 7]), (20, [16, 1, 7, 1])],
+)
+def test_device_counts_equal_the_host_mirror_and_the_spec(prompt, appends, capacity):
+    gen = torch.Generator().manual_seed(prompt)
+    q, k, v = (torch.randn(1, h, prompt, 16, generator=gen).half() for h in (4, 2, 2))
+    cache = PNMixCache.from_prefill(q.to(DEV), k.to(DEV), v.to(DEV), SMALL, max_cache_len=capacity)
+    ref = R.ReferenceCache.from_prefill(q, k, v, SMALL)
+    assert device_layout(cache) == tuple(cache.layout) and cache._counts[3] == 0
+    for t in appends:
+        new_k, new_v = (torch.randn(1, 2, t, 16, generator=gen).half() for _ in range(2))
+        cache.append(new_k.to(DEV), new_v.to(DEV))
+        ref.append(new_k, new_v)
+        assert device_layout(cache) == tuple(cache.layout) == tuple(ref.layout)
+        assert cache._counts[3] == 0  # the arrival counter is reset by every launch
+        assert torch.equal(cache.residual()[0].cpu(), ref.residual()[0])
+        assert torch.equal(cache.residual()[1].cpu(), ref.residual()[1])
+        length = cache.length
+        assert cache.sync_length() == length  # nothing to catch up on after eager calls
+    assert cache.storage() == R.storage_model(SMALL, 1, 2, 16, cache.length, torch.float16, capacity=capacity)
+
+
+def test_replayed_appends_move_only_the_device_counts_until_sync_length():
+    # What a CUDA-graph replay does, on any device: the captured launches run again on the same
+    # tensors, and the host learns nothing until sync_length().
+    eager, replayed = prefilled(), prefilled()  # 13 tokens: (3, 8, 2)
+    static_k, static_v, static_q = step_tensors(0)
+    rk, rv = replayed._rows["residual_key"].data, replayed._rows["residual_value"].data
+    for i in range(4):
+        k, v, q = step_tensors(i)
+        eager.append(k, v)
+        expected = eager.attend(q)
+        static_k.copy_(k), static_v.copy_(v), static_q.copy_(q)
+        append_rows(static_k, static_v, rk, rv, replayed._counts)
+        assert device_layout(replayed) == (3, 8, 3 + i) and replayed.length == 13
+    assert replayed.sync_length() == 17 == eager.length
+    assert torch.equal(replayed.residual()[0], eager.residual()[0])
+    assert torch.equal(replayed.attend(static_q), expected)
+    for _ in range(3):  # the residual page completes: only an eager append may flush it
+        append_rows(static_k, static_v, rk, rv, replayed._counts)
+    with pytest.raises(RuntimeError, match="replayed past the end of the residual page"):
+        replayed.sync_length()
+
+
+# -- CUDA graphs --------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(_runtime.INTERPRETED, reason="CUDA graphs need CUDA and compiled kernels (no TRITON_INTERPRET)")
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_a_captured_decode_step_replays_like_eager_decoding(method):
+    config = CONFIGS[method]
+    eager, graphed = prefilled(config, prompt=12), prefilled(config, prompt=12)  # (3, 8, 1): 6 steps of room
+    static_k, static_v, static_q = step_tensors(0)
+    eager.append(static_k, static_v)
+    eager.attend(static_q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles the kernels), one real step
+        graphed.append(static_k, static_v)
+        graphed.attend(static_q)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed.append(static_k, static_v)
+        static_out = graphed.attend(static_q)
+    assert graphed.length == 14 and graphed.sync_length() == 13 == eager.length  # capture ran no kernel
+    for i in range(1, 5):
+        k, v, q = step_tensors(i)
+        eager.append(k, v)
+        expected = eager.attend(q)
+        static_k.copy_(k), static_v.copy_(v), static_q.copy_(q)
+        graph.replay()
+        assert torch.equal(static_out, expected), f"replay {i}"  # the same launches on the same counts
+    assert graphed.sync_length() == eager.length == 17
+    assert torch.equal(graphed.residual()[0], eager.residual()[0])
+    assert torch.equal(graphed.attend(static_q), eager.attend(static_q))
+
+
+@pytest.mark.skipif(_runtime.INTERPRETED, reason="CUDA graphs need CUDA and compiled kernels (no TRITON_INTERPRET)")
+def test_capture_refuses_what_cannot_be_captured():
+    checked, dynamic = prefilled(check_finite=True), prefilled(capacity=None)
+    k, v, _ = step_tensors(0)
+    for cache, match in ((checked, "check_finite=True"), (dynamic, "preallocated cache")):
+        with pytest.raises(RuntimeError, match=match), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            cache.append(k, v)
+
+
+# -- Hugging Face path --------------------------------------------------------------------
+
+
+def test_hf_mask_waits_only_outside_one_token_decode_steps(monkeypatch):
+    ones, padded = torch.ones(2, 9, dtype=torch.bool), torch.ones(2, 9, dtype=torch.bool)
+    padded[0, 0] = False
+    with pytest.raises(ValueError, match="this batch is padded"):
+        pnmix_mask(2, 9, 9, q_offset=0, attention_mask=padded)
+    grown = torch.cat([ones, ones[:, :1]], 1)
+    with counting(monkeypatch) as decode:
+        assert pnmix_mask(2, 1, 10, q_offset=9, attention_mask=grown) is None
+    assert not decode.syncs and not decode.kernels
+    with counting(monkeypatch) as prompt:
+        pnmix_mask(2, 9, 9, q_offset=0, attention_mask=ones)
+    assert prompt.syncs
+
+
+def test_hf_cache_passes_check_finite_to_its_layers():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(model_type="llama", num_hidden_layers=2)
+    cache = PNMixHFCache(model, PNMixConfig(pair_layout="split"), backend="triton", check_finite=False)
+    assert not cache.check_finite and all(not layer.check_finite for layer in cache.layers)
+    with pytest.raises(ValueError, match="check_finite=False needs backend='triton'"):
+        PNMixHFCache(model, PNMixConfig(pair_layout="split"), backend="reference", check_finite=False)
