@@ -25,6 +25,12 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+#: Device-side int32 counts: n_sink, n_quantized, n_residual and the append kernel's arrivals.
+COUNTS = 4
+#: Bytes a cache holds beyond its layout's components (the counts), whatever its size.
+BOOKKEEPING_BYTES = COUNTS * 4
+
+
 class _Rows:
     """A [B, H, rows, cols] buffer that grows along rows: exact-size, or preallocated to `capacity` rows."""
 
@@ -149,7 +155,7 @@ class PNMixCache:
                 rows[c.name] = _Rows(b, h, c.columns, c.dtype, k.device, capacity)
         self.saliency_computations += layout.selection.prefill_evaluations
         self.cache_layout, self._rows, self._fixed = layout, rows, fixed
-        self._counts = torch.zeros(4, dtype=torch.int32, device=k.device)
+        self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
         self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -10,7 +10,7 @@ from reference.contract import Capabilities, variant
 from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS
 
 from . import __version__, _runtime
-from .cache import PNMixCache
+from .cache import BOOKKEEPING_BYTES, PNMixCache
 from .kernels import dequantize_plane, encode_pack
 
 
@@ -26,6 +26,7 @@ def claims(tokens: int = 96, **method) -> Capabilities:
         devices=("cpu",) if _runtime.INTERPRETED else ("cuda",),
         max_tokens=tokens if _runtime.INTERPRETED else 320,
         max_head_dim=16 if _runtime.INTERPRETED else 32,
+        bookkeeping_bytes=BOOKKEEPING_BYTES,
         **method,
     )
 

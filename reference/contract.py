@@ -36,7 +36,9 @@ class Capabilities:
     exact (else only n_sink = 0 is drawn). storage_introspectable: every persistent tensor is
     reachable from the cache object's attributes, so its bytes can be counted independently.
     max_tokens / max_head_dim bound the drawn shapes (slow backends such as the Triton
-    interpreter declare small ones).
+    interpreter declare small ones). bookkeeping_bytes: bytes a cache holds beyond its stored
+    components whatever its size (e.g. token counts kept on the device), declared so that the
+    storage audit stays exact.
     """
 
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
@@ -50,6 +52,7 @@ class Capabilities:
     midpoint_one_bit: bool = True
     sinks: bool = True
     storage_introspectable: bool = True
+    bookkeeping_bytes: int = 0
     max_tokens: int = 320
     max_head_dim: int = 32
     prefill_selection: bool = True
