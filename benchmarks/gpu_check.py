@@ -127,7 +127,8 @@ def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None
     interrupted (SIGINT: pytest stops and writes its results), then killed after GRACE_S."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd)
+    # A shell that starts us in the background ignores SIGINT, and children inherit that: restore it.
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     timed_out = False
     try:
         exit_code = proc.wait(timeout=timeout_s)
