@@ -46,7 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-benchmark would replace an existing file at the end of the run: refuse up front.
     path = config.getoption("benchmark_json", None)
-    if path is not None and os.path.exists(path):
+    # pytest-benchmark < 5.3 opens the file itself while parsing (argparse.FileType): nothing to check then.
+    if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
         raise pytest.UsageError(f"--benchmark-json {path} exists; results are never overwritten, choose a new path")
 
 

@@ -150,9 +150,10 @@ def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None
 
 def summarize(path: Path) -> list[dict]:
     """The figures of a step's result file: conformance outcomes, or each benchmark's SUMMARY_KEYS."""
-    if not path.is_file():
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # not written, or left empty by a run that stopped before its end
         return []
-    data = json.loads(path.read_text())
     if "results" in data:  # conformance
         return [{"property": r["property"], "outcome": r["outcome"], "seconds": r["duration_s"]}
                 for r in data["results"]]  # fmt: skip

@@ -219,8 +219,9 @@ def graph_ms(
         return {"graph_ms": None, "graph_note": f"capture failed: {type(error).__name__}: {error}"[:300]}
 
     def rewind() -> None:
-        for t, s in zip(state, saved, strict=True):
-            t.copy_(s)
+        with torch.inference_mode():  # the state may be inference tensors (the decode loop makes them)
+            for t, s in zip(state, saved, strict=True):
+                t.copy_(s)
 
     try:
         # Every replay starts from the saved state (the first one too: capture runs nothing), so

@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from benchmarks import gpu_check
 from reference.records import device_name
 
@@ -111,3 +113,28 @@ def test_a_step_past_its_budget_is_interrupted_and_keeps_what_it_wrote(tmp_path)
     ran = gpu_check.run_pytest([str(test), f"--rootdir={tmp_path}", f"--junitxml={tmp_path / 'out.xml'}"], budget)
     assert ran["timed_out"] and ran["exit_code"] != 0 and ran["seconds"] < budget + gpu_check.GRACE_S
     assert (tmp_path / "out.xml").is_file()  # pytest wrote its report after the interrupt
+
+
+def test_a_result_file_left_empty_or_unwritten_summarizes_to_nothing(tmp_path):
+    # pytest-benchmark < 5.3 creates the file when it parses its options, so a step that stops
+    # before its end leaves it empty; the step's record must still be written.
+    (tmp_path / "empty.json").write_text("")
+    assert gpu_check.summarize(tmp_path / "empty.json") == []
+    assert gpu_check.summarize(tmp_path / "missing.json") == []
+
+
+def test_benchmark_json_given_as_an_open_file_is_accepted_and_a_path_is_never_overwritten(tmp_path):
+    root_conftest = importlib.import_module("conftest")
+
+    class Config:
+        def __init__(self, value):
+            self.value = value
+
+        def getoption(self, name, default=None):
+            return self.value if name == "benchmark_json" else default
+
+    with open(tmp_path / "opened.json", "wb") as opened:  # what pytest-benchmark < 5.3 hands over
+        root_conftest.pytest_configure(Config(opened))
+    (tmp_path / "kept.json").write_text("{}")
+    with pytest.raises(pytest.UsageError, match="never overwritten"):
+        root_conftest.pytest_configure(Config(str(tmp_path / "kept.json")))

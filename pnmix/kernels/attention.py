@@ -71,93 +71,14 @@ def _load_tile(
 
 
 @triton.jit
-def _interleave(a, b):
-    """[R, C] and [R, C] -> [R, 2C] with a's columns at even and b's at odd positions (in registers)."""
-    return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
-
-
-@triton.jit
-def _expand(byte, WIDTH: tl.constexpr, BITS: tl.constexpr):
-    """Every field of [R, C] packed bytes, each byte read once: [R, C * per], field i of byte c
-    at column c * per + i (the packing order), interleaved in registers, not through shared
-    memory. Fields are masked in place, not shifted down: column c * per + i holds
-    code * 2^(i * WIDTH) (exact in 16-bit floats), which `_field_scale` undoes on a dot's result."""
-    per: tl.constexpr = 8 // WIDTH
-    m: tl.constexpr = (1 << BITS) - 1
-    if per == 1:
-        return byte & m
-    elif per == 2:
-        return _interleave(byte & m, byte & (m << 4))
-    elif per == 4:
-        return _interleave(_interleave(byte & m, byte & (m << 4)), _interleave(byte & (m << 2), byte & (m << 6)))
-    else:
-        f0 = _interleave(byte & 1, byte & 16)
-        f2 = _interleave(byte & 4, byte & 64)
-        f1 = _interleave(byte & 2, byte & 32)
-        f3 = _interleave(byte & 8, byte & 128)
-        return _interleave(_interleave(f0, f2), _interleave(f1, f3))
-
-
-_ASM_F16 = tl.constexpr(
-    "{ .reg .b32 t, one, neg; mov.b32 one, 0x3C003C00; mov.b32 neg, 0xE400E400; shr.b32 t, $2, $3; "
-    "and.b32 t, t, $7; prmt.b32 $0, t, 0x64006400, 0x7170; prmt.b32 $1, t, 0x64006400, 0x7372; "
-    "fma.rn.f16x2 $0, $0, one, neg; fma.rn.f16x2 $1, $1, one, neg; }"
-)
-_ASM_BF16 = tl.constexpr(
-    "{ .reg .b32 t, one, neg; mov.b32 one, 0x3F803F80; mov.b32 neg, 0xC300C300; shr.b32 t, $2, $3; "
-    "and.b32 t, t, $7; prmt.b32 $0, t, 0x43004300, 0x7170; prmt.b32 $1, t, 0x43004300, 0x7372; "
-    "fma.rn.bf16x2 $0, $0, one, neg; fma.rn.bf16x2 $1, $1, one, neg; }"
-)
-
-
-@triton.jit
-def _field_asm(byte, SHIFT: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
-    """Field (byte >> SHIFT) & MASK of uint8 bytes as 16-bit floats, four bytes at a time: shift
-    and mask the 32-bit word, put each byte under the exponent of 1024 (fp16) or 128 (bf16)
-    with PRMT, subtract that number in pairs. Exact for codes below 128."""
-    shift = tl.full(byte.shape, SHIFT, tl.int32)
-    mask = tl.full(byte.shape, MASK * 0x01010101, tl.int32)
+def _code_to(code, DOT: tl.constexpr):
+    """Integer codes (int32, below 256) as DOT floats, exactly. For float16, under the exponent
+    of 1024 a code is the mantissa, so an OR and a subtraction in pairs replace a conversion
+    per element (bfloat16 converts plainly: the interpreter cannot check its bit patterns)."""
     if DOT == tl.float16:
-        return tl.inline_asm_elementwise(_ASM_F16, "=r,=r,r,r,r,r,r,r,r,r,r", [byte, shift, mask],
-                                         dtype=tl.float16, is_pure=True, pack=4)  # fmt: skip
+        return (code | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - 1024.0
     else:
-        return tl.inline_asm_elementwise(_ASM_BF16, "=r,=r,r,r,r,r,r,r,r,r,r", [byte, shift, mask],
-                                         dtype=tl.bfloat16, is_pure=True, pack=4)  # fmt: skip
-
-
-@triton.jit
-def _expand_dot(byte, WIDTH: tl.constexpr, BITS: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
-    """`_expand` as DOT operands. With ASM (compiled kernels) fields are shifted down: no field scale."""
-    if ASM:
-        per: tl.constexpr = 8 // WIDTH
-        m: tl.constexpr = (1 << BITS) - 1
-        b = byte.to(tl.uint8)
-        if per == 1:
-            return _field_asm(b, 0, m, DOT)
-        elif per == 2:
-            return _interleave(_field_asm(b, 0, m, DOT), _field_asm(b, 4, m, DOT))
-        elif per == 4:
-            even = _interleave(_field_asm(b, 0, m, DOT), _field_asm(b, 4, m, DOT))
-            odd = _interleave(_field_asm(b, 2, m, DOT), _field_asm(b, 6, m, DOT))
-            return _interleave(even, odd)
-        else:
-            f0 = _interleave(_field_asm(b, 0, 1, DOT), _field_asm(b, 4, 1, DOT))
-            f2 = _interleave(_field_asm(b, 2, 1, DOT), _field_asm(b, 6, 1, DOT))
-            f1 = _interleave(_field_asm(b, 1, 1, DOT), _field_asm(b, 5, 1, DOT))
-            f3 = _interleave(_field_asm(b, 3, 1, DOT), _field_asm(b, 7, 1, DOT))
-            return _interleave(_interleave(f0, f2), _interleave(f1, f3))
-    else:
-        return _expand(byte.to(tl.int32), WIDTH, BITS).to(DOT)
-
-
-@triton.jit
-def _field_scale(N: tl.constexpr, WIDTH: tl.constexpr, ASM: tl.constexpr):
-    """2^-(i * WIDTH) for column c * per + i of `_expand`'s result, as float32 [N] (1 with ASM)."""
-    per: tl.constexpr = 8 // WIDTH
-    if ASM:
-        return tl.full([N], 1.0, tl.float32)
-    else:
-        return tl.exp2(-((tl.arange(0, N) % per) * WIDTH).to(tl.float32))
+        return code.to(DOT)
 
 
 @triton.jit
@@ -194,7 +115,7 @@ def _split_kernel(
     sk_ptr, sv_ptr, rk_ptr, rv_ptr, klo_ptr, khi_ptr, mask_ptr, ks_ptr, kz_ptr, vp_ptr, vs_ptr, vz_ptr,
     t_new, n_rep, n_kv, d, qk_scale, n_splits,
     s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
-    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr, ASM: tl.constexpr,
+    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr,
     G: tl.constexpr, VG: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
     W_HI: tl.constexpr, B_HI: tl.constexpr, V_QUANT: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -202,11 +123,17 @@ def _split_kernel(
     """Partial attention of one (sequence, KV head) over one split of each region.
 
     Each region is its own loop: sinks and residual are dense tiles; the quantized region is
-    read in whole tiles of one key group (FAST) so that every packed byte is loaded once and
-    unpacked with shifts, and scale and zero are folded into the operands instead of applied
-    per element: q.k = (q * s).code + q.z for keys (per channel), p.v = (p * s).code + p.z for
-    values (per token). Other configurations (groups smaller than a tile, value groups smaller
-    than the head) dequantize per element.
+    read in whole tiles of one key group (FAST), codes are shifted out of their bytes with
+    vector loads of adjacent channels, and scale and zero are folded into the operands instead
+    of applied per element: q.k = (q * s).code + q.z for keys (per channel), p.v =
+    (p * s).code + p.z for values (per token). Other configurations (groups smaller than a
+    tile, value groups smaller than the head) dequantize per element.
+
+    With per-token value groups over the whole head (V_FIELDS), the value columns are kept in
+    field-major order, column c holding channel vchan[c] = (c % V_DP) * per + c // V_DP: the
+    packed value bytes of adjacent columns are then adjacent in memory (vector loads, no
+    interleave of fields in registers), and the dense value tiles and the final store use the
+    same order.
     """
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -218,6 +145,12 @@ def _split_kernel(
     j = rows % t_new
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < d
+    V_FIELDS: tl.constexpr = V_QUANT and VG == BLOCK_D
+    V_DP: tl.constexpr = BLOCK_D // (8 // W_V)  # value bytes per token (columns of one field)
+    if V_FIELDS:
+        vchan = (cols % V_DP) * (8 // W_V) + cols // V_DP
+    else:
+        vchan = cols
     q_rows = ((b * n_rep * n_kv + h * n_rep + rows // t_new) * t_new + j) * d
     q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     q = q.to(tl.float32) * qk_scale
@@ -243,7 +176,7 @@ def _split_kernel(
             ok = t < hi
             logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT)))
             p, alpha, l_i, m_i = _online_softmax(logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), _dense_tile(v_ptr, t, ok, cols, d).to(DOT))
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), _dense_tile(v_ptr, t, ok, vchan, d).to(DOT))
 
     # the quantized region
     klo, khi, meta = klo_ptr + bh * s_klo, khi_ptr + bh * s_khi, mask_ptr + bh * s_mask
@@ -260,9 +193,6 @@ def _split_kernel(
         channel = tl.sum(tl.where(slot[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
     else:
         slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table
-    lo_scale = _field_scale(BLOCK_N, W_LO, ASM)
-    hi_scale = _field_scale(BLOCK_N, W_HI, ASM)
-    v_scale = _field_scale(BLOCK_D, W_V, ASM)
     lo, hi = _chunk(split, n_splits, n_q, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
@@ -270,10 +200,10 @@ def _split_kernel(
         if FAST:
             s_k = tl.load(ks + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
             z_k = tl.load(kz + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
-            per_lo: tl.constexpr = 8 // W_LO
-            lo_rows = start // per_lo + tl.arange(0, BLOCK_N // per_lo)
-            low = tl.load(klo + lo_rows[None, :] * d + cols[:, None], mask=col_ok[:, None], other=0)
-            logits = tl.dot((q * s_k[None, :]).to(DOT), _expand_dot(low, W_LO, B_LO, DOT, ASM)) * lo_scale[None, :]
+            # Each byte is read once per field it holds (the repeats hit L1), 16 bytes of
+            # adjacent channels at a time, and shifted down per token: no register shuffles.
+            codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], W_LO, B_LO)
+            logits = tl.dot((q * s_k[None, :]).to(DOT), _code_to(codes, DOT))
             logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
@@ -282,11 +212,8 @@ def _split_kernel(
                 q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :],
                                other=0.0).to(tl.float32) * qk_scale  # fmt: skip
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
-                per_hi: tl.constexpr = 8 // W_HI
-                hi_rows = start // per_hi + tl.arange(0, BLOCK_N // per_hi)
-                high = tl.load(khi + hi_rows[None, :] * n_boost + hcol[:, None], mask=hcol_ok[:, None], other=0)
-                high = _expand_dot(high, W_HI, B_HI, DOT, ASM)
-                logits += tl.dot((q_hi * s_hi[None, :]).to(DOT), high) * hi_scale[None, :]
+                high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], W_HI, B_HI)
+                logits += tl.dot((q_hi * s_hi[None, :]).to(DOT), _code_to(high, DOT))
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
@@ -295,17 +222,14 @@ def _split_kernel(
             )  # fmt: skip
             logits = tl.dot(q_dot, tl.trans(k.to(DOT)))
         p, alpha, l_i, m_i = _online_softmax(logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL)
-        if V_QUANT and VG == BLOCK_D:
+        if V_FIELDS:
             ok = t < hi
             s_v = tl.load(vs + t * v_groups, mask=ok, other=0.0).to(tl.float32)
             z_v = tl.load(vz + t * v_groups, mask=ok, other=0.0).to(tl.float32)
-            per_v: tl.constexpr = 8 // W_V
-            vcol = tl.arange(0, BLOCK_D // per_v)
-            packed = tl.load(
-                vp + t[:, None] * v_row + vcol[None, :], mask=ok[:, None] & (vcol[None, :] < v_row), other=0
-            )
-            codes = _expand_dot(packed, W_V, B_V, DOT, ASM)
-            pv = tl.dot((p * s_v[None, :]).to(DOT), codes) * v_scale[None, :]
+            # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
+            packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
+            codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
+            pv = tl.dot((p * s_v[None, :]).to(DOT), _code_to(codes, DOT))
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < hi, t, -1)
@@ -321,13 +245,13 @@ def _split_kernel(
     out = (bh * n_splits + split) * n_real + rows
     tl.store(m_ptr + out, m_i, mask=row_ok)
     tl.store(l_ptr + out, l_i, mask=row_ok)
-    tl.store(acc_ptr + out[:, None] * d + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(acc_ptr + out[:, None] * d + vchan[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _merge_kernel(
     m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, t_new, n_rep, n_kv, d,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0)
     row = tl.program_id(1)
@@ -341,8 +265,17 @@ def _merge_kernel(
     m_all = tl.max(m, axis=0)
     w = tl.where(s_ok & (m > float("-inf")), tl.exp2(m - m_all), 0.0)  # the maxima are in base 2
     cols = tl.arange(0, BLOCK_D)
-    acc = tl.load(acc_ptr + idx[:, None] * d + cols[None, :], mask=s_ok[:, None] & (cols[None, :] < d), other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+    o = tl.zeros([BLOCK_D], tl.float32)
+    # The partial outputs a chunk of splits at a time: all of them at once would spill.
+    for first in range(0, n_splits, CHUNK):
+        part = first + tl.arange(0, CHUNK)
+        ok = part < n_splits
+        at = (bh * n_splits + part) * (n_rep * t_new) + row
+        m_c = tl.load(m_ptr + at, mask=ok, other=float("-inf"))
+        w_c = tl.where(ok & (m_c > float("-inf")), tl.exp2(m_c - m_all), 0.0)
+        acc = tl.load(acc_ptr + at[:, None] * d + cols[None, :], mask=ok[:, None] & (cols[None, :] < d), other=0.0)
+        o += tl.sum(acc * w_c[:, None], axis=0)
+    o = o / tl.sum(l_s * w, axis=0)
     head = h * n_rep + row // t_new
     j = row % t_new
     dst = out_ptr + ((b * n_rep * n_kv + head) * t_new + j) * d + cols
@@ -383,13 +316,19 @@ def default_splits(work_items: int, length: int, block_n: int) -> int:
 def launch_config(layout: CacheLayout) -> dict:
     """Tile size, warps and stages of the decode kernel for the current target (pnmix/kernels/NOTES.md).
 
-    A tile is the largest power of two up to 128 that divides the key group size G, so that a
-    tile lies in one group (the fast path); groups of fewer than 16 tokens take 64-token tiles
-    and the per-element path. The interpreter runs the same tiles, so CI checks the GPU paths.
+    A tile is the largest power of two up to 64 that divides the key group size G, so that a
+    tile lies in one group (the fast path), and the codes of a plane's tile are at most 2,048
+    per warp: 64 tokens of up to 128 channels at 4 warps, of 256 channels at 8 (larger tiles
+    reach 255 registers and spill in some configurations, and leave two programs per SM).
+    Per-page rank tables (Kitty) take 8 warps too: inverting a page's ranks in every tile
+    spills at 4 on sm_90. Groups of fewer than 16 tokens take 64-token tiles and the
+    per-element path. The interpreter runs the same tiles, so CI checks the GPU paths.
     """
     g = layout.config.group_size
-    block_n = min(128, g & -g)
-    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": 4, "num_stages": 1}
+    block_d = max(16, triton.next_power_of_2(layout.head_dim))
+    warps = 8 if block_d >= 256 or layout.selection.metadata == "page-ranks" else 4
+    block_n = min(64, g & -g, 2048 * warps // block_d)
+    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1}
 
 
 def counts_tensor(tokens: TokenLayout, device: torch.device) -> torch.Tensor:
@@ -432,7 +371,6 @@ def decode_attention(
     value_group = cfg.value_group(d)
     has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
-    asm_ok = max(cfg.b_low, cfg.b_high - cfg.b_low, cfg.value_bits if v_quant else 0) < 8  # codes < 128
     _runtime.launch(
         _split_kernel, (batch * n_kv, splits),
         q, m, l_sum, acc, counts,
@@ -443,7 +381,7 @@ def decode_attention(
         _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,
         r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
         ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
-        CAUSAL=t_new > 1, FAST=cfg.group_size % block_n == 0, ASM=_runtime.target() is not None and asm_ok,
+        CAUSAL=t_new > 1, FAST=cfg.group_size % block_n == 0,
         G=cfg.group_size, VG=value_group, W_LO=field_width(cfg.b_low), B_LO=cfg.b_low, HAS_HIGH=has_high,
         W_HI=field_width(cfg.b_high - cfg.b_low) if has_high else 1, B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
         V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
@@ -455,6 +393,7 @@ def decode_attention(
     _runtime.launch(
         _merge_kernel, (batch * n_kv, rows),
         m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, CHUNK=min(16, triton.next_power_of_2(splits)),
+        num_warps=4,
     )  # fmt: skip
     return out

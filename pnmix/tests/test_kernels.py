@@ -6,10 +6,13 @@ torch.equal; attention uses the suite's measured-tolerance policy.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import reference as R
 from pnmix import PNMixCache, _runtime
 from pnmix.kernels import dequantize_plane, encode_pack, group_params
+from pnmix.kernels.attention import _code_to
 from reference import methods
 from reference.tolerances import attention_bound
 
@@ -76,13 +79,7 @@ def test_value_quantize_pack_is_bit_identical(bits, head_dim, group, scale_dtype
     assert torch.equal(out.cpu(), R.dequantize(ref, group, -1))
 
 
-@pytest.mark.parametrize(("batch", "n_kv", "n_rep"), [(1, 1, 1), (3, 2, 4), (2, 1, 7)])
-@pytest.mark.parametrize(("length", "t_new"), [(1, 1), (17, 1), (17, 2), (54, 1), (97, 1), (97, 3)])
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, dtype):
-    cfg = R.PNMixConfig(group_size=8, residual_length=16, n_sink=5, pair_layout="adjacent")
-    d = 16
+def check_decode_attention(cfg, d, batch, n_kv, n_rep, length, t_new, splits, dtype):
     q = data((batch, n_kv * n_rep, length, d), dtype, 1, 1.0)
     k, v = data((batch, n_kv, length, d), dtype, 2), data((batch, n_kv, length, d), dtype, 3)
     cache = PNMixCache.from_prefill(q, k, v, cfg)
@@ -96,6 +93,30 @@ def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, sp
     bound = attention_bound(oracle, low, dtype)
     print(f"max err {err:.3g}, bound {bound:.3g}")
     assert err <= bound
+
+
+@pytest.mark.parametrize(("batch", "n_kv", "n_rep"), [(1, 1, 1), (3, 2, 4), (2, 1, 7)])
+@pytest.mark.parametrize(("length", "t_new"), [(1, 1), (17, 1), (17, 2), (54, 1), (97, 1), (97, 3)])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, dtype):
+    """Key groups smaller than a tile: the per-element path."""
+    cfg = R.PNMixConfig(group_size=8, residual_length=16, n_sink=5, pair_layout="adjacent")
+    check_decode_attention(cfg, 16, batch, n_kv, n_rep, length, t_new, splits, dtype)
+
+
+@pytest.mark.parametrize(
+    ("batch", "n_kv", "n_rep", "length", "t_new", "splits"), [(1, 1, 1, 97, 1, 1), (2, 2, 3, 133, 3, 3)]
+)
+@pytest.mark.parametrize(("b_high", "b_low", "value_bits", "d"), [(3, 1, 2, 16), (4, 2, 4, 32), (2, 1, 1, 16)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_fast_path_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, b_high, b_low,
+                                                     value_bits, d, dtype):  # fmt: skip
+    """Key groups of whole tiles and per-token value groups over the head: codes shifted out
+    of vector loads, scale and zero folded into the operands, field-major value columns."""
+    cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, group_size=16, residual_length=16,
+                        n_sink=5)  # fmt: skip
+    check_decode_attention(cfg, d, batch, n_kv, n_rep, length, t_new, splits, dtype)
 
 
 def test_static_and_dynamic_caches_agree_and_account_exactly():
@@ -175,3 +196,17 @@ def test_baselines_on_the_same_kernels_match_the_spec(method, dtype, capacity):
     low = R.attention_ref(new_q.cpu(), k_hat.to(dtype), v_hat.to(dtype), causal=True, upcast=False)
     err = (cache.attend(new_q, num_splits=2).cpu().double() - oracle).abs().max().item()
     assert err <= attention_bound(oracle, low, dtype)
+
+
+@triton.jit
+def _code_probe(out_ptr, N: tl.constexpr, DOT: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, N), _code_to(tl.arange(0, N), DOT).to(tl.float32))
+
+
+@pytest.mark.parametrize("dot", ["float16", "bfloat16"])
+def test_every_code_converts_exactly_to_the_dot_dtype(dot):
+    if dot == "bfloat16" and _runtime.INTERPRETED:
+        pytest.skip("the interpreter's bfloat16 arithmetic is not exact (its kernels use float32 operands)")
+    out = torch.empty(256, device=DEV)
+    _code_probe[(1,)](out, 256, getattr(tl, dot))
+    assert torch.equal(out.cpu(), torch.arange(256).float())
