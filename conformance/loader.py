@@ -36,6 +36,11 @@ class _Stubbed:
         return getattr(self._impl, name)
 
 
+def unwrap(impl: object) -> object:
+    """The implementation object itself (without the stubs of `_Stubbed`)."""
+    return impl._impl if isinstance(impl, _Stubbed) else impl
+
+
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
@@ -74,6 +79,18 @@ def load(name: str) -> object:
     impl = obj() if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "create")) else obj
     missing = missing_names(impl)
     return _Stubbed(impl, missing, origin) if missing else impl
+
+
+def origin(name: str) -> str:
+    """Where the implementation `name` comes from: its import path, and for a plug-in the
+    distribution that registers it with its version ('triton = pnmix.protocol:make (pnmix 0.3.0)')."""
+    if ":" in name:
+        return name
+    ep = _entry_points().get(name)
+    if ep is None:
+        return name
+    dist = f" ({ep.dist.name} {ep.dist.version})" if ep.dist is not None else ""
+    return f"{name} = {ep.value}{dist}"
 
 
 def _import(target: str) -> object:

@@ -18,11 +18,14 @@ import pytest
 
 from reference.records import record, utc_stamp, write_json
 
-from . import loader
+from . import harness, loader
 
 XFAIL_DIR = Path(__file__).parent / "xfails"
 _IMPLS = pytest.StashKey[list]()
 _RECORDS = pytest.StashKey[list]()
+_ORIGINS = pytest.StashKey[dict]()
+#: The suite's own tests (its deliberate mutants): they judge the suite, not the implementations chosen.
+META = "conformance/meta/"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,20 +42,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--no-conformance-json", action="store_true", help="write no JSON result")
 
 
+def _chosen(config: pytest.Config) -> list[str]:
+    """The implementations named on the command line or in PNMIX_IMPL (empty: every built-in)."""
+    return config.getoption("--impl") or [n for n in os.environ.get("PNMIX_IMPL", "").split(",") if n]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    names = config.getoption("--impl") or [n for n in os.environ.get("PNMIX_IMPL", "").split(",") if n]
+    names = _chosen(config)
     if not names:
         try:
             names = list(loader.builtins())
         except RuntimeError as err:
             raise pytest.UsageError(str(err)) from None
-    impls = []
+    impls, origins = [], {}
     for name in dict.fromkeys(names):
         try:
-            impls.append(loader.load(name))
+            impl = loader.load(name)
         except ValueError as err:
             raise pytest.UsageError(str(err)) from None
+        impls.append(impl)
+        origins[impl.name] = loader.origin(name)
     config.stash[_IMPLS] = impls
+    config.stash[_ORIGINS] = origins
     config.stash[_RECORDS] = []
     path = config.getoption("--conformance-json")
     if path and Path(path).exists():
@@ -69,7 +80,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         caps = impl.capabilities
         dtypes = ", ".join(str(d).removeprefix("torch.") for d in caps.dtypes)
         lines.append(
-            f"pnmix conformance: implementation {impl.name} {impl.version} ({type(impl).__module__}); "
+            f"pnmix conformance: implementation {impl.name} {impl.version} ({type(loader.unwrap(impl)).__module__}); "
             f"dtypes {dtypes}; devices {', '.join(caps.devices)}; sinks {caps.sinks}; "
             f"max tokens {caps.max_tokens}, max head_dim {caps.max_head_dim}"
         )
@@ -92,6 +103,11 @@ def _xfail_lines(path: Path) -> list[tuple[str, str]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _chosen(config):  # checking named implementations never runs the suite's mutation tests
+        meta = [item for item in items if item.nodeid.startswith(META)]
+        if meta:
+            config.hook.pytest_deselected(items=meta)
+            items[:] = [item for item in items if not item.nodeid.startswith(META)]
     files = [XFAIL_DIR / f"{impl.name}.txt" for impl in implementations(config)]
     files += [Path(p) for p in config.getoption("--xfails")]
     collected_files = {item.nodeid.split("::")[0] for item in items}
@@ -110,6 +126,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip a property whose capability the implementation does not claim, before it runs."""
+    harness.forget_fitted()
     callspec = getattr(item, "callspec", None)
     if callspec is None or "impl" not in callspec.params:
         return
@@ -118,6 +135,32 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         capability, what = mark.args
         if not getattr(impl.capabilities, capability):
             pytest.skip(f"{impl.name} does not claim {what}")
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, such as hypothesis' distinct failures."""
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, tuple) and inner and all(isinstance(e, BaseException) for e in inner):
+        return [leaf for e in inner for leaf in _leaves(e)]
+    return [exc]
+
+
+def _largest(properties: list[tuple[str, object]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in properties:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = max(out.get(name, value), value)
+    return out
+
+
+def failure_message(excinfo: pytest.ExceptionInfo) -> str:
+    """What a failure says: 'Class: first line of the message' of each distinct exception, joined
+    by ' | ' (a property's assertion message, not the file and line it was raised at)."""
+    parts = []
+    for exc in _leaves(excinfo.value):
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        parts.append(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
+    return " | ".join(dict.fromkeys(parts))[:1000]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -136,17 +179,23 @@ def pytest_runtest_makereport(item: pytest.Item, call):
             if report.skipped and isinstance(report.longrepr, tuple):
                 reason = str(report.longrepr[2]).removeprefix("Skipped: ")
             elif report.failed:
-                reason = report.longreprtext.strip().splitlines()[-1][:500] if report.longreprtext else ""
+                reason = failure_message(call.excinfo) if call.excinfo is not None else ""
         impl = callspec.params["impl"]
+        case = harness.last_fitted() if report.failed else None
         item.config.stash[_RECORDS].append(
             {
                 "implementation": impl.name,
                 "version": impl.version,
+                "origin": item.config.stash[_ORIGINS].get(impl.name, impl.name),
                 "property": item.originalname,
                 "module": item.nodeid.split("::")[0],
                 "nodeid": item.nodeid,
                 "outcome": outcome,
                 "reason": reason,
+                "case": repr(case) if case is not None else None,
+                # what a property measured besides its verdict (record_property, once per example: the
+                # largest is kept), e.g. P7's spec_distance
+                "measured": _largest(item.user_properties),
                 "duration_s": round(report.duration, 4),
                 "hypothesis_statistics": getattr(item, "hypothesis_statistics", None),
             }
@@ -171,6 +220,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "conformance",
         device,
         implementations=sorted({r["implementation"] for r in records}),
+        # what each one is and where it came from: a verdict names the code it judged
+        implementation_details=[
+            {
+                "name": impl.name,
+                "version": str(impl.version),
+                "origin": config.stash[_ORIGINS].get(impl.name),
+                "class": f"{type(loader.unwrap(impl)).__module__}.{type(loader.unwrap(impl)).__qualname__}",
+            }
+            for impl in implementations(config)
+        ],
         hypothesis_profile=settings.get_current_profile_name(),
         exitstatus=int(exitstatus),
         results=records,

@@ -27,7 +27,7 @@ SINKS = (0, 1, 3, 8)
 FP16_SAFE = 30000.0  # under half of float16's largest value: even a 1-bit Eq. 2 scale (max - min) fits
 
 #: Value kinds. "moderate" kinds keep attention logits finite in float16.
-KINDS = ("normal", "constant", "near_constant", "wide_range", "extremes", "subnormal", "signed_zeros")
+KINDS = ("normal", "constant", "near_constant", "wide_range", "extremes", "subnormal", "signed_zeros", "half_steps")
 MODERATE_KINDS = ("normal", "constant", "near_constant", "wide_range")
 
 
@@ -53,35 +53,65 @@ class Case:
         return self.prompt + sum(self.appends)
 
     def fit(self, caps: Capabilities) -> Case:
-        """The nearest case within `caps` (same seed and kind)."""
+        """The nearest case within `caps` (same seed and kind); DoesNotFit says what cannot be met."""
         cfg = self.config if caps.preset is None else caps.preset(self.config)
+        if not caps.key_bits or not caps.value_bits:
+            raise DoesNotFit("it claims no key bits or no value bits")
         key_bits = sorted(caps.key_bits, key=lambda hb: (abs(hb[0] - cfg.b_high) + abs(hb[1] - cfg.b_low), hb))[0]
         value_bits = sorted(caps.value_bits, key=lambda b: (abs(b - cfg.value_bits), b))[0]
+        dtype = self.dtype if self.dtype in caps.dtypes else caps.dtypes[0]
+        if caps.scales_in_input_dtype:
+            scale_dtype = dtype
+        else:
+            scale_dtype = cfg.scale_dtype if cfg.scale_dtype in caps.scale_dtypes else caps.scale_dtypes[0]
+        group, residual = cfg.group_size, cfg.residual_length
+        if caps.group_sizes is not None:
+            group = sorted(caps.group_sizes, key=lambda g: (abs(g - cfg.group_size), g))[0]
+            residual = group * max(1, cfg.residual_length // cfg.group_size)
         cfg = dataclasses.replace(
             cfg,
             b_high=key_bits[0],
             b_low=key_bits[1],
             value_bits=value_bits,
-            scale_dtype=cfg.scale_dtype if cfg.scale_dtype in caps.scale_dtypes else caps.scale_dtypes[0],
+            scale_dtype=scale_dtype,
             pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts else caps.pair_layouts[0],
             n_sink=cfg.n_sink if caps.sinks else 0,
+            group_size=group,
+            residual_length=residual,
         )
         if caps.preset is not None:
             cfg = caps.preset(cfg)
         head_dim = self.head_dim
-        if head_dim > caps.max_head_dim or not _head_dim_ok(cfg, head_dim):
-            head_dim = max(d for d in HEAD_DIMS if d <= caps.max_head_dim and _head_dim_ok(cfg, d))
-        prompt = min(self.prompt, caps.max_tokens)
+        allowed = [d for d in (caps.head_dims or HEAD_DIMS) if d <= caps.max_head_dim and _head_dim_ok(cfg, d)]
+        if head_dim not in allowed:
+            if not allowed:
+                raise DoesNotFit(
+                    f"no head_dim within its claims (head_dims {caps.head_dims}, max_head_dim {caps.max_head_dim}) "
+                    f"suits {cfg}"
+                )
+            head_dim = sorted(allowed, key=lambda d: (abs(d - head_dim), d))[0]
+        step = caps.token_multiple
+        if step > caps.max_tokens:
+            raise DoesNotFit(f"token_multiple {step} exceeds max_tokens {caps.max_tokens}")
+        prompt = min(_round_up(self.prompt, step), caps.max_tokens // step * step)
         appends, room = [], caps.max_tokens - prompt
         for n in self.appends:
-            if room <= 0:
+            n = min(_round_up(n, step), room // step * step)
+            if n <= 0:
                 break
-            appends.append(min(n, room))
-            room -= appends[-1]
-        dtype = self.dtype if self.dtype in caps.dtypes else caps.dtypes[0]
+            appends.append(n)
+            room -= n
         return dataclasses.replace(
             self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
         )
+
+
+class DoesNotFit(ValueError):
+    """No case of this kind lies within an implementation's claims (the property is skipped)."""
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 def _head_dim_ok(cfg: PNMixConfig, head_dim: int) -> bool:
@@ -141,8 +171,19 @@ def cases(
     )
 
 
-def values(shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int) -> torch.Tensor:
-    """Adversarial but finite values of one kind, reproducible from the seed."""
+HALF_STEP = 2.0**-3  # the grid unit of "half_steps"
+
+
+def values(
+    shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int, *, levels: int = 3, axis: int = -2
+) -> torch.Tensor:
+    """Adversarial but finite values of one kind, reproducible from the seed.
+
+    "half_steps": every run of 8 entries along `axis` (so every group of a multiple of 8 there,
+    wherever it starts) spans exactly [0, levels u], and the other entries are multiples of u/2
+    (u = HALF_STEP): (x - z) / s is then exactly an integer or an exact tie k + 0.5, in every
+    dtype (at most 8 significant bits), for groups of `levels` steps (Eq. 2; Eq. 7 at 1 bit).
+    """
     gen = torch.Generator().manual_seed(seed)
     rand = lambda: torch.randn(shape, generator=gen)  # noqa: E731
     unif = lambda: torch.rand(shape, generator=gen)  # noqa: E731
@@ -163,6 +204,11 @@ def values(shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int) -> 
         x = (torch.randint(-1023, 1024, shape, generator=gen) * 2.0**-24).where(unif() < 0.9, rand() * 2.0**-14)
     elif kind == "signed_zeros":
         x = torch.where(unif() < 0.5, torch.zeros(shape), rand())
+    elif kind == "half_steps":
+        top = min(2 * levels, 255)
+        x = torch.randint(0, top + 1, shape, generator=gen) * (HALF_STEP / 2)
+        where = torch.arange(shape[axis]).remainder(8).view(-1, *([1] * (-axis - 1)))
+        x = torch.where(where == 0, 0.0, torch.where(where == 1, levels * HALF_STEP, x))
     else:
         raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
     x = x.to(dtype)
@@ -175,18 +221,25 @@ def values(shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int) -> 
 def prefill_tensors(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, H, P, d], k and v [B, H_kv, P, d] of the prompt."""
     q = values((case.batch, case.heads, case.prompt, case.head_dim), case.dtype, _q_kind(case.kind), case.seed)
-    k = values((case.batch, case.kv_heads, case.prompt, case.head_dim), case.dtype, case.kind, case.seed + 1)
-    v = values((case.batch, case.kv_heads, case.prompt, case.head_dim), case.dtype, case.kind, case.seed + 2)
+    shape = (case.batch, case.kv_heads, case.prompt, case.head_dim)
+    k = values(shape, case.dtype, case.kind, case.seed + 1, **_grid(case, keys=True))
+    v = values(shape, case.dtype, case.kind, case.seed + 2, **_grid(case, keys=False))
     return q.to(device), k.to(device), v.to(device)
+
+
+def _grid(case: Case, keys: bool) -> dict:
+    """Where "half_steps" puts its ties: key groups along tokens at b_low, values along channels."""
+    if keys:
+        return {"levels": 2**case.config.b_low - 1, "axis": -2}
+    return {"levels": 2 ** min(case.config.value_bits, 8) - 1, "axis": -1}
 
 
 def append_tensors(case: Case, index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """k and v of the index-th append call."""
     shape = (case.batch, case.kv_heads, case.appends[index], case.head_dim)
     seed = case.seed + 1000 * (index + 1)
-    return values(shape, case.dtype, case.kind, seed).to(device), values(shape, case.dtype, case.kind, seed + 1).to(
-        device
-    )
+    k = values(shape, case.dtype, case.kind, seed, **_grid(case, keys=True))
+    return k.to(device), values(shape, case.dtype, case.kind, seed + 1, **_grid(case, keys=False)).to(device)
 
 
 def decode_queries(case: Case, n: int, device) -> torch.Tensor:

@@ -1,12 +1,13 @@
-"""Property 6: which tokens sit in the exact residual, and when it flushes, match the
-reference for any split of the appends (one token at a time or several at once)."""
+"""Property 6: which newest tokens stay exact, and when they are quantized, follow the residual
+policy the implementation claims (`reference.contract.RESIDUAL_POLICIES`, `reference.exact_tail`),
+and any split of the appends (one token at a time or several at once) gives the same cache."""
 
 import torch
 from hypothesis import example, given
 
 from conformance import strategies as cs
 from conformance.harness import bits_of, fitted, states
-from reference import PNMixConfig, token_layout
+from reference import PNMixConfig, exact_tail
 
 N2G = PNMixConfig(group_size=8, residual_length=16, n_sink=3)
 
@@ -17,15 +18,19 @@ N2G = PNMixConfig(group_size=8, residual_length=16, n_sink=3)
 @example(case=cs.Case(N2G, 1, 3, 1, 8, torch.bfloat16, 18, (), 3))
 def test_residual_holds_the_newest_tokens_and_flushes_at_n(impl, device, case):
     case = fitted(impl, case, device)
+    policy = impl.capabilities.residual
     for state in states(impl, case, device):
-        _, n_q, n_res = token_layout(case.config, state.length)
+        n_k, n_v = exact_tail(case.config, state.length, policy)
         assert state.cache.length == state.length
         res_k, res_v = state.cache.residual()
-        assert res_k.shape[-2] == n_res, f"step {state.step}: {n_res} residual tokens expected, got {res_k.shape[-2]}"
-        start = state.length - n_res
-        assert torch.equal(bits_of(res_k.cpu()), bits_of(state.all_k[..., start:, :])), "residual keys"
-        assert torch.equal(bits_of(res_v.cpu()), bits_of(state.all_v[..., start:, :])), "residual values"
-        assert state.cache.key_codes().codes.shape[-2] == n_q, f"step {state.step}: {n_q} quantized tokens expected"
+        where = f"step {state.step} ({state.length} tokens, {policy} residual)"
+        assert res_k.shape[-2] == n_k, f"{where}: {n_k} exact newest keys expected, got {res_k.shape[-2]}"
+        assert res_v.shape[-2] == n_v, f"{where}: {n_v} exact newest values expected, got {res_v.shape[-2]}"
+        k_hat, v_hat = state.cache.dequantize()
+        assert k_hat.shape[-2] == v_hat.shape[-2] == state.length, f"{where}: dequantize() holds the wrong length"
+        for got, every, n, what in ((res_k, state.all_k, n_k, "keys"), (res_v, state.all_v, n_v, "values")):
+            newest = every[..., state.length - n :, :]
+            assert torch.equal(bits_of(got.cpu()), bits_of(newest)), f"{where}: residual {what} are not the newest"
 
 
 @given(case=cs.cases(max_appends=3))
@@ -41,7 +46,7 @@ def test_any_split_of_appends_gives_the_same_cache(impl, device, case):
         chunked.append(new_k, new_v)
         for t in range(new_k.shape[-2]):
             one_by_one.append(new_k[..., t : t + 1, :], new_v[..., t : t + 1, :])
-    a, b = chunked.key_codes(), one_by_one.key_codes()
-    assert torch.equal(a.codes, b.codes) and torch.equal(bits_of(a.scale), bits_of(b.scale))
-    assert torch.equal(bits_of(chunked.residual()[0]), bits_of(one_by_one.residual()[0]))
-    assert torch.equal(bits_of(chunked.dequantize()[1]), bits_of(one_by_one.dequantize()[1]))
+    for what, a, b in zip(("keys", "values"), chunked.dequantize(), one_by_one.dequantize(), strict=True):
+        assert torch.equal(bits_of(a), bits_of(b)), f"dequantized {what} depend on how the appends were split"
+    for what, a, b in zip(("keys", "values"), chunked.residual(), one_by_one.residual(), strict=True):
+        assert torch.equal(bits_of(a), bits_of(b)), f"residual {what} depend on how the appends were split"

@@ -1,9 +1,12 @@
-"""Property 7: decode attention against the float64 oracle over the reference's dequantized
-cache. The implementation's error may be at most a small multiple of the error the reference
-makes computing the same attention in the implementation's dtype, plus output rounding."""
+"""Property 7: decode attention against the float64 oracle over the implementation's own
+dequantized cache. The error may be at most a small multiple of the error of the computation
+the spec documents (keys and values in the implementation's dtype, scores, softmax and sums in
+float32), plus output rounding: attention that skips the float32 upcast fails. How far the
+output is from attention over the spec's cache is recorded ("spec_distance"); it is judged,
+by the same rule, only with the opt-in claim `reference_numerics` (the caches are then equal)."""
 
 import torch
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conformance import strategies as cs
@@ -14,23 +17,35 @@ from reference.tolerances import attention_bound
 CFG = PNMixConfig(group_size=8, residual_length=16, n_sink=4)
 
 
+def judge(out: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor) -> tuple[float, float, float]:
+    """(error against the float64 oracle over k_hat, v_hat; its bound; the spec computation's own error)."""
+    oracle = attention_ref(q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = attention_ref(q, k_hat.to(q.dtype), v_hat.to(q.dtype), causal=True, upcast=True)
+    assert bool(torch.isfinite(low).all()), "strategy error: these inputs overflow attention in the dtype"
+    err = (out.double() - oracle).abs().max().item()
+    return err, attention_bound(oracle, low, q.dtype), (low.double() - oracle).abs().max().item()
+
+
+# record_property only collects one number per example: sharing it across examples is harmless.
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cs.cases(), n_queries=st.integers(1, 3))
 @example(case=cs.Case(CFG, 3, 2, 8, 16, torch.float16, 54, (1, 17), 1), n_queries=1)
 @example(case=cs.Case(CFG, 2, 1, 7, 24, torch.bfloat16, 97, (), 2), n_queries=2)
 @example(case=cs.Case(CFG, 1, 3, 1, 8, torch.float32, 12, (12,), 3, "wide_range"), n_queries=3)
-def test_decode_attention_within_the_low_precision_error(impl, device, case, n_queries):
+def test_decode_attention_within_the_low_precision_error(impl, device, case, n_queries, record_property):
     case = fitted(impl, case, device)
     state = final_state(impl, case, device)
     q = cs.decode_queries(case, min(n_queries, state.length), device)
     out = state.cache.attend(q)
     assert out.shape == q.shape and out.dtype == q.dtype, f"attend returned {tuple(out.shape)} {out.dtype}"
-    k_hat, v_hat = state.ref.dequantize()
-    q = q.cpu()
-    oracle = attention_ref(q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
-    low = attention_ref(q, k_hat.to(q.dtype), v_hat.to(q.dtype), causal=True, upcast=False)
-    assert bool(torch.isfinite(low).all()), "strategy error: these inputs overflow attention in the dtype"
-    err = (out.cpu().double() - oracle).abs()
-    bound = attention_bound(oracle, low, q.dtype)
-    ref_err = (low.double() - oracle).abs()
-    print(f"max err {err.max():.3g} (mean {err.mean():.3g}); reference in {q.dtype}: max {ref_err.max():.3g}")
-    assert err.max().item() <= bound, f"attention error {err.max().item():.3g} above {bound:.3g}"
+    out, q = out.cpu(), q.cpu()
+    own = tuple(t.cpu() for t in state.cache.dequantize())
+    err, bound, ref_err = judge(out, q, *own)
+    spec_err, spec_bound, _ = judge(out, q, *state.ref.dequantize())
+    record_property("spec_distance", spec_err)
+    print(
+        f"max err {err:.3g} (bound {bound:.3g}, spec computation {ref_err:.3g}); from the spec's cache {spec_err:.3g}"
+    )
+    assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (over the implementation's own cache)"
+    if impl.capabilities.reference_numerics:
+        assert spec_err <= spec_bound, f"attention error {spec_err:.3g} above {spec_bound:.3g} over the spec's cache"

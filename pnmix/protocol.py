@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from reference import PNMixConfig, packing
-from reference.contract import Capabilities, variant
+from reference.contract import BIT_EXACT, Capabilities, variant
 from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS
 
 from . import __version__, _runtime
@@ -27,6 +27,7 @@ def claims(tokens: int = 96, **method) -> Capabilities:
         max_tokens=tokens if _runtime.INTERPRETED else 320,
         max_head_dim=16 if _runtime.INTERPRETED else 32,
         bookkeeping_bytes=BOOKKEEPING_BYTES,
+        **BIT_EXACT,
         **method,
     )
 

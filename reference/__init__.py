@@ -12,7 +12,7 @@ Attention oracle: `attention_ref`.
 from .attention import attention_ref
 from .cache import ReferenceCache
 from .config import PNMixConfig, field_width
-from .layout import AppendPlan, CacheLayout, Component, TokenLayout, allocation, token_layout
+from .layout import AppendPlan, CacheLayout, Component, TokenLayout, allocation, exact_tail, token_layout
 from .models import MODEL_SHAPES, ModelShape
 from .packing import (
     pack_fields,
@@ -70,6 +70,7 @@ __all__ = [
     "channel_mask_from_pairs",
     "dequantize",
     "encode",
+    "exact_tail",
     "field_width",
     "group_min_max",
     "group_params",

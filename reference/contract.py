@@ -26,6 +26,17 @@ from .storage import StorageReport
 #: The entry-point group under which implementations register (name -> factory).
 ENTRY_POINT_GROUP = "pnmix.implementations"
 
+#: Which newest tokens an implementation keeps exact (beyond the sinks), by name.
+RESIDUAL_POLICIES = {
+    "shared": "keys and values: the tokens since the last full residual, flushed N at a time (this spec)",
+    "sliding_values": "keys as shared; values: the residual_length newest (the published KIVI: once the "
+    "window is full, each new token quantizes the oldest value of the window)",
+}
+
+
+#: The opt-in claims of an implementation that reproduces this spec's bytes and numerics bit for bit.
+BIT_EXACT = {"reference_layout": True, "reference_numerics": True}
+
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
@@ -39,6 +50,19 @@ class Capabilities:
     interpreter declare small ones). bookkeeping_bytes: bytes a cache holds beyond its stored
     components whatever its size (e.g. token counts kept on the device), declared so that the
     storage audit stays exact.
+
+    Real designs differ from the reference in ways that are not errors; they are claimed here:
+    residual: which newest tokens stay exact (`RESIDUAL_POLICIES`). group_sizes / head_dims: the
+    key group sizes G and head dims it supports (None: any). token_multiple: prompt and append
+    sizes it accepts are multiples of this (e.g. codes packed into 32-bit words along tokens).
+    pack_word_bits: packed codes fill words of this many bits (the packing tests draw token
+    counts that fill whole words). scale_dtypes may be ("input",): scale and zero are stored in
+    the dtype of the keys and values. prefill_selection: PN-Mix's pair mask, chosen once at
+    prefill (the mask properties, `pair_mask` and `pack_mask` are needed only then).
+
+    Opt-in, bit for bit: reference_layout (packed bytes are `reference.packing`'s) and
+    reference_numerics (codes, scales and zeros follow `reference.quant`'s numerics rules).
+    Without them an implementation is judged on its own format and its own stored parameters.
     """
 
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,6 +81,33 @@ class Capabilities:
     max_head_dim: int = 32
     prefill_selection: bool = True
     preset: Callable[[PNMixConfig], PNMixConfig] | None = None
+    residual: str = "shared"
+    group_sizes: tuple[int, ...] | None = None
+    head_dims: tuple[int, ...] | None = None
+    token_multiple: int = 1
+    pack_word_bits: int = 8
+    reference_layout: bool = False
+    reference_numerics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.residual not in RESIDUAL_POLICIES:
+            raise ValueError(f"residual must be one of {sorted(RESIDUAL_POLICIES)}, got {self.residual!r}")
+        for name in ("token_multiple", "pack_word_bits", "max_tokens", "max_head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.pack_word_bits % 8:
+            raise ValueError(f"pack_word_bits must be a multiple of 8, got {self.pack_word_bits}")
+        for name in ("dtypes", "devices", "key_bits", "value_bits", "scale_dtypes", "pair_layouts"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must name at least one supported choice, got {getattr(self, name)!r}")
+        bad = [s for s in self.scale_dtypes if not isinstance(s, torch.dtype) and s != "input"]
+        if bad or ("input" in self.scale_dtypes and len(self.scale_dtypes) > 1):
+            raise ValueError(f"scale_dtypes holds torch dtypes, or is ('input',), got {self.scale_dtypes!r}")
+
+    @property
+    def scales_in_input_dtype(self) -> bool:
+        return self.scale_dtypes == ("input",)
 
     def supports(self, config: PNMixConfig) -> str | None:
         """None if `config` is within the claims, else the reason it is not."""
@@ -64,8 +115,10 @@ class Capabilities:
             return f"key bits (b_high={config.b_high}, b_low={config.b_low}) not claimed"
         if config.value_bits not in self.value_bits:
             return f"value_bits={config.value_bits} not claimed"
-        if config.scale_dtype not in self.scale_dtypes:
+        if config.scale_dtype not in self.scale_dtypes and not self.scales_in_input_dtype:
             return f"scale_dtype {config.scale_dtype} not claimed"
+        if self.group_sizes is not None and config.group_size not in self.group_sizes:
+            return f"group_size={config.group_size} not claimed (claimed: {self.group_sizes})"
         if config.pair_layout not in self.pair_layouts:
             return f"pair_layout {config.pair_layout!r} not claimed"
         if config.n_sink and not self.sinks:

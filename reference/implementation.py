@@ -7,14 +7,14 @@ from __future__ import annotations
 from . import __version__, packing
 from .cache import ReferenceCache
 from .config import PNMixConfig
-from .contract import Capabilities, variant
+from .contract import BIT_EXACT, Capabilities, variant
 from .methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS
 
 
 class ReferenceImplementation:
     name = "reference"
     version = __version__
-    capabilities = Capabilities()
+    capabilities = Capabilities(**BIT_EXACT)
     cache_class = ReferenceCache
 
     def create(self, config: PNMixConfig) -> ReferenceCache:
@@ -44,7 +44,7 @@ def make() -> ReferenceImplementation:
 
 
 def _baseline(name: str, claims: dict) -> ReferenceImplementation:
-    return variant(ReferenceImplementation(), name, Capabilities(**claims))
+    return variant(ReferenceImplementation(), name, Capabilities(**claims, **BIT_EXACT))
 
 
 def make_kivi() -> ReferenceImplementation:

@@ -55,6 +55,21 @@ def token_layout(config: PNMixConfig, length: int) -> TokenLayout:
     return TokenLayout(n_sink, n_quantized, rest - n_quantized)
 
 
+def exact_tail(config: PNMixConfig, length: int, policy: str = "shared") -> tuple[int, int]:
+    """How many of the newest tokens (beyond the sinks) keep exact keys and exact values under a
+    residual policy of `reference.contract.RESIDUAL_POLICIES` (both depend on the length alone).
+
+    shared (this spec): both are the residual of `token_layout`. sliding_values (the published
+    KIVI): keys the same; values the residual_length newest, all of them while there are fewer.
+    """
+    layout = token_layout(config, length)
+    if policy == "shared":
+        return layout.n_residual, layout.n_residual
+    if policy == "sliding_values":
+        return layout.n_residual, min(length - layout.n_sink, config.residual_length)
+    raise ValueError(f"policy must be 'shared' or 'sliding_values', got {policy!r}")
+
+
 def allocation(config: PNMixConfig, length: int, capacity: int | None = None) -> TokenLayout:
     """Tokens each region has room for: exactly `token_layout(length)` for a dynamic cache;
     for a cache preallocated to `capacity` tokens (the paper's static protocol), the most each

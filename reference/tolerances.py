@@ -60,3 +60,29 @@ def reconstruction_bound(
     top = zero + levels * scale
     gap = torch.maximum(zero - xmin, xmax - top).clamp(min=0)
     return torch.maximum(scale / 2, gap) + float32_slack(xmin, xmax, top)
+
+
+def quantization_bound(
+    xmin: torch.Tensor, xmax: torch.Tensor, levels: torch.Tensor, scale_dtype: torch.dtype, midpoint: bool
+) -> torch.Tensor:
+    """Per-group bound on |x - x_hat| from the group's range and the stated numerics alone,
+    whatever parameters an implementation stores (all float64, broadcast together).
+
+    Eq. 2 (Eq. 7 for 1-bit groups when `midpoint`) puts levels half a step s/2 from any value of
+    the range. Storing z and s in scale_dtype moves level k by at most spacing(z)/2 + k
+    spacing(s): one spacing of s covers a scale rounded once from the exact one or computed in
+    scale_dtype itself (the range rounded, then divided). A scale that underflows to 0 maps the
+    group to z, within `levels` spacings of the smallest subnormal. Plus float32 slack.
+    """
+    span = xmax - xmin
+    eq7 = (levels == 1) & midpoint
+    scale = torch.where(eq7, span / 2, span / levels)
+    zero = torch.where(eq7, xmin + span / 4, xmin)
+    storage = spacing(zero, scale_dtype) / 2 + levels * spacing(scale, scale_dtype)
+    return scale / 2 + storage + float32_slack(xmin, xmax)
+
+
+def exact_ties(v: torch.Tensor) -> torch.Tensor:
+    """Where (x - z) / s, computed exactly (float64 from float32-representable operands), lies
+    exactly halfway between two codes: numerics rule 4 rounds these up, with no slack."""
+    return (v - torch.floor(v)) == 0.5

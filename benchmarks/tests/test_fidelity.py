@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import fidelity
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.long]
 
 
 def test_smoke_run_writes_consistent_results(tmp_path):

@@ -150,6 +150,42 @@ class _UnscaledAttention(ReferenceCache):
             return super().attend(q)
 
 
+def _encode_half_even(x, scale, zero, bits):
+    """`quant.encode` rounding half to even (torch.round) instead of half up (numerics rule 4)."""
+    s, z = scale.float(), zero.float()
+    levels = (2 ** torch.as_tensor(bits, device=x.device)) - 1
+    q = torch.round((x.float() - z) / torch.where(s == 0, torch.ones_like(s), s))
+    q = torch.where(s == 0, torch.zeros_like(q), q)
+    return torch.minimum(q.clamp(min=0), levels.to(q.dtype)).to(torch.uint8)
+
+
+class _RoundHalfEven(ReferenceCache):
+    """Codes round half to even: only exact ties (x - z) / s = k + 0.5 change, by one code."""
+
+    def _even(self):
+        if list(inspect.signature(quant.encode).parameters) != list(inspect.signature(_encode_half_even).parameters):
+            raise TypeError("quant.encode changed its signature: this mutant no longer fits it")
+        return mock.patch.object(quant, "encode", _encode_half_even)
+
+    def prefill(self, q, k, v):
+        with self._even():
+            super().prefill(q, k, v)
+
+    def append(self, k, v):
+        with self._even():
+            super().append(k, v)
+
+
+class _NoUpcast(ReferenceCache):
+    """Decode attention computed in the queries' dtype (scores, softmax and sums), without the
+    float32 upcast the spec documents."""
+
+    def attend(self, q):
+        low = _with_argument(cache_module.attention_ref, "upcast", False)
+        with mock.patch.object(cache_module, "attention_ref", low):
+            return super().attend(q)
+
+
 def _msb_first(packed: torch.Tensor) -> torch.Tensor:
     """Reverse the bit order of every byte (a self-consistent but foreign packing)."""
     bits = ((packed.unsqueeze(-1).to(torch.int32) >> torch.arange(8, device=packed.device)) & 1).flip(-1)
@@ -182,6 +218,14 @@ def accepts_nan():
 
 def unscaled_attention():
     return _mutant("unscaled_attention", _UnscaledAttention)
+
+
+def round_half_even():
+    return _mutant("round_half_even", _RoundHalfEven)
+
+
+def attention_without_upcast():
+    return _mutant("attention_without_upcast", _NoUpcast)
 
 
 def msb_first_keys():

@@ -35,7 +35,10 @@ MUTANTS = [
     ("storage_omits_mask", "test_p8_storage.py", "test_storage_report_counts_the_tensors_held"),
     ("accepts_nan", "test_p9_bad_input.py", "test_bad_append_is_rejected_and_changes_nothing"),
     ("unscaled_attention", "test_p7_attention.py", "test_decode_attention_within_the_low_precision_error"),
-    ("msb_first_keys", "test_p1_packing.py", "test_key_codes_roundtrip_and_match_reference_bytes"),
+    ("msb_first_keys", "test_p1_packing.py", "test_key_bytes_are_the_reference_layout"),
+    ("round_half_even", "test_p5_codes.py", "test_codes_and_scales_are_the_reference_numerics"),
+    ("round_half_even", "test_p2_midpoint.py", "test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint"),
+    ("attention_without_upcast", "test_p7_attention.py", "test_decode_attention_within_the_low_precision_error"),
 ]
 #: The exception a property fails with when it judges a defect: its own assert, or pytest.raises' "DID NOT RAISE".
 VERDICTS = ("AssertionError", "Failed")
@@ -75,8 +78,12 @@ def _raised_in(exc: BaseException) -> str:
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
-    """(Active only in the suite run with -p conformance.meta.test_mutants.) Record each
-    exception the test raised as a junitxml property "raised": "<class> <file>"."""
+    """(Active only in the suite run with -p conformance.meta.test_mutants.) Record the
+    implementation as a junitxml property "impl", and each exception the test raised as a
+    property "raised": "<class> <file>"."""
+    callspec = getattr(item, "callspec", None)
+    if call.when == "setup" and callspec is not None and "impl" in callspec.params:
+        item.user_properties.append(("impl", callspec.params["impl"].name))
     if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         for exc in _leaves(call.excinfo.value):
             item.user_properties.append(("raised", f"{type(exc).__name__} {_raised_in(exc)}"))
@@ -92,18 +99,28 @@ class Outcome(NamedTuple):
     raised: tuple[tuple[str, str], ...]
 
 
+#: How the outcomes of one property's parametrizations (e.g. each bad input kind) combine.
+_WORST = ("error", "failed", "passed", "skipped")
+
+
 def read_junitxml(path: Path) -> dict[tuple[str, str, str], Outcome]:
-    """(implementation, module file name, test) -> Outcome, from a junitxml written with the plug-in."""
-    results = {}
+    """(implementation, module file name, test) -> Outcome, from a junitxml written with the plug-in;
+    a test parametrized beyond the implementation has its worst outcome and every exception raised."""
+    results: dict[tuple[str, str, str], Outcome] = {}
     for case in ET.parse(path).iter("testcase"):
-        test, _, impl = case.get("name").removesuffix("]").partition("[")
+        test = case.get("name").partition("[")[0]
+        props = [(p.get("name"), p.get("value")) for p in case.iter("property")]
+        impl = next((value for name, value in props if name == "impl"), "?")
         module = case.get("classname").rpartition(".")[2] + ".py"
         found = [tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None]
-        raised = [p.get("value").split(" ", 1) for p in case.iter("property") if p.get("name") == "raised"]
-        results[(impl, module, test)] = Outcome(
-            {"failure": "failed", "error": "error", "skipped": "skipped"}[found[0]] if found else "passed",
-            tuple((cls, where) for cls, where in raised),
-        )
+        outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[found[0]] if found else "passed"
+        raised = tuple(tuple(value.split(" ", 1)) for name, value in props if name == "raised")
+        key = (impl, module, test)
+        if key in results:
+            before = results[key]
+            outcome = min(outcome, before.outcome, key=_WORST.index)
+            raised = before.raised + raised
+        results[key] = Outcome(outcome, raised)
     return results
 
 
@@ -151,9 +168,11 @@ def test_mutants_pass_the_other_properties(suite_on_mutants):
 
 
 def test_known_failures_results_file_and_no_overwrite(tmp_path):
+    append = "conformance/test_p9_bad_input.py::test_bad_append_is_rejected_and_changes_nothing"
     xfails = tmp_path / "xfails.txt"
     xfails.write_text(
-        "conformance/test_p9_bad_input.py::test_bad_append_is_rejected_and_changes_nothing  # NaN accepted\n"
+        f"{append}[accepts_nan-nan_in_k]  # NaN accepted\n"
+        f"{append}[accepts_nan-inf_in_v]  # Inf accepted\n"
         "conformance/test_p9_bad_input.py::test_no_such_property\n"
     )
     out = tmp_path / "result.json"
@@ -163,15 +182,27 @@ def test_known_failures_results_file_and_no_overwrite(tmp_path):
     assert "matches no collected test: conformance/test_p9_bad_input.py::test_no_such_property" in result.stdout
     data = json.loads(out.read_text())
     assert data["implementations"] == ["accepts_nan"]
-    outcomes = {r["property"]: r["outcome"] for r in data["results"]}
-    assert outcomes == {
-        "test_bad_append_is_rejected_and_changes_nothing": "xfailed",
-        "test_bad_prefill_is_rejected": "passed",
-        "test_bad_query_is_rejected_and_changes_nothing": "passed",
-    }
-    xfailed = next(r for r in data["results"] if r["outcome"] == "xfailed")
-    assert xfailed["reason"] == "NaN accepted"
+    assert data["implementation_details"][0]["origin"] == "conformance.meta.mutants:accepts_nan"
+    outcomes = {r["nodeid"].partition("::")[2]: r["outcome"] for r in data["results"]}
+    append = append.partition("::")[2]
+    assert (
+        outcomes.pop(f"{append}[accepts_nan-nan_in_k]") == outcomes.pop(f"{append}[accepts_nan-inf_in_v]") == "xfailed"
+    )
+    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 17  # the other 7 + 6 + 4 kinds
+    reasons = {r["reason"] for r in data["results"] if r["outcome"] == "xfailed"}
+    assert reasons == {"NaN accepted", "Inf accepted"}
     before = out.read_text()
     again = run_suite(*args, "--conformance-json", str(out))
     assert again.returncode == 4 and "never overwritten" in again.stderr
     assert out.read_text() == before
+
+
+def test_failures_are_recorded_with_their_message_and_case(tmp_path):
+    """A result file says what failed in the property's own words and on which fitted case."""
+    out = tmp_path / "result.json"
+    args = ["conformance/test_p9_bad_input.py", "-k", "nan_in_k", "--impl", "conformance.meta.mutants:accepts_nan"]
+    result = run_suite(*args, "--conformance-json", str(out))
+    assert result.returncode == 1, result.stdout[-3000:]
+    (failed,) = [r for r in json.loads(out.read_text())["results"] if r["outcome"] == "failed"]
+    assert failed["reason"].startswith("Failed: DID NOT RAISE"), failed["reason"]
+    assert failed["case"].startswith("Case(config=PNMixConfig("), failed["case"]

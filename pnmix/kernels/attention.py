@@ -82,6 +82,18 @@ def _code_to(code, DOT: tl.constexpr):
 
 
 @triton.jit
+def _dot_f32(a, b, DOT: tl.constexpr):
+    """a (float32) @ b (DOT) with a carried as two DOT parts, hi + lo: operands of float32 grade
+    on tensor cores, as the spec computes in float32 (rounding a, e.g. queries times key scales
+    or probabilities, to float16 alone would add an error of its own, not the dtype's)."""
+    if DOT == tl.float32:
+        return tl.dot(a, b)
+    else:
+        hi = a.to(DOT)
+        return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(DOT), b)
+
+
+@triton.jit
 def _dense_tile(ptr, rows, row_ok, cols, d):
     """Rows of a [tokens, d] buffer of exact keys or values (the sinks, the residual, FP16 pages)."""
     return tl.load(ptr + rows[:, None] * d + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < d), other=0.0)
@@ -153,8 +165,8 @@ def _split_kernel(
         vchan = cols
     q_rows = ((b * n_rep * n_kv + h * n_rep + rows // t_new) * t_new + j) * d
     q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    q_dot = q.to(DOT)  # the queries as given: exact operands (the scale is applied to the float32 logits)
     q = q.to(tl.float32) * qk_scale
-    q_dot = q.to(DOT)
     n_sink = tl.load(counts_ptr)
     n_q = tl.load(counts_ptr + 1)
     length = n_sink + n_q + tl.load(counts_ptr + 2)
@@ -174,9 +186,9 @@ def _split_kernel(
         for start in range(lo, hi, BLOCK_N):
             t = start + tok
             ok = t < hi
-            logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT)))
+            logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT))) * qk_scale
             p, alpha, l_i, m_i = _online_softmax(logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), _dense_tile(v_ptr, t, ok, vchan, d).to(DOT))
+            acc = acc * alpha[:, None] + _dot_f32(p, _dense_tile(v_ptr, t, ok, vchan, d).to(DOT), DOT)
 
     # the quantized region
     klo, khi, meta = klo_ptr + bh * s_klo, khi_ptr + bh * s_khi, mask_ptr + bh * s_mask
@@ -203,7 +215,7 @@ def _split_kernel(
             # Each byte is read once per field it holds (the repeats hit L1), 16 bytes of
             # adjacent channels at a time, and shifted down per token: no register shuffles.
             codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], W_LO, B_LO)
-            logits = tl.dot((q * s_k[None, :]).to(DOT), _code_to(codes, DOT))
+            logits = _dot_f32(q * s_k[None, :], _code_to(codes, DOT), DOT)
             logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
@@ -213,14 +225,14 @@ def _split_kernel(
                                other=0.0).to(tl.float32) * qk_scale  # fmt: skip
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], W_HI, B_HI)
-                logits += tl.dot((q_hi * s_hi[None, :]).to(DOT), _code_to(high, DOT))
+                logits += _dot_f32(q_hi * s_hi[None, :], _code_to(high, DOT), DOT)
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
                 pos, cols, col_ok[None, :], 0, n_q, klo, klo, klo, khi, slot, ks, kz, klo, d, d, n_boost, 0, 0,
                 meta, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
             )  # fmt: skip
-            logits = tl.dot(q_dot, tl.trans(k.to(DOT)))
+            logits = tl.dot(q_dot, tl.trans(k.to(DOT))) * qk_scale
         p, alpha, l_i, m_i = _online_softmax(logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL)
         if V_FIELDS:
             ok = t < hi
@@ -229,7 +241,7 @@ def _split_kernel(
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
-            pv = tl.dot((p * s_v[None, :]).to(DOT), _code_to(codes, DOT))
+            pv = _dot_f32(p * s_v[None, :], _code_to(codes, DOT), DOT)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < hi, t, -1)
@@ -237,9 +249,9 @@ def _split_kernel(
                 pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
                 vp, 0, False, True, G, VG, W_V, B_V, False, 1, 1, False,
             )  # fmt: skip
-            pv = tl.dot(p.to(DOT), v.to(DOT))
+            pv = _dot_f32(p, v.to(DOT), DOT)
         else:  # FP16 values in the quantized region
-            pv = tl.dot(p.to(DOT), _dense_tile(vp, t, t < hi, cols, d).to(DOT))
+            pv = _dot_f32(p, _dense_tile(vp, t, t < hi, cols, d).to(DOT), DOT)
         acc = acc * alpha[:, None] + pv
 
     out = (bh * n_splits + split) * n_real + rows

@@ -1,0 +1,31 @@
+"""The adapter template (conformance/impls/template.py) is a working implementation that differs
+from the reference on purpose (own format, scales in the input dtype, round half to even, no
+pair mask): the core properties pass on it and only the opt-in ones skip, each with its claim."""
+
+import json
+
+from conformance.meta.test_mutants import run_suite
+
+#: The properties that need a claim the template does not make, by the claim's wording in the skip.
+OPT_IN = {
+    "test_key_bytes_are_the_reference_layout": "reference's byte layout",
+    "test_value_bytes_are_the_reference_layout": "reference's byte layout",
+    "test_pair_mask_roundtrips": "pair mask chosen at prefill",
+    "test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint": "Eq. 7 midpoints",
+    "test_mask_is_the_reference_prefill_selection": "selection made once at prefill",
+    "test_mask_never_changes_after_prefill": "selection made once at prefill",
+    "test_codes_and_scales_are_the_reference_numerics": "reference's numerics",
+    "test_storage_report_is_exact": "reference's storage layout",
+}
+
+
+def test_template_passes_every_core_property_and_skips_only_the_opt_in_ones(tmp_path):
+    out = tmp_path / "template.json"
+    result = run_suite("conformance", "--impl", "conformance.impls.template:make", "--conformance-json", str(out))
+    assert result.returncode == 0, result.stdout[-4000:]
+    records = json.loads(out.read_text())["results"]
+    skipped = {r["property"]: r["reason"] for r in records if r["outcome"] == "skipped"}
+    assert set(skipped) == set(OPT_IN), f"skipped {sorted(skipped)}, expected the opt-in properties {sorted(OPT_IN)}"
+    for prop, claim in OPT_IN.items():
+        assert claim in skipped[prop], f"{prop} skipped with {skipped[prop]!r}, not naming the claim {claim!r}"
+    assert {r["outcome"] for r in records if r["property"] not in OPT_IN} == {"passed"}
