@@ -25,6 +25,7 @@ class State:
     all_k: torch.Tensor
     all_v: torch.Tensor
     step: int  # 0 after prefill, i after the i-th append
+    calls: tuple[int, ...] = ()  # tokens of the prompt, then of each append so far
 
     @property
     def length(self) -> int:
@@ -64,13 +65,13 @@ def states(impl, case: cs.Case, device: torch.device) -> Iterator[State]:
     cache.prefill(q, k, v)
     ref = ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), case.config)
     all_k, all_v = k.cpu(), v.cpu()
-    yield State(cache, ref, q.cpu(), all_k, all_v, 0)
+    yield State(cache, ref, q.cpu(), all_k, all_v, 0, (case.prompt,))
     for i in range(len(case.appends)):
         new_k, new_v = cs.append_tensors(case, i, device)
         cache.append(new_k, new_v)
         ref.append(new_k.cpu(), new_v.cpu())
         all_k, all_v = torch.cat([all_k, new_k.cpu()], -2), torch.cat([all_v, new_v.cpu()], -2)
-        yield State(cache, ref, q.cpu(), all_k, all_v, i + 1)
+        yield State(cache, ref, q.cpu(), all_k, all_v, i + 1, (case.prompt, *case.appends[: i + 1]))
 
 
 def final_state(impl, case: cs.Case, device: torch.device) -> State:
@@ -93,7 +94,10 @@ def held_bytes(obj: object) -> int:
         if id(x) in seen_objects:
             return
         seen_objects.add(id(x))
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and hasattr(x, "__tensor_flatten__"):
+            for name in x.__tensor_flatten__()[0]:  # a tensor subclass (e.g. quanto's): its inner tensors
+                visit(getattr(x, name))
+        elif isinstance(x, torch.Tensor):
             s = x.untyped_storage()
             storages[(x.device.type, x.device.index, s.data_ptr())] = s.nbytes()
         elif isinstance(x, dict):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 
+from packaging.requirements import Requirement
+
 from reference.contract import ENTRY_POINT_GROUP, Capabilities, missing_names
 
 #: The distribution whose plug-ins are the built-in implementations.
@@ -45,10 +47,26 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _extras_installed(ep: importlib.metadata.EntryPoint) -> bool:
+    """Whether the distributions the entry point's extras need (`name = module:factory [extra]`) are installed."""
+    if not ep.extras or ep.dist is None:
+        return True
+    for line in ep.dist.requires or ():
+        req = Requirement(line)
+        if req.marker is not None and any(req.marker.evaluate({"extra": extra}) for extra in ep.extras):
+            try:
+                importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                return False
+    return True
+
+
 def builtins() -> dict[str, str]:
-    """The implementations this package registers, name -> 'module:factory', in its own order."""
+    """The implementations this package registers, name -> 'module:factory', in its own order;
+    adapters of third-party code whose extra is not installed (pip install pnmix[adapters]) are left out."""
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    found = {ep.name: ep.value for ep in eps if ep.dist is not None and ep.dist.name == DISTRIBUTION}
+    mine = [ep for ep in eps if ep.dist is not None and ep.dist.name == DISTRIBUTION]
+    found = {ep.name: ep.value.partition(" ")[0] for ep in mine if _extras_installed(ep)}
     # The executable specs first (the order tables list them in), then the compiled ones.
     found = dict(sorted(found.items(), key=lambda item: (not item[1].startswith("reference."), item[1])))
     if not found:

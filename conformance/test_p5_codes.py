@@ -58,11 +58,15 @@ def test_quantized_tokens_reconstruct_within_half_a_step(impl, device, case):
     cfg, caps = case.config, impl.capabilities
     state = final_state(impl, case, device)
     n_sink = min(state.length, cfg.n_sink)
-    key_exact, value_exact = exact_tail(cfg, state.length, caps.residual)
+    key_exact, value_exact = exact_tail(cfg, state.calls, caps.residual)
     midpoint = caps.midpoint_one_bit and cfg.one_bit == "midpoint"
     k_hat, v_hat = (t.cpu() for t in state.cache.dequantize())
     keys = slice(n_sink, state.length - key_exact)
-    if keys.stop > keys.start:
+    if keys.stop > keys.start and caps.key_groups == "channels":  # per token, as values
+        levels = torch.tensor(2.0**cfg.b_low - 1, dtype=torch.float64)
+        group = cfg.value_group(case.head_dim)
+        assert_within_bound(state.all_k[..., keys, :], k_hat[..., keys, :], levels, cfg, midpoint, group, -1, "key")
+    elif keys.stop > keys.start:
         # b_high channels where the implementation's own mask says so; else every channel is
         # judged at b_low, a bound that holds whichever channels a method boosts.
         if caps.prefill_selection:

@@ -31,6 +31,8 @@ RESIDUAL_POLICIES = {
     "shared": "keys and values: the tokens since the last full residual, flushed N at a time (this spec)",
     "sliding_values": "keys as shared; values: the residual_length newest (the published KIVI: once the "
     "window is full, each new token quantizes the oldest value of the window)",
+    "requantize": "the prompt quantized whole; appended tokens exact until they would reach residual_length, "
+    "then everything quantized again from its dequantized values (transformers' QuantizedCache)",
 }
 
 
@@ -52,7 +54,9 @@ class Capabilities:
     storage audit stays exact.
 
     Real designs differ from the reference in ways that are not errors; they are claimed here:
-    residual: which newest tokens stay exact (`RESIDUAL_POLICIES`). group_sizes / head_dims: the
+    residual: which newest tokens stay exact (`RESIDUAL_POLICIES`). key_groups: "tokens" (each
+    channel in groups of G tokens, as PN-Mix and KIVI) or "channels" (each token in groups of the
+    value group size of channels, as values; transformers' QuantizedCache). group_sizes / head_dims: the
     key group sizes G and head dims it supports (None: any). token_multiple: prompt and append
     sizes it accepts are multiples of this (e.g. codes packed into 32-bit words along tokens).
     pack_word_bits: packed codes fill words of this many bits (the packing tests draw token
@@ -82,6 +86,7 @@ class Capabilities:
     prefill_selection: bool = True
     preset: Callable[[PNMixConfig], PNMixConfig] | None = None
     residual: str = "shared"
+    key_groups: str = "tokens"
     group_sizes: tuple[int, ...] | None = None
     head_dims: tuple[int, ...] | None = None
     token_multiple: int = 1
@@ -90,6 +95,8 @@ class Capabilities:
     reference_numerics: bool = False
 
     def __post_init__(self) -> None:
+        if self.key_groups not in ("tokens", "channels"):
+            raise ValueError(f"key_groups must be 'tokens' or 'channels', got {self.key_groups!r}")
         if self.residual not in RESIDUAL_POLICIES:
             raise ValueError(f"residual must be one of {sorted(RESIDUAL_POLICIES)}, got {self.residual!r}")
         for name in ("token_multiple", "pack_word_bits", "max_tokens", "max_head_dim"):

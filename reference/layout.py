@@ -15,6 +15,7 @@ Nothing else re-derives any of this (plan/run, as FlashInfer splits its decode w
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -55,19 +56,35 @@ def token_layout(config: PNMixConfig, length: int) -> TokenLayout:
     return TokenLayout(n_sink, n_quantized, rest - n_quantized)
 
 
-def exact_tail(config: PNMixConfig, length: int, policy: str = "shared") -> tuple[int, int]:
+def exact_tail(config: PNMixConfig, calls: int | Sequence[int], policy: str = "shared") -> tuple[int, int]:
     """How many of the newest tokens (beyond the sinks) keep exact keys and exact values under a
-    residual policy of `reference.contract.RESIDUAL_POLICIES` (both depend on the length alone).
+    residual policy of `reference.contract.RESIDUAL_POLICIES`, after calls that brought these
+    token counts (the prompt, then each append; an int is the length, enough for the policies
+    that depend on it alone).
 
     shared (this spec): both are the residual of `token_layout`. sliding_values (the published
     KIVI): keys the same; values the residual_length newest, all of them while there are fewer.
+    requantize (transformers' QuantizedCache): the prompt is quantized whole; appended tokens stay
+    exact until an append would bring them to residual_length, when everything is quantized again.
     """
-    layout = token_layout(config, length)
+    sizes = [calls] if isinstance(calls, int) else list(calls)
+    if not sizes:
+        raise ValueError("calls must hold the prompt's token count at least")
+    for n in sizes:
+        _check_count("calls", n)
+    layout = token_layout(config, sum(sizes))
     if policy == "shared":
         return layout.n_residual, layout.n_residual
     if policy == "sliding_values":
-        return layout.n_residual, min(length - layout.n_sink, config.residual_length)
-    raise ValueError(f"policy must be 'shared' or 'sliding_values', got {policy!r}")
+        return layout.n_residual, min(sum(sizes) - layout.n_sink, config.residual_length)
+    if policy == "requantize":
+        if isinstance(calls, int):
+            raise ValueError("the requantize policy depends on the calls, not the length alone: pass their sizes")
+        exact = 0
+        for n in sizes[1:]:
+            exact = 0 if exact + n >= config.residual_length else exact + n
+        return exact, exact
+    raise ValueError(f"policy must be 'shared', 'sliding_values' or 'requantize', got {policy!r}")
 
 
 def allocation(config: PNMixConfig, length: int, capacity: int | None = None) -> TokenLayout:

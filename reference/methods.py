@@ -4,6 +4,12 @@
 - KIVI (jy-yuan/KIVI): uniform b-bit keys per channel along tokens and values per token, an
   FP16 residual of R = G tokens, 1-bit groups at the group ends (Eq. 2); its public code
   keeps no sink tokens (n_sink=0), the paper's comparisons keep 32 (`kivi(n_sink=32)`).
+  Not modelled: the published code keeps a sliding window of the R newest *values* (one value
+  quantized per step once the window is full), where this configuration flushes values with
+  the keys' residual, G at a time (`reference.contract.RESIDUAL_POLICIES`: "shared" here,
+  "sliding_values" there). The published rule holds R exact values once the window is full,
+  this one 0 to G - 1 (with R = G); a value, once quantized, has the same codes in both,
+  since values are quantized per token.
 - Kitty (Summer-Summer/Kitty): pages of 128 tokens; per page the d/4 channels of largest mean
   |k| over that page's keys get 4 bits (d/8 in the light variant), the rest 2 bits, as a 2-bit
   low plane for every channel plus a 2-bit high plane for the boosted ones; a per-page channel

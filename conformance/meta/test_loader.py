@@ -46,3 +46,19 @@ def test_missing_names_become_stubs_that_say_so():
 def test_bad_names_are_explained(name, message):
     with pytest.raises(ValueError, match=message):
         loader.load(name)
+
+
+def test_builtins_leave_out_an_adapter_whose_extra_is_not_installed(monkeypatch):
+    """`transformers-quanto` needs pnmix[adapters]: without optimum-quanto it is not a built-in
+    (a default run would fail on it), and naming it still loads it."""
+    assert "transformers-quanto" in loader.builtins()
+    real = loader.importlib.metadata.version
+
+    def version(name):
+        if name == "optimum-quanto":
+            raise loader.importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(loader.importlib.metadata, "version", version)
+    assert "transformers-quanto" not in loader.builtins() and "triton" in loader.builtins()
+    assert loader.load("transformers-quanto").name == "transformers-quanto"

@@ -40,6 +40,18 @@ def counts(source: Source) -> dict[str, collections.Counter]:
     return out
 
 
+def _identity(details: dict | None) -> str:
+    """The implementation's version and where it was loaded from ("-" in results that predate them)."""
+    if not details:
+        return "-"
+    return f"{details.get('version', '?')} (`{details.get('origin') or details.get('class', '?')}`)"
+
+
+def _largest(records: list[dict], name: str) -> str:
+    values = [r["measured"][name] for r in records if name in (r.get("measured") or {})]
+    return f"{max(values):.3g}" if values else "-"
+
+
 def _provenance(i: int, s: Source) -> str:
     d = s.data
     # results written before `reference.records` carry created_utc and triton_interpret instead
@@ -79,14 +91,18 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
     provenance = "; ".join(_provenance(i, s) for i, s in enumerate(sources))
     summary = []
     for i, s in enumerate(sources):
+        details = {d["name"]: d for d in s.data.get("implementation_details", [])}
         for impl, c in counts(s).items():
             col = columns[(i, impl)]
+            mine = [r for r in s.data["results"] if r["implementation"] == impl]
             summary.append(
                 [
                     col,
+                    _identity(details.get(impl)),
                     *(c[o] for o in OUTCOMES),
                     sum(c.values()),
-                    round(sum(r["duration_s"] for r in s.data["results"] if r["implementation"] == impl), 1),
+                    round(sum(r["duration_s"] for r in mine), 1),
+                    _largest(mine, "spec_distance"),
                 ]
             )
     parts = [
@@ -97,6 +113,13 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         table(matrix, ["property", *columns.values()], provenance),
         "Reasons:\n\n" + "\n".join(f"{n}. {text}" for text, n in reasons.items()) + "\n" if reasons else "",
         "### Counts\n",
-        table(summary, ["implementation", *OUTCOMES, "total", "test seconds"], "the result files of the matrix above"),
+        table(
+            summary,
+            ["implementation", "version (import path)", *OUTCOMES, "total", "test seconds", "spec distance"],
+            "the result files of the matrix above",
+        ),
+        "spec distance: the largest max-abs difference, over the examples of property 7, between the "
+        "implementation's attention output and float64 attention over the spec's cache of the same tokens "
+        "(measured; judged only where the implementation claims the reference numerics).\n",
     ]
     return Section("Conformance matrix", "\n".join(p for p in parts if p))

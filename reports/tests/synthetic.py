@@ -160,7 +160,7 @@ def tiny_benchmarks() -> dict:
 def conformance() -> dict:
     """Two implementations: every outcome the matrix shows."""
 
-    def rec(impl, prop, outcome, reason=""):
+    def rec(impl, prop, outcome, reason="", measured=None):
         return {
             "implementation": impl,
             "version": "0",
@@ -171,10 +171,13 @@ def conformance() -> dict:
             "reason": reason,
             "duration_s": 0.5,
             "hypothesis_statistics": None,
+            "measured": measured or {},
         }
 
     results = [
-        rec("reference", "test_a", "passed"),
+        rec("reference", "test_a", "passed", measured={"spec_distance": 0.0}),
+        rec("triton", "test_d", "passed", measured={"spec_distance": 0.00125}),
+        rec("triton", "test_d", "passed", measured={"spec_distance": 0.0005}),
         rec("reference", "test_b", "passed"),
         rec("triton", "test_a", "failed", "AssertionError: codes differ | at 3"),
         rec("triton", "test_b", "skipped", "triton does not claim bf16\nmore detail"),
@@ -188,6 +191,10 @@ def conformance() -> dict:
         "versions": {"python": "3.11", "torch": "2.13", "hypothesis": "6.100"},
         "machine": {**MACHINE, "gpu": "none", "TRITON_INTERPRET": "1"},
         "implementations": ["reference", "triton"],
+        "implementation_details": [
+            {"name": "reference", "version": "0.3.0", "origin": "reference = reference.implementation:make"},
+            {"name": "triton", "version": "0.3.0", "origin": "triton = pnmix.protocol:make (pnmix 0.3.0)"},
+        ],
         "hypothesis_profile": "ci",
         "exitstatus": 1,
         "results": results,

@@ -109,6 +109,8 @@ def test_conformance_matrix_counts_and_reasons(tmp_path):
     expected = collections.Counter((r["implementation"], r["outcome"]) for r in source.data["results"])
     for (impl, outcome), n in expected.items():
         assert int(counts[impl][outcome]) == n
+    assert counts["triton"]["spec distance"] == "0.00125" and counts["reference"]["spec distance"] == "0"
+    assert counts["triton"]["version (import path)"] == "0.3.0 (`triton = pnmix.protocol:make (pnmix 0.3.0)`)"
     assert tables_without_source(s.body) == []
 
 
