@@ -137,11 +137,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"{impl.name} does not claim {what}")
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, such as hypothesis' distinct failures."""
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, such as hypothesis' distinct failures.
+
+    Read through the groups' `exceptions` tuple: Python 3.10 has no builtin BaseExceptionGroup.
+    """
     inner = getattr(exc, "exceptions", None)
     if isinstance(inner, tuple) and inner and all(isinstance(e, BaseException) for e in inner):
-        return [leaf for e in inner for leaf in _leaves(e)]
+        return [leaf for e in inner for leaf in leaves(e)]
     return [exc]
 
 
@@ -157,7 +160,7 @@ def failure_message(excinfo: pytest.ExceptionInfo) -> str:
     """What a failure says: 'Class: first line of the message' of each distinct exception, joined
     by ' | ' (a property's assertion message, not the file and line it was raised at)."""
     parts = []
-    for exc in _leaves(excinfo.value):
+    for exc in leaves(excinfo.value):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         parts.append(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
     return " | ".join(dict.fromkeys(parts))[:1000]

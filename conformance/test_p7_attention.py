@@ -32,6 +32,8 @@ def judge(out: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.
 @example(case=cs.Case(CFG, 3, 2, 8, 16, torch.float16, 54, (1, 17), 1), n_queries=1)
 @example(case=cs.Case(CFG, 2, 1, 7, 24, torch.bfloat16, 97, (), 2), n_queries=2)
 @example(case=cs.Case(CFG, 1, 3, 1, 8, torch.float32, 12, (12,), 3, "wide_range"), n_queries=3)
+# Scores of ~100 in float16: computing them without the float32 upcast moves the output by 3.6x the bound.
+@example(case=cs.Case(CFG, 1, 1, 4, 32, torch.float16, 40, (), 37, "wide_range"), n_queries=1)
 def test_decode_attention_within_the_low_precision_error(impl, device, case, n_queries, record_property):
     case = fitted(impl, case, device)
     state = final_state(impl, case, device)

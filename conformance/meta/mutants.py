@@ -45,22 +45,29 @@ def _with_argument(function, name: str, value):
     return forced
 
 
-class _OneBitAtGroupEnds(ReferenceCache):
+class _QuantizesDifferently(ReferenceCache):
+    """A cache whose prefill and append quantize with `_patch()` in effect."""
+
+    def _patch(self):
+        raise NotImplementedError
+
+    def prefill(self, q, k, v):
+        with self._patch():
+            super().prefill(q, k, v)
+
+    def append(self, k, v):
+        with self._patch():
+            super().append(k, v)
+
+
+class _OneBitAtGroupEnds(_QuantizesDifferently):
     """1-bit groups use Eq. 2 (levels at min and max) instead of the Eq. 7 midpoints.
 
     `quant.group_params` runs with midpoint=False while prefill and append quantize.
     """
 
-    def _ends(self):
+    def _patch(self):
         return mock.patch.object(quant, "group_params", _with_argument(quant.group_params, "midpoint", False))
-
-    def prefill(self, q, k, v):
-        with self._ends():
-            super().prefill(q, k, v)
-
-    def append(self, k, v):
-        with self._ends():
-            super().append(k, v)
 
 
 def _four_bit_per_token(t: torch.Tensor) -> torch.Tensor:
@@ -159,21 +166,13 @@ def _encode_half_even(x, scale, zero, bits):
     return torch.minimum(q.clamp(min=0), levels.to(q.dtype)).to(torch.uint8)
 
 
-class _RoundHalfEven(ReferenceCache):
+class _RoundHalfEven(_QuantizesDifferently):
     """Codes round half to even: only exact ties (x - z) / s = k + 0.5 change, by one code."""
 
-    def _even(self):
+    def _patch(self):
         if list(inspect.signature(quant.encode).parameters) != list(inspect.signature(_encode_half_even).parameters):
             raise TypeError("quant.encode changed its signature: this mutant no longer fits it")
         return mock.patch.object(quant, "encode", _encode_half_even)
-
-    def prefill(self, q, k, v):
-        with self._even():
-            super().prefill(q, k, v)
-
-    def append(self, k, v):
-        with self._even():
-            super().append(k, v)
 
 
 class _NoUpcast(ReferenceCache):

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import pytest
 
+from conformance.plugin import leaves
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # (mutant factory in conformance.meta.mutants, property module, the test that must catch it)
@@ -54,17 +56,6 @@ def run_suite(*args: str) -> subprocess.CompletedProcess:
 # -- the plug-in loaded into the suite run by `suite_on_mutants` --------------------------------
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, e.g. hypothesis' distinct failures.
-
-    Read through the groups' `exceptions` tuple: Python 3.10 has no builtin BaseExceptionGroup.
-    """
-    inner = getattr(exc, "exceptions", None)
-    if isinstance(inner, tuple) and inner and all(isinstance(e, BaseException) for e in inner):
-        return [leaf for e in inner for leaf in _leaves(e)]
-    return [exc]
-
-
 def _raised_in(exc: BaseException) -> str:
     """The innermost repository file (outside the virtualenv) on exc's traceback, relative to ROOT."""
     where = "?"
@@ -85,7 +76,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
     if call.when == "setup" and callspec is not None and "impl" in callspec.params:
         item.user_properties.append(("impl", callspec.params["impl"].name))
     if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
-        for exc in _leaves(call.excinfo.value):
+        for exc in leaves(call.excinfo.value):
             item.user_properties.append(("raised", f"{type(exc).__name__} {_raised_in(exc)}"))
 
 
