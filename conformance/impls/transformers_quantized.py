@@ -1,16 +1,17 @@
-"""transformers' `QuantizedCache` under test: one `QuantoQuantizedLayer` (backend "quanto",
-optimum-quanto) is one layer's cache, driven through its own `update`, as a model drives it.
+"""transformers' `QuantizedCache` under test, for each integer backend: one `QuantizedLayer`
+(`QuantoQuantizedLayer`, optimum-quanto; `HQQQuantizedLayer`, hqq) is one layer's cache, driven
+through its own `update`, as a model drives it.
 
 What it claims is what the layer does (transformers/cache_utils.py, `QuantizedLayer`): the
 prompt is quantized whole (no sinks); appended tokens stay exact until an append would bring them
 to `residual_length`, then every token is quantized again from its dequantized values (policy
 "requantize"); keys and values alike are quantized per token in groups of `q_group_size`
-channels (quanto's axis 0: "key_groups" = "channels"), with `nbits` 2 or 4 for both and scale
-and shift in the input dtype; no NaN/Inf or shape checks beyond what it does itself. Attention
-is computed, as a transformers model would, over the keys and values `update` returns (its
-dequantized states in the input dtype, then the exact residual), with a float32 softmax.
-Genuine differences from the spec are listed, each with its reason, in
-conformance/xfails/transformers-quanto.txt.
+channels (the backend's axis over the last dimension: "key_groups" = "channels"), with one
+`nbits` for both and scale and zero in the input dtype; no NaN/Inf or shape checks beyond what
+it does itself. Attention is computed, as a transformers model would, over the keys and values
+`update` returns (its dequantized states in the input dtype, then the exact residual), with a
+float32 softmax. Genuine differences from the spec are listed, each with its reason, in
+conformance/xfails/transformers-<backend>.txt.
 """
 
 from __future__ import annotations
@@ -26,9 +27,66 @@ from reference.contract import Capabilities
 from reference.methods import kivi_preset
 
 
-def quanto_preset(config: PNMixConfig) -> PNMixConfig:
+def layer_preset(config: PNMixConfig) -> PNMixConfig:
     """Uniform keys (as KIVI); one bit width and one channel group for keys and values (the whole head)."""
     return dataclasses.replace(kivi_preset(config), value_bits=config.b_low, value_group_size=None, n_sink=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """How one backend's layer is built and what its quantized states hold."""
+
+    name: str
+    layer: str  # the QuantizedLayer class in transformers.cache_utils
+    axis: int  # its axis argument that groups along the last dimension (channels)
+    bits: tuple[int, ...]
+    distribution: str
+    token_multiple: int = 1
+
+    def make_layer(self, config: PNMixConfig, head_dim: int):
+        import transformers.cache_utils as cache_utils
+
+        return getattr(cache_utils, self.layer)(
+            nbits=config.b_low, axis_key=self.axis, axis_value=self.axis,
+            q_group_size=config.value_group(head_dim), residual_length=config.residual_length,
+        )  # fmt: skip
+
+    def parts(self, states) -> tuple:
+        """(payload, scale, zero) of one quantized state."""
+        if self.name == "quanto":  # a WeightQBitsTensor
+            return states._data, states._scale, states._shift
+        codes, meta = states  # hqq: packed codes and their meta
+        return codes, meta["scale"], meta["zero"]
+
+    def pack(self, codes: torch.Tensor, bits: int):
+        if self.name == "quanto":
+            from optimum.quanto.tensor.packed import PackedTensor
+
+            return PackedTensor.pack(codes, bits=bits)
+        from hqq.core.quantize import Quantizer
+
+        rows = codes.reshape(-1, codes.shape[-1])
+        rows = torch.cat([rows, rows.new_zeros(-len(rows) % 32, rows.shape[-1])])  # whole bytes at any width
+        return Quantizer.pack[Quantizer.bit_to_packing[bits]](rows), codes.shape, bits
+
+    def unpack(self, packed) -> torch.Tensor:
+        if self.name == "quanto":
+            return packed.unpack()
+        from hqq.core.quantize import Quantizer
+
+        data, shape, bits = packed
+        rows = Quantizer.unpack[Quantizer.bit_to_packing[bits]](data, dtype=torch.uint8)
+        return rows[: shape[:-1].numel()].reshape(shape)
+
+
+BACKENDS = {
+    "quanto": Backend("quanto", "QuantoQuantizedLayer", 0, (2, 4), "optimum-quanto"),
+    # hqq packs whole bytes (words of 10 codes at 3 bits) of group rows and does not trim the
+    # padding when it dequantizes: a state whose token count is not a multiple of 8 / nbits fails
+    # (RuntimeError at update), and at 3 bits almost every shape does. Claimed: multiples of 8
+    # tokens, 3 bits left out.
+    "hqq": Backend("hqq", "HQQQuantizedLayer", 1, (1, 2, 4, 8), "hqq", token_multiple=8),
+}
 
 
 def _empty_residual(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -48,8 +106,8 @@ def _bytes(*tensors: torch.Tensor) -> int:
 
 
 class QuantizedLayerCache:
-    def __init__(self, config: PNMixConfig) -> None:
-        self.config = config
+    def __init__(self, config: PNMixConfig, backend: Backend) -> None:
+        self.config, self.backend = config, backend
         self.layer = None
         self.saliency_computations = 0
 
@@ -58,15 +116,10 @@ class QuantizedLayerCache:
         return 0 if self.layer is None else self.layer.get_seq_length()
 
     def prefill(self, q, k, v) -> None:
-        from transformers.cache_utils import QuantoQuantizedLayer
-
         if self.layer is not None:
             raise RuntimeError("prefill was already called on this cache")
         self._like = k[:, :, :0].clone()
-        self.layer = QuantoQuantizedLayer(
-            nbits=self.config.b_low, axis_key=0, axis_value=0,
-            q_group_size=self.config.value_group(k.shape[-1]), residual_length=self.config.residual_length,
-        )  # fmt: skip
+        self.layer = self.backend.make_layer(self.config, k.shape[-1])
         self.layer.update(k, v)  # what it returns is _states(); keeping it would hold a copy
 
     def append(self, k, v) -> None:
@@ -100,10 +153,11 @@ class QuantizedLayerCache:
 
     def storage(self) -> StorageReport:
         self._require_prefill()
-        qk, qv = self.layer._quantized_keys, self.layer._quantized_values
+        kp, ks, kz = self.backend.parts(self.layer._quantized_keys)
+        vp, vs, vz = self.backend.parts(self.layer._quantized_values)
         return StorageReport(
-            key_low=_bytes(qk._data), key_scale=_bytes(qk._scale), key_zero=_bytes(qk._shift),
-            value_payload=_bytes(qv._data), value_scale=_bytes(qv._scale), value_zero=_bytes(qv._shift),
+            key_low=_bytes(kp), key_scale=_bytes(ks), key_zero=_bytes(kz),
+            value_payload=_bytes(vp), value_scale=_bytes(vs), value_zero=_bytes(vz),
             residual_key=_bytes(self.layer.keys), residual_value=_bytes(self.layer.values),
         )  # fmt: skip
 
@@ -112,46 +166,44 @@ class QuantizedLayerCache:
             raise RuntimeError("the cache is empty: call prefill(q, k, v) first")
 
 
-class QuantoImplementation:
-    name = "transformers-quanto"
-    capabilities = Capabilities(
-        dtypes=(torch.float16, torch.bfloat16, torch.float32),
-        devices=("cpu", "cuda"),
-        key_bits=frozenset({(2, 2), (4, 4)}),
-        value_bits=frozenset({2, 4}),
-        scale_dtypes=("input",),
-        midpoint_one_bit=False,
-        sinks=False,
-        prefill_selection=False,
-        preset=quanto_preset,
-        residual="requantize",
-        key_groups="channels",
-    )
+class LayerImplementation:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = f"transformers-{backend.name}"
+        self.capabilities = Capabilities(
+            dtypes=(torch.float16, torch.bfloat16, torch.float32),
+            devices=("cpu", "cuda"),
+            key_bits=frozenset((b, b) for b in backend.bits),
+            value_bits=frozenset(backend.bits),
+            scale_dtypes=("input",),
+            midpoint_one_bit=False,
+            sinks=False,
+            prefill_selection=False,
+            preset=layer_preset,
+            residual="requantize",
+            key_groups="channels",
+            token_multiple=backend.token_multiple,
+        )
 
     @property
     def version(self) -> str:
-        have = {d: _version(d) for d in ("transformers", "optimum-quanto")}
-        return ", ".join(f"{d} {v}" for d, v in have.items())
+        return ", ".join(f"{d} {_version(d)}" for d in ("transformers", self.backend.distribution))
 
     def create(self, config: PNMixConfig) -> QuantizedLayerCache:
-        return QuantizedLayerCache(config)
+        return QuantizedLayerCache(config, self.backend)
 
-    # Its storage format: quanto's PackedTensor (codes packed along the first dimension).
+    # The backend's own packing (quanto: a PackedTensor; hqq: its bitpack, with the shape it drops).
     def pack_keys(self, codes, channel_mask, config):
-        from optimum.quanto.tensor.packed import PackedTensor
-
-        return PackedTensor.pack(codes, bits=config.b_low), None
+        return self.backend.pack(codes, config.b_low), None
 
     def unpack_keys(self, low, high, channel_mask, config):
-        return low.unpack()
+        return self.backend.unpack(low)
 
     def pack_values(self, codes, config):
-        from optimum.quanto.tensor.packed import PackedTensor
-
-        return PackedTensor.pack(codes, bits=config.value_bits)
+        return self.backend.pack(codes, config.value_bits)
 
     def unpack_values(self, packed, config):
-        return packed.unpack()
+        return self.backend.unpack(packed)
 
 
 def _version(dist: str) -> str:
@@ -161,5 +213,9 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def make_quanto() -> QuantoImplementation:
-    return QuantoImplementation()
+def make_quanto() -> LayerImplementation:
+    return LayerImplementation(BACKENDS["quanto"])
+
+
+def make_hqq() -> LayerImplementation:
+    return LayerImplementation(BACKENDS["hqq"])
