@@ -62,3 +62,13 @@ def test_builtins_leave_out_an_adapter_whose_extra_is_not_installed(monkeypatch)
     monkeypatch.setattr(loader.importlib.metadata, "version", version)
     assert "transformers-quanto" not in loader.builtins() and "triton" in loader.builtins()
     assert loader.load("transformers-quanto").name == "transformers-quanto"
+
+
+def test_naming_an_implementation_never_runs_the_suites_own_tests():
+    from conformance.meta.test_mutants import run_suite
+
+    result = run_suite("conformance", "--impl", "reference", "--collect-only", "--no-conformance-json")
+    assert result.returncode == 0, result.stdout[-2000:]
+    collected = [line for line in result.stdout.splitlines() if "::" in line]
+    assert collected and not [line for line in collected if line.startswith("conformance/meta/")]
+    assert "deselected" in result.stdout
