@@ -38,6 +38,7 @@ class Launch:
     constexprs: dict
     num_warps: int
     num_stages: int
+    maxnreg: int | None = None
 
     @property
     def name(self) -> str:
@@ -77,12 +78,17 @@ def target() -> Target | None:
     return Target(props.major * 10 + props.minor, props.multi_processor_count)
 
 
-def launch(kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 1, **constexprs) -> None:
-    """Launch kernel[grid] (or record it while `recording`)."""
+def launch(
+    kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 1, maxnreg: int | None = None,
+    **constexprs,
+) -> None:  # fmt: skip
+    """Launch kernel[grid] (or record it while `recording`). maxnreg: the registers per thread
+    ptxas may use (None: its own choice, which on sm_90 may cap them for occupancy and spill)."""
     if _recorder is not None:
-        _recorder.launches.append(Launch(kernel, tuple(grid), args, constexprs, num_warps, num_stages))
+        _recorder.launches.append(Launch(kernel, tuple(grid), args, constexprs, num_warps, num_stages, maxnreg))
         return
-    kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+    options = {} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}
+    kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options, **constexprs)
 
 
 def kernel_device() -> torch.device:

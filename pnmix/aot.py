@@ -44,6 +44,8 @@ HEAD_DIMS = (64, 128, 256)
 GQA = (4, 8)
 DEFAULT_METHOD = "PN-Mix"
 DECODE_KERNEL = "_split_kernel"
+#: 32-bit registers of one SM (sm_80, sm_90): a block whose threads need more cannot launch.
+REGISTER_FILE = 65536
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ def _compile(launch: _runtime.Launch, arch: int):
     kernel = launch.kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages, debug=False)
+    if launch.maxnreg is not None:
+        kwargs["maxnreg"] = launch.maxnreg
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
@@ -113,6 +117,8 @@ def _key(launch: _runtime.Launch, arch: int) -> str:
     backend = make_backend(GPUTarget("cuda", arch, 32))
     binder = create_function_from_signature(launch.kernel.signature, launch.kernel.params, backend)
     kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if launch.maxnreg is not None:
+        kwargs["maxnreg"] = launch.maxnreg
     _, specialization, options = binder(*launch.args, **kwargs)
     return f"{arch}:{launch.name}:{specialization}:{sorted(options.items())}"
 
@@ -193,6 +199,9 @@ def problems(row: dict) -> list[str]:
         found.append(f"shared memory {row['shared_bytes']} B > {row['smem_limit']} B per block")
     if row["local_bytes"] > 0:
         found.append(f"{row['local_bytes']} B of local memory per thread (spills)")
+    threads = row["warps"] * 32
+    if row["registers"] * threads > REGISTER_FILE:
+        found.append(f"{row['registers']} registers x {threads} threads > the {REGISTER_FILE} of an SM (cannot launch)")
     return found
 
 

@@ -66,7 +66,7 @@ class Capabilities:
 
     Opt-in, bit for bit: reference_layout (packed bytes are `reference.packing`'s) and
     reference_numerics (codes, scales and zeros follow `reference.quant`'s numerics rules).
-    Without them an implementation is judged on its own format and its own stored parameters.
+    Without them an implementation is judged on its own format and its own dequantized values.
     """
 
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)

@@ -326,21 +326,23 @@ def default_splits(work_items: int, length: int, block_n: int) -> int:
 
 
 def launch_config(layout: CacheLayout) -> dict:
-    """Tile size, warps and stages of the decode kernel for the current target (pnmix/kernels/NOTES.md).
+    """Tile size, warps, stages and register limit of the decode kernel (pnmix/kernels/NOTES.md).
 
     A tile is the largest power of two up to 64 that divides the key group size G, so that a
     tile lies in one group (the fast path), and the codes of a plane's tile are at most 2,048
-    per warp: 64 tokens of up to 128 channels at 4 warps, of 256 channels at 8 (larger tiles
-    reach 255 registers and spill in some configurations, and leave two programs per SM).
-    Per-page rank tables (Kitty) take 8 warps too: inverting a page's ranks in every tile
-    spills at 4 on sm_90. Groups of fewer than 16 tokens take 64-token tiles and the
-    per-element path. The interpreter runs the same tiles, so CI checks the GPU paths.
+    per warp up to 128 channels (64 tokens at 4 warps) and 1,024 beyond (32 tokens of 256
+    channels at 8 warps): larger tiles spill. Per-page rank tables (Kitty) take 8 warps too:
+    inverting a page's ranks in every tile spills at 4 on sm_90. Groups of fewer than 16
+    tokens take 64-token tiles and the per-element path. maxnreg 255: left to itself, ptxas
+    caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. The interpreter
+    runs the same tiles, so CI checks the GPU paths.
     """
     g = layout.config.group_size
     block_d = max(16, triton.next_power_of_2(layout.head_dim))
     warps = 8 if block_d >= 256 or layout.selection.metadata == "page-ranks" else 4
-    block_n = min(64, g & -g, 2048 * warps // block_d)
-    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1}
+    codes = 2048 if block_d <= 128 else 1024
+    block_n = min(64, g & -g, codes * warps // block_d)
+    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1, "maxnreg": 255}
 
 
 def counts_tensor(tokens: TokenLayout, device: torch.device) -> torch.Tensor:
@@ -399,7 +401,7 @@ def decode_attention(
         V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
         DOT=dot, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
-        num_warps=tune["num_warps"], num_stages=tune["num_stages"],
+        num_warps=tune["num_warps"], num_stages=tune["num_stages"], maxnreg=tune["maxnreg"],
     )  # fmt: skip
     out = torch.empty_like(q)
     _runtime.launch(

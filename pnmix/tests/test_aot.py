@@ -96,3 +96,10 @@ def test_tile_bytes_count_every_quantized_component_of_the_default_layout():
     # values: 2 bits x 128, fp16 scale and zero per token
     per_token = 128 / 8 + 64 * 2 / 8 + 2 * 2 * 128 / 128 + 128 * 2 / 8 + 2 * 2
     assert aot.tile_bytes(layout, 64) == pytest.approx(64 * per_token)
+
+
+def test_a_block_whose_registers_exceed_the_register_file_is_a_failure():
+    row = {"shared_bytes": 0, "smem_limit": 1, "local_bytes": 0, "registers": 255, "warps": 8}
+    assert aot.problems(row) == []  # 255 x 256 threads fits 65,536
+    (problem,) = aot.problems(row | {"warps": 16})
+    assert "255 registers x 512 threads" in problem and "cannot launch" in problem
