@@ -116,22 +116,6 @@ class Capabilities:
     def scales_in_input_dtype(self) -> bool:
         return self.scale_dtypes == ("input",)
 
-    def supports(self, config: PNMixConfig) -> str | None:
-        """None if `config` is within the claims, else the reason it is not."""
-        if (config.b_high, config.b_low) not in self.key_bits:
-            return f"key bits (b_high={config.b_high}, b_low={config.b_low}) not claimed"
-        if config.value_bits not in self.value_bits:
-            return f"value_bits={config.value_bits} not claimed"
-        if config.scale_dtype not in self.scale_dtypes and not self.scales_in_input_dtype:
-            return f"scale_dtype {config.scale_dtype} not claimed"
-        if self.group_sizes is not None and config.group_size not in self.group_sizes:
-            return f"group_size={config.group_size} not claimed (claimed: {self.group_sizes})"
-        if config.pair_layout not in self.pair_layouts:
-            return f"pair_layout {config.pair_layout!r} not claimed"
-        if config.n_sink and not self.sinks:
-            return "sink tokens not claimed"
-        return None
-
 
 @runtime_checkable
 class Cache(Protocol):

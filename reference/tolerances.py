@@ -48,20 +48,6 @@ def float32_slack(*magnitudes: torch.Tensor) -> torch.Tensor:
     return 4 * 2.0**-24 * m
 
 
-def reconstruction_bound(
-    xmin: torch.Tensor, xmax: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, levels: torch.Tensor
-) -> torch.Tensor:
-    """Per-group bound on |x - x_hat| for x in [xmin, xmax] (all float64, broadcast together).
-
-    With stored levels z, z + s, ..., z + L s, a value inside [z, z + L s] is at most s/2 from
-    its level; one outside is at most max(z - min, max - (z + L s)) from the end level (the
-    storage rounding of s and z, and the quarter-span gap of Eq. 7). Plus float32 slack.
-    """
-    top = zero + levels * scale
-    gap = torch.maximum(zero - xmin, xmax - top).clamp(min=0)
-    return torch.maximum(scale / 2, gap) + float32_slack(xmin, xmax, top)
-
-
 def quantization_bound(
     xmin: torch.Tensor, xmax: torch.Tensor, levels: torch.Tensor, scale_dtype: torch.dtype, midpoint: bool
 ) -> torch.Tensor:
