@@ -199,7 +199,8 @@ def quantized_region(k: torch.Tensor, config: PNMixConfig, quantize) -> torch.Te
     """Keys [H_kv, T, d] with the tokens that `token_layout(config, T)` puts in the quantized region
     replaced by `quantize(region)` (region [1, H_kv, T_q, d] -> float32, same shape); sinks and
     residual exact, as the online cache holds them."""
-    n_sink, n_q, _ = token_layout(config, k.shape[1])
+    tokens = token_layout(config, k.shape[1])
+    n_sink, n_q = tokens.n_sink, tokens.n_quantized
     out = k.clone()
     if n_q:
         out[:, n_sink : n_sink + n_q] = quantize(k[None, :, n_sink : n_sink + n_q])[0]

@@ -78,6 +78,8 @@ class Case:
             n_sink=cfg.n_sink if caps.sinks else 0,
             group_size=group,
             residual_length=residual,
+            # The spec's cache models the claimed value residual where it can (not "requantize").
+            value_residual="sliding" if caps.residual == "sliding_values" else "shared",
         )
         if caps.preset is not None:
             cfg = caps.preset(cfg)
@@ -104,6 +106,17 @@ class Case:
         return dataclasses.replace(
             self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
         )
+
+
+#: One fixed piece of work that every implementation runs, fitted to its claims (the same seed and
+#: tokens; its own bits, groups and residual), so that the report compares what each one holds and
+#: how far its attention is from exact attention: 1 sequence, 2 KV heads x 2 query heads each,
+#: head_dim 16, a 40-token prompt and one append of 8 (sizes the Triton interpreter claims, and
+#: multiples of 8 tokens, which packing along tokens may need).
+WORKLOAD = Case(
+    PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=2, value_bits=2),
+    1, 2, 2, 16, torch.float16, 40, (8,), 2026,
+)  # fmt: skip
 
 
 class DoesNotFit(ValueError):

@@ -35,7 +35,8 @@ def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, c
     if cfg.b_low != 1:
         pytest.skip(f"{impl.name} claims no 1-bit channels")
     state = final_state(impl, case, device)
-    n_sink, n_q, _ = token_layout(cfg, state.length)
+    tokens = token_layout(cfg, state.length)
+    n_sink, n_q = tokens.n_sink, tokens.n_quantized
     if n_q == 0:
         return
     if impl.capabilities.prefill_selection:

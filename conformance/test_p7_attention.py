@@ -51,3 +51,18 @@ def test_decode_attention_within_the_low_precision_error(impl, device, case, n_q
     assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (over the implementation's own cache)"
     if impl.capabilities.reference_numerics:
         assert spec_err <= spec_bound, f"attention error {spec_err:.3g} above {spec_bound:.3g} over the spec's cache"
+
+
+def test_the_common_workload_attention(impl, device, record_property):
+    """The same tokens through every implementation (`strategies.WORKLOAD`): its decode attention
+    is judged over its own cache as above, and its distance from exact attention (float64 over the
+    unquantized tokens) is recorded for the report, the error its quantization costs."""
+    case = fitted(impl, cs.WORKLOAD, device)
+    state = final_state(impl, case, device)
+    q = cs.decode_queries(case, 1, device)
+    out = state.cache.attend(q).cpu()
+    q = q.cpu()
+    err, bound, _ = judge(out, q, *(t.cpu() for t in state.cache.dequantize()))
+    exact = attention_ref(q.double(), state.all_k.double(), state.all_v.double(), causal=True, upcast=False)
+    record_property("workload_attention_error", (out.double() - exact).abs().max().item())
+    assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (over the implementation's own cache)"

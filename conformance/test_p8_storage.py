@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 
 from conformance import strategies as cs
-from conformance.harness import fitted, held_bytes, states
+from conformance.harness import final_state, fitted, held_bytes, states
 from reference import PNMixConfig, storage_model
 
 
@@ -24,6 +24,25 @@ def test_storage_report_is_exact(impl, device, case):
             case.config, case.batch, case.kv_heads, case.head_dim, state.length, case.dtype, capacity=capacity
         )
         assert report == model, f"step {state.step}: report {report} differs from the analytic model {model}"
+
+
+def test_the_common_workload_holds_what_it_reports(impl, device, record_property):
+    """The same tokens through every implementation (`strategies.WORKLOAD`): the bits it holds
+    per cached key and value element, measured from its own tensors, recorded for the report."""
+    case = fitted(impl, cs.WORKLOAD, device)
+    state = final_state(impl, case, device)
+    reported = state.cache.storage().total
+    if impl.capabilities.storage_introspectable:
+        held = held_bytes(state.cache)
+        extra = impl.capabilities.bookkeeping_bytes
+        assert reported + extra == held, f"report total + {extra} declared bookkeeping bytes != {held} bytes held"
+    else:  # only its own report can say
+        held = reported
+    elements = 2 * case.batch * case.kv_heads * state.length * case.head_dim
+    record_property("workload_bits_per_element", 8 * held / elements)
+    record_property("workload_tokens", state.length)
+    record_property("workload_head_dim", case.head_dim)
+    assert held > 0, "the cache holds no bytes after the workload"
 
 
 @given(case=cs.cases())

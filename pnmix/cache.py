@@ -25,8 +25,10 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-#: Device-side int32 counts: n_sink, n_quantized, n_residual and the append kernel's arrivals.
-COUNTS = 4
+#: Device-side int32 counts: n_sink, n_quantized, n_residual, n_value_quantized and the append
+#: kernel's arrivals.
+COUNTS = 5
+LAYOUT_COUNTS = 4
 #: Bytes a cache holds beyond its layout's components (the counts), whatever its size.
 BOOKKEEPING_BYTES = COUNTS * 4
 
@@ -117,8 +119,8 @@ class PNMixCache:
         self.cache_layout: CacheLayout | None = None  # set by prefill
         self._rows: dict[str, _Rows] = {}  # components with a row axis
         self._fixed: dict[str, torch.Tensor] = {}  # components stored once (the pair mask)
-        # int32 (n_sink, n_quantized, n_residual, arrivals): the layout on the device, and the
-        # append kernel's arrival counter (0 between launches); set by prefill.
+        # int32 (n_sink, n_quantized, n_residual, n_value_quantized, arrivals): the layout on the
+        # device, and the append kernel's arrival counter (0 between launches); set by prefill.
         self._counts: torch.Tensor | None = None
 
     @classmethod
@@ -178,7 +180,9 @@ class PNMixCache:
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         step = self.cache_layout.plan(self.length, k.shape[2])
         r, s = self._rows, step.to_sink
-        if not s and not step.flush:  # the decode path: one launch, which also moves the device count
+        if not s and not step.flush and not step.value_flush:
+            # The decode path: one launch, which also moves the device count. Keys and values
+            # then share their residual rows (a sliding value window quantizes nothing yet).
             rk, rv = r["residual_key"], r["residual_value"]
             if not rk.static and _capturing(k):
                 raise RuntimeError("CUDA-graph capture needs a preallocated cache (max_cache_len): "
@@ -190,25 +194,27 @@ class PNMixCache:
             self.length = step.after.length
             return
         if _capturing(k):
-            raise RuntimeError("this append writes sinks or completes a residual page, which runs eagerly and cannot "
-                               "be captured in a CUDA graph; capture a decode step that does neither")  # fmt: skip
+            raise RuntimeError("this append writes sinks or quantizes tokens (completes a residual page, or moves a "
+                               "sliding value window), which runs eagerly and cannot be captured in a CUDA graph; "
+                               "capture a decode step that does neither")  # fmt: skip
         if s:
             r["sink_key"].grow(s).copy_(k[:, :, :s])
             r["sink_value"].grow(s).copy_(v[:, :, :s])
         k, v = k[:, :, s:], v[:, :, s:]
-        if not step.flush:  # the decode path: no page completes
-            if k.shape[2]:
-                r["residual_key"].grow(k.shape[2]).copy_(k)
-                r["residual_value"].grow(v.shape[2]).copy_(v)
-        else:
-            all_k = torch.cat([r["residual_key"].view(), k], dim=2)
-            all_v = torch.cat([r["residual_value"].view(), v], dim=2)
-            self._flush(all_k[:, :, : step.flush].contiguous(), all_v[:, :, : step.flush].contiguous())
-            r["residual_key"].replace(all_k[:, :, step.flush :])
-            r["residual_value"].replace(all_v[:, :, step.flush :])
+        for name, new, flush, quantize in (("key", k, step.flush, self._flush_keys),
+                                           ("value", v, step.value_flush, self._flush_values)):  # fmt: skip
+            rows = r[f"residual_{name}"]
+            if not flush:
+                if new.shape[2]:
+                    rows.grow(new.shape[2]).copy_(new)
+                continue
+            queue = torch.cat([rows.view(), new], dim=2)
+            quantize(queue[:, :, :flush].contiguous())
+            rows.replace(queue[:, :, flush:])
         self.length = step.after.length
         # The host decided these counts: a host->device copy, which does not wait on the GPU.
-        self._counts[:3].copy_(torch.tensor(self.layout, dtype=torch.int32), non_blocking=True)
+        self._counts[:LAYOUT_COUNTS].copy_(torch.tensor(self.layout[:LAYOUT_COUNTS], dtype=torch.int32),
+                                           non_blocking=True)  # fmt: skip
 
     def sync_length(self) -> int:
         """Read the token counts back from the device into the host mirror `length` (one
@@ -220,15 +226,17 @@ class PNMixCache:
         completes (n_residual stays below residual_length); past that this raises RuntimeError.
         """
         self._require_prefill()
-        counts = TokenLayout(*self._counts[:3].tolist())
-        if counts != token_layout(self.config, counts.length) or counts[:2] != self.layout[:2]:
+        counts = tuple(self._counts[:LAYOUT_COUNTS].tolist())
+        layout = token_layout(self.config, sum(counts[:3]))
+        if counts != layout[:LAYOUT_COUNTS] or counts[:2] != self.layout[:2] or counts[3] != self.layout[3]:
             raise RuntimeError(
-                f"the device token counts {tuple(counts)} do not continue the cache's layout {tuple(self.layout)}: "
-                "a captured decode step was replayed past the end of the residual page, whose flush only an eager "
-                "append carries out"
+                f"the device token counts {counts} do not continue the cache's layout {tuple(self.layout)}: "
+                "a captured decode step was replayed past the end of the residual page (or the sliding value "
+                "window), whose flush only an eager append carries out"
             )
-        self.length = counts.length
-        self._rows["residual_key"].used = self._rows["residual_value"].used = counts.n_residual
+        self.length = layout.length
+        self._rows["residual_key"].used = layout.n_residual
+        self._rows["residual_value"].used = layout.n_value_residual
         return self.length
 
     def _metadata(self) -> torch.Tensor:
@@ -244,8 +252,8 @@ class PNMixCache:
             return [(first * g, (first + count) * g, masks[:, :, 0])] if count else []
         return [(p * g, (p + 1) * g, masks[:, :, p]) for p in range(first, first + count)]
 
-    def _flush(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize and pack whole pages k, v [B, H_kv, n * N, d] onto the quantized region."""
+    def _flush_keys(self, k: torch.Tensor) -> None:
+        """Quantize and pack whole pages of keys [B, H_kv, n * N, d] onto the quantized region."""
         cfg, n, r = self.config, k.shape[2], self._rows
         g, midpoint = cfg.group_size, cfg.one_bit == "midpoint"
         w_lo, w_hi = field_width(cfg.b_low), field_width(cfg.b_high - cfg.b_low)
@@ -266,6 +274,11 @@ class PNMixCache:
             if cfg.b_high > cfg.b_low:
                 encode_pack(kp, g, "tokens", bits, sp, zp, high[:, :, a * w_hi // 8 : b * w_hi // 8],
                             field_bits=cfg.b_high - cfg.b_low, shift=cfg.b_low, colmap=index)  # fmt: skip
+
+    def _flush_values(self, v: torch.Tensor) -> None:
+        """Quantize and pack values [B, H_kv, n, d] (per token, so any n) onto the quantized region."""
+        cfg, n, r = self.config, v.shape[2], self._rows
+        midpoint = cfg.one_bit == "midpoint"
         if cfg.values_quantized:
             vg = cfg.value_group(v.shape[-1])
             vs, vz = r["value_scale"].grow(n), r["value_zero"].grow(n)
@@ -285,7 +298,7 @@ class PNMixCache:
 
     @property
     def layout(self) -> TokenLayout:
-        """Where the tokens held live: (n_sink, n_quantized, n_residual)."""
+        """Where the tokens held live (`reference.layout.TokenLayout`)."""
         return token_layout(self.config, self.length)
 
     @property
@@ -318,7 +331,7 @@ class PNMixCache:
                              high_bits=cfg.b_high - cfg.b_low, slot=slot, codes=codes)  # fmt: skip
         if not cfg.values_quantized:
             return keys, None if codes else p["value_payload"].float()
-        values = torch.empty(b, h, keys.shape[2], d, dtype=dtype, device=self._device)
+        values = torch.empty(b, h, self._rows["value_scale"].used, d, dtype=dtype, device=self._device)
         dequantize_plane(p["value_payload"], p["value_scale"], p["value_zero"], values, group=cfg.value_group(d),
                          along="channels", low_bits=cfg.value_bits, codes=codes)  # fmt: skip
         return keys, values
@@ -352,7 +365,7 @@ class PNMixCache:
         """What decode attention reads: every buffer as held, and the tokens in each region."""
         self._require_prefill()
         tensors = {name: rows.data for name, rows in self._rows.items()} | self._fixed
-        return PackedRegion(tensors, self.layout, counts=self._counts[:3], capacity=self.capacity)
+        return PackedRegion(tensors, self.layout, counts=self._counts[:LAYOUT_COUNTS], capacity=self.capacity)
 
     def attend(self, q: torch.Tensor, *, num_splits: int | None = None) -> torch.Tensor:
         """Causal decode attention of q [B, H, T_new, d] (the last T_new positions) -> [B, H, T_new, d]."""

@@ -1,7 +1,8 @@
 """The PN-Mix online key/value cache as an executable spec (paper Fig. 1 and Section 5).
 
 Tokens live in three regions, read by attention in this order:
-[sinks (exact) | quantized region (packed codes) | residual (exact)].
+[sinks (exact) | quantized region (packed codes) | residual (exact)], for keys and for values;
+the values' boundary lies earlier with a sliding value residual (`PNMixConfig.value_residual`).
 `reference.layout` decides which token goes where and what is stored; this cache carries it out.
 """
 
@@ -77,20 +78,22 @@ class ReferenceCache:
         self._store(k, v)
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Carry out the layout's plan for k, v: sinks, then whole residual pages flushed in order."""
+        """Carry out the layout's plan for k, v: sinks, then whole residual key pages flushed in
+        order, and the values leaving their residual (with the keys, or one by one past a sliding window)."""
         step = self.cache_layout.plan(self.length, k.shape[-2])
         t, s, n = self._t, step.to_sink, self.config.residual_length
         t["sink_key"] = _cat(t["sink_key"], k[..., :s, :].clone())
         t["sink_value"] = _cat(t["sink_value"], v[..., :s, :].clone())
         queue_k, queue_v = _cat(t["residual_key"], k[..., s:, :]), _cat(t["residual_value"], v[..., s:, :])
         for page in range(step.pages(n)):
-            self._flush(queue_k[..., page * n : (page + 1) * n, :], queue_v[..., page * n : (page + 1) * n, :])
+            self._flush_keys(queue_k[..., page * n : (page + 1) * n, :])
+        self._flush_values(queue_v[..., : step.value_flush, :])
         t["residual_key"] = queue_k[..., step.flush :, :].clone()
-        t["residual_value"] = queue_v[..., step.flush :, :].clone()
+        t["residual_value"] = queue_v[..., step.value_flush :, :].clone()
         self.length = step.after.length
 
-    def _flush(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize one page of N residual tokens (N / G key groups) onto the quantized region."""
+    def _flush_keys(self, k: torch.Tensor) -> None:
+        """Quantize one page of N residual keys (N / G key groups) onto the quantized region."""
         cfg, t = self.config, self._t
         midpoint = cfg.one_bit == "midpoint"
         chosen = self.cache_layout.selection.for_groups(k, cfg)  # Kitty: this page's channels, from its own keys
@@ -101,17 +104,22 @@ class ReferenceCache:
         mask = self._group_masks(t["key_scale"].shape[2] + new_groups)[:, :, -new_groups:]
         keys = quant.quantize_keys(k, mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype, midpoint)
         low, high = packing.pack_key_codes(keys.codes, mask, cfg.b_high, cfg.b_low)
-        new = {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}
+        for name, x in {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}.items():
+            t[name] = _cat(t[name], x)
+
+    def _flush_values(self, v: torch.Tensor) -> None:
+        """Quantize values [B, H_kv, n, d] (per token, so any n) onto the quantized region."""
+        cfg, t = self.config, self._t
         if cfg.values_quantized:
             vg = cfg.value_group(v.shape[-1])
-            values = quant.quantize(v, cfg.value_bits, vg, -1, cfg.scale_dtype, midpoint)
-            new |= {
+            values = quant.quantize(v, cfg.value_bits, vg, -1, cfg.scale_dtype, cfg.one_bit == "midpoint")
+            new = {
                 "value_payload": packing.pack_value_codes(values.codes, cfg.value_bits),
                 "value_scale": values.scale,
                 "value_zero": values.zero,
             }
         else:
-            new["value_payload"] = v.clone()
+            new = {"value_payload": v.clone()}
             new["value_scale"] = new["value_zero"] = v.new_empty(*v.shape[:-1], 0, dtype=cfg.scale_dtype)
         for name, x in new.items():
             t[name] = _cat(t[name], x)
@@ -129,7 +137,7 @@ class ReferenceCache:
 
     @property
     def layout(self) -> TokenLayout:
-        """Where the tokens held live: (n_sink, n_quantized, n_residual)."""
+        """Where the tokens held live (`reference.layout.TokenLayout`)."""
         return token_layout(self.config, self.length)
 
     def _group_masks(self, n_groups: int) -> torch.Tensor:
@@ -164,7 +172,8 @@ class ReferenceCache:
         return quant.Quantized(codes, p["key_scale"], p["key_zero"])
 
     def value_codes(self) -> quant.Quantized | None:
-        """Value codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q, d / value_group]; None if unquantized."""
+        """Value codes [B, H_kv, T_vq, d] and scale/zero [B, H_kv, T_vq, d / value_group] (T_vq the layout's
+        n_value_quantized); None if unquantized."""
         if not self.config.values_quantized:
             return None
         p = self.packed()
@@ -177,7 +186,8 @@ class ReferenceCache:
         return self._t["sink_key"], self._t["sink_value"]
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The exact residual keys and values [B, H_kv, n_residual, d] in the input dtype."""
+        """The exact residual keys [B, H_kv, n_residual, d] and values [B, H_kv, n_value_residual, d],
+        in the input dtype."""
         self._require_prefill()
         return self._t["residual_key"], self._t["residual_value"]
 

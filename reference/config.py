@@ -13,6 +13,9 @@ VALUE_BITS = (1, 2, 3, 4, 8, 16)
 PAIR_LAYOUTS = ("adjacent", "split")
 #: 1-bit groups: Eq. 7 bin midpoints (PN-Mix) or Eq. 2 group ends (KIVI's 1-bit keys).
 ONE_BIT = ("midpoint", "ends")
+#: Which newest values stay exact: the keys' residual (this spec) or a sliding window of the
+#: residual_length newest values, one value quantized per token past it (the published KIVI).
+VALUE_RESIDUALS = ("shared", "sliding")
 CRITERIA = ("qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range")
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -58,6 +61,9 @@ class PNMixConfig:
     one_bit: "midpoint" (Eq. 7) or "ends" (Eq. 2 with b = 1) for 1-bit groups.
     criterion: what the prefill pair selection ranks pairs by: "qk-pair-norm" (Eq. 6, PN-Mix) or the
         ablations' "k-pair-norm", "k-magnitude", "k-range" (reference.saliency.criterion_scores).
+    value_residual: "shared": values stay exact with their keys and are flushed with them, N at
+        a time (PN-Mix); "sliding": the N newest values stay exact and each token past them
+        quantizes the oldest value at once (the published KIVI; keys are still flushed N at a time).
     """
 
     b_high: int = 3
@@ -73,6 +79,7 @@ class PNMixConfig:
     selection: str = "prefill-pairs"  # reference.selection.PrefillPairs
     one_bit: str = "midpoint"
     criterion: str = "qk-pair-norm"
+    value_residual: str = "shared"
 
     def __post_init__(self) -> None:
         _check_int("b_high", self.b_high, KEY_BITS)
@@ -92,6 +99,8 @@ class PNMixConfig:
                 "residual_length must be a positive multiple of group_size "
                 f"({self.group_size}), got {self.residual_length}"
             )
+        if self.value_residual not in VALUE_RESIDUALS:
+            raise ValueError(f"value_residual must be one of {VALUE_RESIDUALS}, got {self.value_residual!r}")
         _check_int("n_sink", self.n_sink)
         if self.n_sink < 0:
             raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")

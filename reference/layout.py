@@ -24,11 +24,18 @@ from .config import PNMixConfig, check_head_dim, field_width
 
 
 class TokenLayout(NamedTuple):
-    """Where the tokens of a sequence of a given length live."""
+    """Where the tokens of a sequence of a given length live.
+
+    Keys: n_sink sinks, n_quantized quantized, n_residual exact newest. Values: the same sinks,
+    n_value_quantized quantized, n_value_residual exact newest; with the "shared" value
+    residual (`PNMixConfig.value_residual`) these equal the keys' counts.
+    """
 
     n_sink: int
     n_quantized: int
     n_residual: int
+    n_value_quantized: int
+    n_value_residual: int
 
     @property
     def length(self) -> int:
@@ -41,19 +48,21 @@ def _check_count(name: str, value: object) -> None:
 
 
 def token_layout(config: PNMixConfig, length: int) -> TokenLayout:
-    """Split `length` tokens into sinks, quantized region and residual.
+    """Split `length` tokens into sinks, quantized region and residual, for keys and for values.
 
     The first n_sink tokens are sinks; the rest fill the residual, which is flushed to the
     quantized region each time it reaches N = residual_length tokens. The prompt follows the
     same rule as appended tokens, so the layout depends on the length alone, whatever the
     split into prefill and appends. With N = G (the paper's setting) the prompt's full
-    groups are quantized and the remainder stays in the residual.
+    groups are quantized and the remainder stays in the residual. Values follow the keys
+    (value_residual "shared"), or keep the N newest exact ("sliding", the published KIVI).
     """
     _check_count("length", length)
     n_sink = min(length, config.n_sink)
     rest = length - n_sink
     n_quantized = (rest // config.residual_length) * config.residual_length
-    return TokenLayout(n_sink, n_quantized, rest - n_quantized)
+    n_value_residual = rest - n_quantized if config.value_residual == "shared" else min(rest, config.residual_length)
+    return TokenLayout(n_sink, n_quantized, rest - n_quantized, rest - n_value_residual, n_value_residual)
 
 
 def exact_tail(config: PNMixConfig, calls: int | Sequence[int], policy: str = "shared") -> tuple[int, int]:
@@ -72,11 +81,10 @@ def exact_tail(config: PNMixConfig, calls: int | Sequence[int], policy: str = "s
         raise ValueError("calls must hold the prompt's token count at least")
     for n in sizes:
         _check_count("calls", n)
-    layout = token_layout(config, sum(sizes))
-    if policy == "shared":
-        return layout.n_residual, layout.n_residual
-    if policy == "sliding_values":
-        return layout.n_residual, min(sum(sizes) - layout.n_sink, config.residual_length)
+    if policy in ("shared", "sliding_values"):
+        value_residual = "shared" if policy == "shared" else "sliding"
+        layout = token_layout(dataclasses.replace(config, value_residual=value_residual), sum(sizes))
+        return layout.n_residual, layout.n_value_residual
     if policy == "requantize":
         if isinstance(calls, int):
             raise ValueError("the requantize policy depends on the calls, not the length alone: pass their sizes")
@@ -90,8 +98,8 @@ def exact_tail(config: PNMixConfig, calls: int | Sequence[int], policy: str = "s
 def allocation(config: PNMixConfig, length: int, capacity: int | None = None) -> TokenLayout:
     """Tokens each region has room for: exactly `token_layout(length)` for a dynamic cache;
     for a cache preallocated to `capacity` tokens (the paper's static protocol), the most each
-    region can ever hold: min(capacity, n_sink) sinks, token_layout(capacity).n_quantized
-    quantized tokens, and one residual page of N tokens (fewer if the capacity is smaller).
+    region can ever hold: min(capacity, n_sink) sinks, token_layout(capacity)'s quantized keys
+    and values, and one residual page of N tokens (fewer if the capacity is smaller).
     """
     if capacity is None:
         return token_layout(config, length)
@@ -99,7 +107,8 @@ def allocation(config: PNMixConfig, length: int, capacity: int | None = None) ->
         raise ValueError(f"capacity must be an int >= length ({length}), got {capacity!r}")
     sinks = min(capacity, config.n_sink)
     residual = min(config.residual_length, capacity - sinks)
-    return TokenLayout(sinks, token_layout(config, capacity).n_quantized, residual)
+    full = token_layout(config, capacity)
+    return TokenLayout(sinks, full.n_quantized, residual, full.n_value_quantized, residual)
 
 
 #: How a component counts under the paper's bit-width convention (`reference.storage.bit_widths`).
@@ -109,9 +118,10 @@ KEY, KEY_METADATA, VALUE, EXCLUDED = "key", "key-metadata", "value", "excluded"
 class Component(NamedTuple):
     """One stored tensor of a layer's cache, [B, H_kv, rows, columns] (or [B, H_kv, columns]).
 
-    region: "sink" or "residual" (rows are tokens), "quantized" (rows grow by
-    `rows_per_page` for each flushed page of N tokens), or "sequence" (stored once, no row
-    axis). counts_as: KEY, KEY_METADATA, VALUE or EXCLUDED (the FP16 residual).
+    region: "sink" or "residual" (rows are tokens), "quantized" (`rows_per_page` rows for
+    each page of N quantized tokens), or "sequence" (stored once, no row axis). stream: whose
+    tokens the region counts, "keys" or "values" (they differ with a sliding value residual).
+    counts_as: KEY, KEY_METADATA, VALUE or EXCLUDED (the FP16 residual).
     """
 
     name: str
@@ -120,15 +130,18 @@ class Component(NamedTuple):
     columns: int
     dtype: torch.dtype
     counts_as: str
+    stream: str = "keys"
 
     def rows(self, tokens: TokenLayout, residual_length: int) -> int | None:
         """Rows holding `tokens` (None for a component without a row axis)."""
+        values = self.stream == "values"
         if self.region == "sink":
             return tokens.n_sink
         if self.region == "residual":
-            return tokens.n_residual
+            return tokens.n_value_residual if values else tokens.n_residual
         if self.region == "quantized":
-            return tokens.n_quantized // residual_length * self.rows_per_page
+            # Whole pages for keys; values may be quantized a token at a time (one row each).
+            return (tokens.n_value_quantized if values else tokens.n_quantized) * self.rows_per_page // residual_length
         return None
 
 
@@ -137,7 +150,9 @@ class AppendPlan(NamedTuple):
 
     The first `to_sink` new tokens go to the sinks; then the residual and the remaining new
     tokens, in order, form a queue whose first `flush` tokens (whole pages of N) are
-    quantized and appended to the quantized region; the rest is the new residual.
+    quantized and appended to the quantized region; the rest is the new residual. Values
+    form their own queue (their residual, then the new tokens), whose first `value_flush`
+    are quantized: `flush` of them with a shared residual, any number with a sliding one.
     """
 
     before: TokenLayout
@@ -153,6 +168,10 @@ class AppendPlan(NamedTuple):
     def to_residual(self) -> int:
         """New tokens that enter the residual queue (some may flush at once)."""
         return self.n_new - self.to_sink
+
+    @property
+    def value_flush(self) -> int:
+        return self.after.n_value_quantized - self.before.n_value_quantized
 
     def pages(self, residual_length: int) -> int:
         return self.flush // residual_length
@@ -238,13 +257,13 @@ class CacheLayout:
             Component("key_scale", "quantized", groups, d, sd, KEY),
             Component("key_zero", "quantized", groups, d, sd, KEY),
             Component("sink_key", "sink", 1, d, exact, KEY),
-            Component("sink_value", "sink", 1, d, exact, VALUE),
+            Component("sink_value", "sink", 1, d, exact, VALUE, "values"),
             Component("residual_key", "residual", 1, d, exact, EXCLUDED),
-            Component("residual_value", "residual", 1, d, exact, EXCLUDED),
+            Component("residual_value", "residual", 1, d, exact, EXCLUDED, "values"),
             mask,
-            Component("value_payload", "quantized", n, v_cols, v_dtype, VALUE),
-            Component("value_scale", "quantized", n, v_groups, sd, VALUE),
-            Component("value_zero", "quantized", n, v_groups, sd, VALUE),
+            Component("value_payload", "quantized", n, v_cols, v_dtype, VALUE, "values"),
+            Component("value_scale", "quantized", n, v_groups, sd, VALUE, "values"),
+            Component("value_zero", "quantized", n, v_groups, sd, VALUE, "values"),
         )
 
     def component(self, name: str) -> Component:

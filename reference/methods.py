@@ -1,15 +1,17 @@
 """The methods the paper compares, as configurations of one cache family (same code, same accounting).
 
 - PN-Mix: `PNMixConfig()`, pairs chosen once from the prompt (Eq. 6), H3(50%)L1, Eq. 7 at 1 bit.
-- KIVI (jy-yuan/KIVI): uniform b-bit keys per channel along tokens and values per token, an
-  FP16 residual of R = G tokens, 1-bit groups at the group ends (Eq. 2); its public code
-  keeps no sink tokens (n_sink=0), the paper's comparisons keep 32 (`kivi(n_sink=32)`).
-  Not modelled: the published code keeps a sliding window of the R newest *values* (one value
-  quantized per step once the window is full), where this configuration flushes values with
-  the keys' residual, G at a time (`reference.contract.RESIDUAL_POLICIES`: "shared" here,
-  "sliding_values" there). The published rule holds R exact values once the window is full,
-  this one 0 to G - 1 (with R = G); a value, once quantized, has the same codes in both,
-  since values are quantized per token.
+- KIVI (jy-yuan/KIVI), as its published code: keys b-bit per channel in groups of G tokens,
+  an FP16 key residual of R = G tokens quantized whole when it fills (Eq. 2, 1-bit groups at
+  the group ends); values b-bit per token over the head dim, and a sliding window of the R
+  newest values in FP16: once it is full, each new token quantizes the oldest value of the
+  window (`value_residual="sliding"`; `reference.contract.RESIDUAL_POLICIES` "sliding_values").
+  Mapping: residual_length = group_size = R; prefill quantizes all but the last T mod R keys and
+  all but the last R values, as the published prefill does; its public code keeps no sink
+  tokens (n_sink=0), the paper's comparisons keep 32 (`kivi(n_sink=32)`). `kivi(...,
+  value_residual="shared")` flushes values with the keys instead (0 to R - 1 exact values
+  instead of R), which the tables do not list: a value, once quantized, has the same codes
+  either way, since values are quantized per token.
 - Kitty (Summer-Summer/Kitty): pages of 128 tokens; per page the d/4 channels of largest mean
   |k| over that page's keys get 4 bits (d/8 in the light variant), the rest 2 bits, as a 2-bit
   low plane for every channel plus a 2-bit high plane for the boosted ones; a per-page channel
@@ -38,7 +40,7 @@ def pnmix(**overrides) -> PNMixConfig:
 
 
 def kivi(bits: int = 2, group_size: int = 128, n_sink: int = 0, **overrides) -> PNMixConfig:
-    """KIVI-b with group size G (and residual R = G), keys and values at b bits."""
+    """KIVI-b with group size G (and residual R = G), keys and values at b bits, sliding value window."""
     return PNMixConfig(
         **{
             "b_high": bits,
@@ -49,6 +51,7 @@ def kivi(bits: int = 2, group_size: int = 128, n_sink: int = 0, **overrides) -> 
             "n_sink": n_sink,
             "value_bits": bits,
             "value_group_size": None,
+            "value_residual": "sliding",
             **overrides,
         }
     )
@@ -100,7 +103,7 @@ NAMES = tuple(METHODS)
 
 
 def kivi_preset(config: PNMixConfig) -> PNMixConfig:
-    return dataclasses.replace(config, b_high=config.b_low, **KIVI_KEYS)
+    return dataclasses.replace(config, b_high=config.b_low, value_residual="sliding", **KIVI_KEYS)
 
 
 def kitty_preset(config: PNMixConfig) -> PNMixConfig:
@@ -116,6 +119,7 @@ KIVI_CLAIMS = {
     "preset": kivi_preset,
     "midpoint_one_bit": False,
     "key_bits": frozenset((b, b) for b in (1, 2, 3, 4, 8)),
+    "residual": "sliding_values",
 }
 KITTY_CLAIMS = {"prefill_selection": False, "preset": kitty_preset, "key_bits": frozenset({(4, 2), (4, 1), (2, 1)})}
 FP16_CLAIMS = {"prefill_selection": False, "preset": fp16_preset, "midpoint_one_bit": False}

@@ -113,7 +113,9 @@ class BitWidths(NamedTuple):
 def bit_widths(
     config: PNMixConfig, head_dim: int, n_quantized: int = 32768, dtype: torch.dtype = torch.float16
 ) -> BitWidths:
-    """Average key/value bits per element over n_sink + n_quantized tokens (residual empty).
+    """Average key/value bits per element over n_sink + n_quantized tokens (residual empty):
+    keys over the sinks and quantized keys, values over the sinks and quantized values (with a
+    sliding value residual the newest N values stay exact, excluded like the residual).
 
     For H3L1, r = 0.5, G = 128, N_s = 32, d = 128: (32768 * 2.25 + 32 * 16) / 32800 = 2.263.
     """
@@ -128,5 +130,6 @@ def bit_widths(
     by_kind = {kind: 0 for kind in (KEY, KEY_METADATA, VALUE, EXCLUDED)}
     for c in CacheLayout(config, 1, 1, head_dim, dtype).components:
         by_kind[c.counts_as] += report[c.name]
-    elements = length * head_dim
-    return BitWidths(*(8 * by_kind[kind] / elements for kind in (KEY, KEY_METADATA, VALUE)))
+    tokens = token_layout(config, length)
+    keys, values = length * head_dim, (tokens.n_sink + tokens.n_value_quantized) * head_dim
+    return BitWidths(8 * by_kind[KEY] / keys, 8 * by_kind[KEY_METADATA] / keys, 8 * by_kind[VALUE] / max(values, 1))

@@ -185,6 +185,13 @@ class _NoUpcast(ReferenceCache):
             return super().attend(q)
 
 
+class _ValuesFlushedWithKeys(ReferenceCache):
+    """Claims the published KIVI's sliding value window but flushes values with the keys."""
+
+    def __init__(self, config=None) -> None:
+        super().__init__(None if config is None else dataclasses.replace(config, value_residual="shared"))
+
+
 def _msb_first(packed: torch.Tensor) -> torch.Tensor:
     """Reverse the bit order of every byte (a self-consistent but foreign packing)."""
     bits = ((packed.unsqueeze(-1).to(torch.int32) >> torch.arange(8, device=packed.device)) & 1).flip(-1)
@@ -225,6 +232,11 @@ def round_half_even():
 
 def attention_without_upcast():
     return _mutant("attention_without_upcast", _NoUpcast)
+
+
+def values_flushed_with_keys():
+    claims = dataclasses.replace(ReferenceImplementation.capabilities, residual="sliding_values")
+    return _mutant("values_flushed_with_keys", _ValuesFlushedWithKeys, capabilities=claims)
 
 
 def msb_first_keys():

@@ -47,10 +47,10 @@ def _append_rows_kernel(
     # each one arrives when all its threads are done (barrier, then an acq_rel atomic), and
     # the last to arrive moves the count and resets the arrivals for the next launch.
     tl.debug_barrier()
-    arrived = tl.atomic_add(counts_ptr + 3, 1)
+    arrived = tl.atomic_add(counts_ptr + 4, 1)
     last = arrived == n_programs - 1
     tl.store(counts_ptr + 2, offset + t, mask=last)
-    tl.store(counts_ptr + 3, 0, mask=last)
+    tl.store(counts_ptr + 4, 0, mask=last)
 
 
 def append_rows(
@@ -60,8 +60,8 @@ def append_rows(
     """Write k, v [B, H_kv, t, d] into the residual buffers res_k, res_v [B, H_kv, rows, d]
     (contiguous) at row counts[2], then add t to counts[2].
 
-    counts: int32 [4] on the kernels' device, (n_sink, n_quantized, n_residual, arrivals);
-    arrivals is 0 between launches. old: (old_k, old_v, n) when res_k, res_v are new, larger
+    counts: int32 [5] on the kernels' device, (n_sink, n_quantized, n_residual, n_value_quantized,
+    arrivals); arrivals is 0 between launches. old: (old_k, old_v, n) when res_k, res_v are new, larger
     buffers: the n rows held in old_k, old_v (contiguous, n == counts[2]) are copied first.
     """
     b, h, t, d = k.shape

@@ -126,11 +126,12 @@ def _split_kernel(
     q_ptr, m_ptr, l_ptr, acc_ptr, counts_ptr,
     sk_ptr, sv_ptr, rk_ptr, rv_ptr, klo_ptr, khi_ptr, mask_ptr, ks_ptr, kz_ptr, vp_ptr, vs_ptr, vz_ptr,
     t_new, n_rep, n_kv, d, qk_scale, n_splits,
-    s_sink, s_res, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
+    s_sink, s_res, s_vres, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
     ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr,
     G: tl.constexpr, VG: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
     W_HI: tl.constexpr, B_HI: tl.constexpr, V_QUANT: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
-    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    SLIDING: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of one (sequence, KV head) over one split of each region.
 
@@ -146,6 +147,10 @@ def _split_kernel(
     packed value bytes of adjacent columns are then adjacent in memory (vector loads, no
     interleave of fields in registers), and the dense value tiles and the final store use the
     same order.
+
+    With a sliding value window (SLIDING, the published KIVI) values are quantized up to
+    n_value_quantized <= n_quantized: the quantized region's last tiles take the values past
+    that from the exact window, which also holds the residual's values (from row n_q - n_vq).
     """
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -170,6 +175,10 @@ def _split_kernel(
     n_sink = tl.load(counts_ptr)
     n_q = tl.load(counts_ptr + 1)
     length = n_sink + n_q + tl.load(counts_ptr + 2)
+    if SLIDING:
+        n_vq = tl.load(counts_ptr + 3)
+    else:
+        n_vq = n_q
     last_visible = length - t_new + j
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -181,7 +190,9 @@ def _split_kernel(
         if region == 0:
             first, n, k_ptr, v_ptr = 0, n_sink, sk_ptr + bh * s_sink, sv_ptr + bh * s_sink
         else:
-            first, n, k_ptr, v_ptr = n_sink + n_q, length - n_sink - n_q, rk_ptr + bh * s_res, rv_ptr + bh * s_res
+            first, n, k_ptr, v_ptr = n_sink + n_q, length - n_sink - n_q, rk_ptr + bh * s_res, rv_ptr + bh * s_vres
+            if SLIDING:
+                v_ptr += (n_q - n_vq) * d
         lo, hi = _chunk(split, n_splits, n, BLOCK_N)
         for start in range(lo, hi, BLOCK_N):
             t = start + tok
@@ -234,8 +245,9 @@ def _split_kernel(
             )  # fmt: skip
             logits = tl.dot(q_dot, tl.trans(k.to(DOT))) * qk_scale
         p, alpha, l_i, m_i = _online_softmax(logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL)
+        v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
         if V_FIELDS:
-            ok = t < hi
+            ok = t < v_hi
             s_v = tl.load(vs + t * v_groups, mask=ok, other=0.0).to(tl.float32)
             z_v = tl.load(vz + t * v_groups, mask=ok, other=0.0).to(tl.float32)
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
@@ -244,14 +256,19 @@ def _split_kernel(
             pv = _dot_f32(p * s_v[None, :], _code_to(codes, DOT), DOT)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
-            pos = tl.where(t < hi, t, -1)
+            pos = tl.where(t < v_hi, t, -1)
             v = _load_tile(
                 pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
                 vp, 0, False, True, G, VG, W_V, B_V, False, 1, 1, False,
             )  # fmt: skip
             pv = _dot_f32(p, v.to(DOT), DOT)
         else:  # FP16 values in the quantized region
-            pv = _dot_f32(p, _dense_tile(vp, t, t < hi, cols, d).to(DOT), DOT)
+            pv = _dot_f32(p, _dense_tile(vp, t, t < v_hi, cols, d).to(DOT), DOT)
+        if SLIDING:
+            if start + BLOCK_N > n_vq:  # values past n_vq are still exact, in the window
+                w_ok = (t >= n_vq) & (t < hi)
+                window = _dense_tile(rv_ptr + bh * s_vres, t - n_vq, w_ok, vchan, d)
+                pv += _dot_f32(p, window.to(DOT), DOT)
         acc = acc * alpha[:, None] + pv
 
     out = (bh * n_splits + split) * n_real + rows
@@ -298,12 +315,13 @@ def _merge_kernel(
 class PackedRegion:
     """What decode attention reads for one layer: every component of the cache's
     `reference.layout.CacheLayout` by name (whole buffers or views; the kernels read them by
-    position), and `tokens`, the (n_sink, n_quantized, n_residual) tokens they hold.
+    position), and `tokens`, the tokens they hold (`reference.layout.TokenLayout`).
 
-    counts: the same three numbers as an int32 tensor on the kernels' device, which the kernels
-    read (so a captured CUDA graph replays with the lengths of the moment, not of the capture);
-    None builds it from `tokens`. capacity: the most tokens the buffers can hold (preallocated
-    caches), which fixes the launch grid across steps; None sizes the grid from `tokens`.
+    counts: (n_sink, n_quantized, n_residual, n_value_quantized) as an int32 tensor on the
+    kernels' device, which the kernels read (so a captured CUDA graph replays with the lengths of
+    the moment, not of the capture); None builds it from `tokens`. capacity: the most tokens the
+    buffers can hold (preallocated caches), which fixes the launch grid across steps; None sizes
+    the grid from `tokens`.
     """
 
     tensors: Mapping[str, torch.Tensor]
@@ -346,7 +364,7 @@ def launch_config(layout: CacheLayout) -> dict:
 
 
 def counts_tensor(tokens: TokenLayout, device: torch.device) -> torch.Tensor:
-    return torch.tensor([tokens.n_sink, tokens.n_quantized, tokens.n_residual], dtype=torch.int32, device=device)
+    return torch.tensor(tokens[:4], dtype=torch.int32, device=device)
 
 
 def decode_attention(
@@ -391,7 +409,8 @@ def decode_attention(
         r["sink_key"], r["sink_value"], r["residual_key"], r["residual_value"], r["key_low"], r["key_high"],
         r["mask"], r["key_scale"], r["key_zero"], r["value_payload"], vs, vz,
         t_new, n_rep, n_kv, d, LOG2E / math.sqrt(d), splits,
-        _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["key_low"]), _stride(r["key_high"]),
+        _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["residual_value"]), _stride(r["key_low"]),
+        _stride(r["key_high"]),
         _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,
         r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
         ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
@@ -399,7 +418,8 @@ def decode_attention(
         G=cfg.group_size, VG=value_group, W_LO=field_width(cfg.b_low), B_LO=cfg.b_low, HAS_HIGH=has_high,
         W_HI=field_width(cfg.b_high - cfg.b_low) if has_high else 1, B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
         V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
-        DOT=dot, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
+        SLIDING=cfg.value_residual == "sliding", DOT=dot,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
         num_warps=tune["num_warps"], num_stages=tune["num_stages"], maxnreg=tune["maxnreg"],
     )  # fmt: skip

@@ -32,6 +32,8 @@ CONFIGS = {
     "KIVI-2": METHODS["KIVI-2"](group_size=8, residual_length=8, n_sink=3),
     "Kitty": METHODS["Kitty"](group_size=8, residual_length=8, n_sink=3),
 }
+#: Methods whose decode step, once the prompt fills a page, only appends (no sliding value window).
+SHARED = [name for name, config in CONFIGS.items() if config.value_residual == "shared"]
 
 #: aten ops that launch nothing on the device: views, metadata, allocation, host-side tensors.
 NO_KERNEL = frozenset(
@@ -139,7 +141,7 @@ def test_the_counter_sees_copies_launches_and_host_reads(monkeypatch):
 
 
 @pytest.mark.parametrize("capacity", [48, None], ids=["preallocated", "dynamic"])
-@pytest.mark.parametrize("method", list(CONFIGS))
+@pytest.mark.parametrize("method", SHARED)
 def test_a_decode_step_launches_at_most_three_kernels_and_never_waits(monkeypatch, method, capacity):
     cache = prefilled(CONFIGS[method], capacity=capacity)  # 13 tokens: 3 sinks, one page, 2 residual
     for i in range(3):
@@ -153,7 +155,24 @@ def test_a_decode_step_launches_at_most_three_kernels_and_never_waits(monkeypatc
         assert append.kernels == {"_append_rows_kernel": 1}
         assert attend.total == 2, attend.kernels
         assert not append.syncs and not attend.syncs
-    assert cache.layout == (3, 8, 5)
+    assert cache.layout[:3] == (3, 8, 5)
+
+
+@pytest.mark.parametrize("capacity", [48, None], ids=["preallocated", "dynamic"])
+def test_a_sliding_value_window_quantizes_one_value_a_step_without_waiting(monkeypatch, capacity):
+    cache = prefilled(CONFIGS["KIVI-2"], capacity=capacity)  # 3 sinks; keys: one page + 2; values: 2 + window 8
+    for i in range(3):
+        k, v, q = step_tensors(i)
+        with counting(monkeypatch) as append:
+            cache.append(k, v)
+        assert cache.layout == (3, 8, 3 + i, 3 + i, 8)
+        # The oldest value of the window is quantized: the value kernels, once, and no key kernel.
+        assert append.kernels["_group_params_kernel"] == append.kernels["_encode_pack_kernel"] == 1
+        assert "_append_rows_kernel" not in append.kernels
+        assert not append.syncs
+        with counting(monkeypatch) as attend:
+            cache.attend(q)
+        assert attend.total == 2 and not attend.syncs, attend.kernels
 
 
 def test_checking_values_is_what_waits(monkeypatch):
@@ -185,13 +204,13 @@ def test_flush_and_sink_steps_run_eagerly_with_more_kernels(monkeypatch, capacit
     assert "_append_rows_kernel" not in sink_step.kernels and sink_step.kernels["aten.copy_"] >= 2
     for i in range(7):  # the residual up to 7 of 8 tokens
         cache.append(*step_tensors(i + 1)[:2])
-    assert cache.layout == (3, 0, 7)
+    assert cache.layout[:3] == (3, 0, 7)
     k, v, _ = step_tensors(9)
     with counting(monkeypatch) as flush_step:
         cache.append(k, v)
     print(f"flush step ({'dynamic' if capacity is None else 'preallocated'}): {flush_step.total} kernels "
           f"{dict(flush_step.kernels)}, host reads {dict(flush_step.syncs)}")  # fmt: skip
-    assert cache.layout == (3, 8, 0)
+    assert cache.layout[:3] == (3, 8, 0)
     assert flush_step.kernels["_group_params_kernel"] >= 1 and flush_step.kernels["_encode_pack_kernel"] >= 1
     assert flush_step.total > 3
 
@@ -203,28 +222,30 @@ def device_layout(cache) -> tuple[int, ...]:
     return tuple(cache.region().counts.tolist())
 
 
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2"])  # shared / sliding value residual
 @pytest.mark.parametrize("capacity", [60, None], ids=["preallocated", "dynamic"])
 @pytest.mark.parametrize(
     ("prompt", "appends"),
     [(1, [1] * 14), (2, [3, 1, 5, 1, 1, 9, 2]), (3, [8, 8, 1]), (12, [1, 2, 3, 4, 5, 6, 7]), (20, [16, 1, 7, 1])],
 )
-def test_device_counts_equal_the_host_mirror_and_the_spec(prompt, appends, capacity):
+def test_device_counts_equal_the_host_mirror_and_the_spec(prompt, appends, capacity, method):
+    config = CONFIGS[method]
     gen = torch.Generator().manual_seed(prompt)
     q, k, v = (torch.randn(1, h, prompt, 16, generator=gen).half() for h in (4, 2, 2))
-    cache = PNMixCache.from_prefill(q.to(DEV), k.to(DEV), v.to(DEV), SMALL, max_cache_len=capacity)
-    ref = R.ReferenceCache.from_prefill(q, k, v, SMALL)
-    assert device_layout(cache) == tuple(cache.layout) and cache._counts[3] == 0
+    cache = PNMixCache.from_prefill(q.to(DEV), k.to(DEV), v.to(DEV), config, max_cache_len=capacity)
+    ref = R.ReferenceCache.from_prefill(q, k, v, config)
+    assert device_layout(cache) == tuple(cache.layout)[:4] and cache._counts[4] == 0
     for t in appends:
         new_k, new_v = (torch.randn(1, 2, t, 16, generator=gen).half() for _ in range(2))
         cache.append(new_k.to(DEV), new_v.to(DEV))
         ref.append(new_k, new_v)
-        assert device_layout(cache) == tuple(cache.layout) == tuple(ref.layout)
-        assert cache._counts[3] == 0  # the arrival counter is reset by every launch
+        assert device_layout(cache) == tuple(cache.layout)[:4] and cache.layout == ref.layout
+        assert cache._counts[4] == 0  # the arrival counter is reset by every launch
         assert torch.equal(cache.residual()[0].cpu(), ref.residual()[0])
         assert torch.equal(cache.residual()[1].cpu(), ref.residual()[1])
         length = cache.length
         assert cache.sync_length() == length  # nothing to catch up on after eager calls
-    assert cache.storage() == R.storage_model(SMALL, 1, 2, 16, cache.length, torch.float16, capacity=capacity)
+    assert cache.storage() == R.storage_model(config, 1, 2, 16, cache.length, torch.float16, capacity=capacity)
 
 
 def test_replayed_appends_move_only_the_device_counts_until_sync_length():
@@ -239,7 +260,7 @@ def test_replayed_appends_move_only_the_device_counts_until_sync_length():
         expected = eager.attend(q)
         static_k.copy_(k), static_v.copy_(v), static_q.copy_(q)
         append_rows(static_k, static_v, rk, rv, replayed._counts)
-        assert device_layout(replayed) == (3, 8, 3 + i) and replayed.length == 13
+        assert device_layout(replayed) == (3, 8, 3 + i, 8) and replayed.length == 13
     assert replayed.sync_length() == 17 == eager.length
     assert torch.equal(replayed.residual()[0], eager.residual()[0])
     assert torch.equal(replayed.attend(static_q), expected)
@@ -253,7 +274,7 @@ def test_replayed_appends_move_only_the_device_counts_until_sync_length():
 
 
 @pytest.mark.skipif(_runtime.INTERPRETED, reason="CUDA graphs need CUDA and compiled kernels (no TRITON_INTERPRET)")
-@pytest.mark.parametrize("method", list(CONFIGS))
+@pytest.mark.parametrize("method", SHARED)
 def test_a_captured_decode_step_replays_like_eager_decoding(method):
     config = CONFIGS[method]
     eager, graphed = prefilled(config, prompt=12), prefilled(config, prompt=12)  # (3, 8, 1): 6 steps of room
@@ -286,8 +307,10 @@ def test_a_captured_decode_step_replays_like_eager_decoding(method):
 @pytest.mark.skipif(_runtime.INTERPRETED, reason="CUDA graphs need CUDA and compiled kernels (no TRITON_INTERPRET)")
 def test_capture_refuses_what_cannot_be_captured():
     checked, dynamic = prefilled(check_finite=True), prefilled(capacity=None)
+    sliding = prefilled(CONFIGS["KIVI-2"])  # its value window is full: every step quantizes a value
     k, v, _ = step_tensors(0)
-    for cache, match in ((checked, "check_finite=True"), (dynamic, "preallocated cache")):
+    for cache, match in ((checked, "check_finite=True"), (dynamic, "preallocated cache"),
+                         (sliding, "sliding value window")):  # fmt: skip
         with pytest.raises(RuntimeError, match=match), torch.cuda.graph(torch.cuda.CUDAGraph()):
             cache.append(k, v)
 

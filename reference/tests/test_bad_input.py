@@ -153,6 +153,6 @@ def test_lifecycle_errors():
 
 def test_prompt_shorter_than_the_sinks_is_valid():
     cache = ReferenceCache.from_prefill(t(1, 4, 5, 16), t(1, 2, 5, 16), t(1, 2, 5, 16))
-    assert tuple(cache.layout) == (5, 0, 0)
+    assert tuple(cache.layout) == (5, 0, 0, 0, 0)
     cache.append(t(1, 2, 40, 16), t(1, 2, 40, 16))
-    assert tuple(cache.layout) == (32, 0, 13)
+    assert tuple(cache.layout) == (32, 0, 13, 0, 13)

@@ -9,6 +9,7 @@ from reference import (
     attention_ref,
     channel_mask_from_pairs,
     dequantize,
+    methods,
     pair_channels,
     pair_saliency,
     quantize,
@@ -29,31 +30,33 @@ def tokens(n, seed, dtype=torch.float16, heads=H_KV):
 def expected_kv(cache, all_k, all_v):
     """Dequantized K/V rebuilt from the token history alone, independent of the cache's storage."""
     cfg = cache.config
-    n_sink, n_q, _ = token_layout(cfg, all_k.shape[-2])
-    region = slice(n_sink, n_sink + n_q)
+    tokens = token_layout(cfg, all_k.shape[-2])
+    n_sink, n_q, n_vq = tokens.n_sink, tokens.n_quantized, tokens.n_value_quantized
+    region, v_region = slice(n_sink, n_sink + n_q), slice(n_sink, n_sink + n_vq)
     mask = cache.channel_mask
     keys = quantize_keys(all_k[..., region, :], mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype)
     k_q = dequantize(keys, cfg.group_size, -2)
     if cfg.values_quantized:
-        vq = quantize(all_v[..., region, :], cfg.value_bits, cfg.value_group(D), -1, cfg.scale_dtype)
+        vq = quantize(all_v[..., v_region, :], cfg.value_bits, cfg.value_group(D), -1, cfg.scale_dtype)
         v_q = dequantize(vq, cfg.value_group(D), -1)
     else:
-        v_q = all_v[..., region, :].float()
+        v_q = all_v[..., v_region, :].float()
     k = torch.cat([all_k[..., :n_sink, :].float(), k_q, all_k[..., n_sink + n_q :, :].float()], dim=-2)
-    v = torch.cat([all_v[..., :n_sink, :].float(), v_q, all_v[..., n_sink + n_q :, :].float()], dim=-2)
+    v = torch.cat([all_v[..., :n_sink, :].float(), v_q, all_v[..., n_sink + n_vq :, :].float()], dim=-2)
     return k, v
 
 
 def check_state(cache, all_k, all_v, seed):
     t = all_k.shape[-2]
-    n_sink, n_q, n_res = token_layout(cache.config, t)
-    assert cache.length == t and tuple(cache.layout) == (n_sink, n_q, n_res)
+    layout = token_layout(cache.config, t)
+    n_sink, n_res, n_vres = layout.n_sink, layout.n_residual, layout.n_value_residual
+    assert cache.length == t and cache.layout == layout
     assert cache.storage() == storage_model(cache.config, B, H_KV, D, t, all_k.dtype)
     sink_k, sink_v = cache.sinks()
     assert torch.equal(sink_k.view(torch.int16), all_k[..., :n_sink, :].view(torch.int16))
     assert torch.equal(sink_v.view(torch.int16), all_v[..., :n_sink, :].view(torch.int16))
     res_k, res_v = cache.residual()
-    assert torch.equal(res_k, all_k[..., t - n_res :, :]) and torch.equal(res_v, all_v[..., t - n_res :, :])
+    assert torch.equal(res_k, all_k[..., t - n_res :, :]) and torch.equal(res_v, all_v[..., t - n_vres :, :])
     k_hat, v_hat = expected_kv(cache, all_k, all_v)
     got_k, got_v = cache.dequantize()
     assert torch.equal(got_k, k_hat) and torch.equal(got_v, v_hat)
@@ -83,6 +86,8 @@ def test_online_cache_every_state_matches_the_token_history(prompt):
         PNMixConfig(group_size=8, residual_length=8, n_sink=3, value_bits=16, ratio=0.25),
         PNMixConfig(b_high=4, b_low=2, group_size=8, residual_length=16, value_bits=4, value_group_size=8),
         PNMixConfig(b_high=2, b_low=2, ratio=1.0, group_size=8, residual_length=8, scale_dtype=torch.float32),
+        methods.kivi(2, group_size=8, n_sink=2),  # sliding values: one value quantized per step past the window
+        PNMixConfig(group_size=8, residual_length=16, n_sink=0, value_residual="sliding", value_group_size=8),
     ],
 )
 def test_other_configs_every_state(cfg):

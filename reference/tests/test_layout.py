@@ -37,31 +37,37 @@ def configs(draw) -> PNMixConfig:
         n_sink=draw(st.integers(0, 20)),
         value_bits=draw(st.sampled_from([2, 4, 16])),
         selection=selection,
+        value_residual=draw(st.sampled_from(["shared", "sliding"])),
     )
 
 
 splits = st.lists(st.integers(0, 70), min_size=1, max_size=8)
 
 
-def _place(layout: CacheLayout, parts: list[int]) -> tuple[dict[int, str], list]:
-    """Carry out the plans of appending `parts` tokens in turn; where each position went."""
-    where: dict[int, str] = {}
-    length, residual, plans = 0, [], []
+def _place(layout: CacheLayout, parts: list[int]) -> tuple[dict[int, tuple[str, str]], list]:
+    """Carry out the plans of appending `parts` tokens in turn; where each position's key and value went."""
+    keys: dict[int, str] = {}
+    values: dict[int, str] = {}
+    length, residual, value_residual, plans = 0, [], [], []
     for n in parts:
         plan = layout.plan(length, n)
         plans.append(plan)
         new = list(range(length, length + n))
         for pos in new[: plan.to_sink]:
-            where[pos] = "sink"
-        queue = residual + new[plan.to_sink :]
+            keys[pos] = values[pos] = "sink"
+        queue, value_queue = residual + new[plan.to_sink :], value_residual + new[plan.to_sink :]
         assert list(plan.flushed_positions()) == queue[: plan.flush]
         for pos in queue[: plan.flush]:
-            where[pos] = "quantized"
-        residual = queue[plan.flush :]
+            keys[pos] = "quantized"
+        for pos in value_queue[: plan.value_flush]:
+            values[pos] = "quantized"
+        residual, value_residual = queue[plan.flush :], value_queue[plan.value_flush :]
         length += n
     for pos in residual:
-        where[pos] = "residual"
-    return where, plans
+        keys[pos] = "residual"
+    for pos in value_residual:
+        values[pos] = "residual"
+    return {pos: (keys[pos], values[pos]) for pos in keys}, plans
 
 
 @given(configs(), splits)
@@ -70,11 +76,17 @@ def test_every_token_is_in_exactly_one_place(config, parts):
     where, plans = _place(layout, parts)
     length = sum(parts)
     assert sorted(where) == list(range(length))
-    n_sink, n_q, n_res = token_layout(config, length)
-    assert [where[p] for p in range(length)] == ["sink"] * n_sink + ["quantized"] * n_q + ["residual"] * n_res
+    t = token_layout(config, length)
+    for side, n_q, n_res in ((0, t.n_quantized, t.n_residual), (1, t.n_value_quantized, t.n_value_residual)):
+        placed = [where[p][side] for p in range(length)]
+        assert placed == ["sink"] * t.n_sink + ["quantized"] * n_q + ["residual"] * n_res
+    window = min(length - t.n_sink, config.residual_length)
+    assert t.n_value_residual == (window if config.value_residual == "sliding" else t.n_residual)
     for plan in plans:
         assert plan.after == token_layout(config, plan.after.length)
         assert plan.flush % config.residual_length == 0
+        if config.value_residual == "shared":
+            assert plan.value_flush == plan.flush
 
 
 @given(configs(), splits)

@@ -33,14 +33,26 @@ def test_stored_field_widths_count_what_is_stored():
     [(0, (0, 0, 0)), (1, (1, 0, 0)), (32, (32, 0, 0)), (33, (32, 0, 1)), (160, (32, 128, 0)), (300, (32, 256, 12))],
 )
 def test_token_layout_default(length, expected):
-    assert tuple(token_layout(PNMixConfig(), length)) == expected
+    assert tuple(token_layout(PNMixConfig(), length)) == (*expected, *expected[1:])  # values share the residual
 
 
 def test_token_layout_residual_of_several_groups():
     cfg = PNMixConfig(group_size=16, residual_length=64, n_sink=4)
-    assert tuple(token_layout(cfg, 4 + 63)) == (4, 0, 63)
-    assert tuple(token_layout(cfg, 4 + 64)) == (4, 64, 0)
-    assert tuple(token_layout(cfg, 4 + 200)) == (4, 192, 8)
+    assert tuple(token_layout(cfg, 4 + 63)) == (4, 0, 63, 0, 63)
+    assert tuple(token_layout(cfg, 4 + 64)) == (4, 64, 0, 64, 0)
+    assert tuple(token_layout(cfg, 4 + 200)) == (4, 192, 8, 192, 8)
+
+
+def test_sliding_values_keep_the_newest_n_exact():
+    cfg = PNMixConfig(group_size=16, residual_length=64, n_sink=4, value_residual="sliding")
+    assert tuple(token_layout(cfg, 4 + 63)) == (4, 0, 63, 0, 63)
+    assert tuple(token_layout(cfg, 4 + 64)) == (4, 64, 0, 0, 64)
+    assert tuple(token_layout(cfg, 4 + 65)) == (4, 64, 1, 1, 64)
+    assert tuple(token_layout(cfg, 4 + 200)) == (4, 192, 8, 136, 64)
+    # Values are counted over the quantized ones: the window of 64 exact values is excluded.
+    report = storage_model(cfg, 1, 1, 16, 4 + 200)
+    assert report.residual_value == 64 * 16 * 2 and report.value_scale == 136 * 2
+    assert tuple(allocation(cfg, 10, 4 + 200)) == (4, 192, 64, 136, 64)
 
 
 def test_storage_model_hand_computed():
@@ -95,9 +107,9 @@ def test_measured_equals_model_for_awkward_head_dims(head_dim):
 def test_static_allocation_counts_capacity():
     cfg = PNMixConfig()
     # 8192 + 141 capacity: 32 sinks, 8192 quantized tokens (64 pages), one 128-token residual page.
-    assert tuple(allocation(cfg, 10, 8333)) == (32, 8192, 128)
-    assert tuple(allocation(cfg, 10, 20)) == (20, 0, 0)
-    assert tuple(allocation(cfg, 10, 100)) == (32, 0, 68)
+    assert tuple(allocation(cfg, 10, 8333)) == (32, 8192, 128, 8192, 128)
+    assert tuple(allocation(cfg, 10, 20)) == (20, 0, 0, 0, 0)
+    assert tuple(allocation(cfg, 10, 100)) == (32, 0, 68, 0, 68)
     static = storage_model(cfg, 1, 1, 128, 10, capacity=8333)
     full = storage_model(cfg, 1, 1, 128, 32 + 8192)  # the same sinks and quantized region, no residual
     page = 128 * 128 * 2  # one residual page of fp16 keys (or values)
@@ -110,6 +122,7 @@ def test_method_bit_widths_hand_computed():
     from reference.methods import fp16, kitty, kivi
 
     # KIVI-2, G = 128, no sinks: 2 payload bits + 32 / 128 scale/zero bits; no selection metadata.
+    # Its values are counted over the quantized ones (the sliding window of 128 is excluded).
     assert bit_widths(kivi(2), 128) == (2.25, 0.0, 2.25)
     # Kitty: 2-bit low plane + (d/4 channels) x 2-bit high plane + 0.25 scale/zero, 32 fp16 sinks;
     # its per-page index is d bytes per 128-token page: 8 * 128 / (128 * 128) bits over the T_q tokens.

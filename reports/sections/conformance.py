@@ -6,6 +6,7 @@ import collections
 from collections.abc import Sequence
 
 from conformance.loader import builtins
+from conformance.strategies import WORKLOAD
 
 from ..inputs import Source
 from ..markdown import Section, table
@@ -50,6 +51,17 @@ def _identity(details: dict | None) -> str:
 def _largest(records: list[dict], name: str) -> str:
     values = [r["measured"][name] for r in records if name in (r.get("measured") or {})]
     return f"{max(values):.3g}" if values else "-"
+
+
+def _workload() -> str:
+    w = WORKLOAD
+    c = w.config
+    return (
+        f"{w.batch} sequence, {w.kv_heads} KV heads x {w.n_rep} query heads, head_dim {w.head_dim}, {w.dtype}, "
+        f"{w.prompt}-token prompt then appends of {', '.join(map(str, w.appends))}, {w.kind!r} tokens "
+        f"(`conformance.strategies.values`) of seed {w.seed}; asked for H{c.b_high}L{c.b_low} keys, "
+        f"{c.value_bits}-bit values, G = {c.group_size}, {c.n_sink} sinks (`conformance.strategies.WORKLOAD`)"
+    )
 
 
 def _provenance(i: int, s: Source) -> str:
@@ -103,6 +115,8 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
                     sum(c.values()),
                     round(sum(r["duration_s"] for r in mine), 1),
                     _largest(mine, "spec_distance"),
+                    _largest(mine, "workload_bits_per_element"),
+                    _largest(mine, "workload_attention_error"),
                 ]
             )
     parts = [
@@ -115,11 +129,25 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         "### Counts\n",
         table(
             summary,
-            ["implementation", "version (import path)", *OUTCOMES, "total", "test seconds", "spec distance"],
+            [
+                "implementation",
+                "version (import path)",
+                *OUTCOMES,
+                "total",
+                "test seconds",
+                "spec distance",
+                "bits/element",
+                "attention error",
+            ],
             "the result files of the matrix above",
         ),
         "spec distance: the largest max-abs difference, over the examples of property 7, between the "
         "implementation's attention output and float64 attention over the spec's cache of the same tokens "
-        "(measured; judged only where the implementation claims the reference numerics).\n",
+        "(measured; judged only where the implementation claims the reference numerics). "
+        f"bits/element and attention error: measured on one common workload ({_workload()}), each "
+        "implementation with its own bits, groups and residual: the bytes its cache holds (counted from its "
+        "tensors; from its own report where they cannot be seen) x 8 per cached key and value element, "
+        "sinks and exact residual included, and the max-abs difference of its decode attention from float64 "
+        "attention over the exact tokens (`test_the_common_workload_*`).\n",
     ]
     return Section("Conformance matrix", "\n".join(p for p in parts if p))

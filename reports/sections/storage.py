@@ -57,12 +57,13 @@ def render() -> Section:
     bits = bits_rows(cfgs, HEAD_DIM, N_QUANTIZED)
     shape = MODEL_SHAPES[MODEL]
     models = model_rows({k: v for k, v in cfgs.items() if k != "FP16"}, MODEL, BATCH, LENGTH)
-    details = [[name, *(_show(v) for v in dataclasses.astuple(cfg)[:8])] for name, cfg in cfgs.items()]
-    fields = [f.name for f in dataclasses.fields(PNMixConfig)][:8]
+    fields = [*(f.name for f in dataclasses.fields(PNMixConfig)[:8]), "value_residual"]
+    details = [[name, *(_show(getattr(cfg, f)) for f in fields)] for name, cfg in cfgs.items()]
     body = "\n".join(
         [
             f"Average bits per element of keys and values, head_dim {HEAD_DIM}, T_q = {N_QUANTIZED} quantized tokens, "
-            'the FP16 residual excluded (the paper\'s convention). "key bits" is the effective cost (payload, '
+            "the FP16 residual excluded (the paper's convention; with KIVI's sliding value window, its R exact "
+            'values too). "key bits" is the effective cost (payload, '
             "scales and zeros, FP16 sinks); \"mask bits\" the selection metadata (PN-Mix's pair mask, Kitty's "
             'per-page channel indices); "key bits total" their sum. Bits are counted as stored: packed fields are '
             "1, 2, 4 or 8 bits wide and never straddle a byte, so a 3-bit plane (the upper plane of H4L1) occupies "
