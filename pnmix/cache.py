@@ -367,14 +367,29 @@ class PNMixCache:
         tensors = {name: rows.data for name, rows in self._rows.items()} | self._fixed
         return PackedRegion(tensors, self.layout, counts=self._counts[:LAYOUT_COUNTS], capacity=self.capacity)
 
-    def attend(self, q: torch.Tensor, *, num_splits: int | None = None) -> torch.Tensor:
-        """Causal decode attention of q [B, H, T_new, d] (the last T_new positions) -> [B, H, T_new, d]."""
+    def attend(
+        self,
+        q: torch.Tensor,
+        *,
+        num_splits: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """Causal decode attention of q [B, H, T_new, d] (the last T_new positions) -> [B, H, T_new, d].
+
+        scale: of the logits, 1/sqrt(d) by default. softcap (logit softcapping) is not in the
+        kernel: anything but None raises ValueError naming it (`reference.ReferenceCache` has it)."""
         self._require_prefill()
+        if softcap is not None:
+            raise ValueError(f"softcap={softcap!r}: the Triton decode kernel does not apply attention logit "
+                             "softcapping; use the reference backend")  # fmt: skip
+        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
+            raise ValueError(f"scale must be a positive number or None, got {scale!r}")
         lay = self.cache_layout
         self._check_capturable(q)
         validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,
                                values=self.check_finite)  # fmt: skip
-        return decode_attention(q, self.region(), lay, num_splits=num_splits)
+        return decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
 
     def storage(self) -> StorageReport:
         """Bytes of every buffer this cache holds (allocated, so capacity counts when preallocated)."""

@@ -11,10 +11,23 @@ the packed cache through the implementation's decode attention (the reference on
 the Triton kernels on CUDA), without a dense dequantized cache in the model's hands. Sequences
 in a batch must have equal lengths: a padding mask is rejected, since padding would enter the
 saliency and the sinks. Beam search and cropping are not supported and raise.
+
+Layers with an attention window (those transformers' own cache makes sliding-window layers:
+Mistral, Qwen2 with use_sliding_window, the local layers of Gemma 2/3) are not quantized: each
+keeps the keys and values of its last W - 1 tokens exact, as the model's own cache does, and
+attends as the mask the model builds for it says (`LayerMask`). Other layer kinds (chunked,
+linear or hybrid attention) are refused.
+Their memory is bounded by W whatever the length, so the cache that grows with the output, the
+one PN-Mix compresses, is that of the global layers (a window of 512 with G = N = 128 would
+leave at most three pages to quantize). The model's `scaling` is honoured; any other attention
+argument it cannot honour (attention sinks, dropout; softcapping on a quantized layer of the
+Triton backend, whose kernel does not apply it yet) raises naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
 
 import torch
@@ -26,8 +39,23 @@ from reference import PNMixConfig, ReferenceCache
 
 ATTENTION = "pnmix"
 
-#: Model families whose RoPE uses `rotate_half`, pairing channels (i, i + d/2).
-SPLIT_HALF_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "phi3"})
+#: Attention arguments that need nothing from PN-Mix: positions come from the cache itself, and
+#: the attention window from the mask the model builds for the layer (`LayerMask`).
+IGNORABLE = frozenset(
+    {"position_ids", "cache_position", "use_cache", "is_causal", "output_attentions", "sliding_window"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMask:
+    """The mask `pnmix_mask` gives the model for a layer: causal attention over the last
+    `window` positions up to each query's own (all of them: None)."""
+
+    window: int | None
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"this model reads .{name} of its attention mask as a tensor; PN-Mix gives its "
+                             "attention a LayerMask (the window), and cannot serve such a model")  # fmt: skip
 
 
 def cache_argument(model) -> str:
@@ -40,9 +68,66 @@ class UnsupportedOperation(RuntimeError):
     """An operation a PN-Mix cache cannot perform (beam reordering, cropping)."""
 
 
+def head_dim(model_config) -> int:
+    return getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+
+
+def _rotary_fraction(model_config) -> float:
+    rope = getattr(model_config, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+        return float(rope["partial_rotary_factor"])
+    return float(getattr(model_config, "partial_rotary_factor", 1.0) or 1.0)
+
+
 def detect_pair_layout(model_config) -> str | None:
-    """ "split" for rotate_half model families, None when unknown (then it must be given)."""
-    return "split" if getattr(model_config, "model_type", None) in SPLIT_HALF_MODELS else None
+    """How the model's RoPE pairs channels, from what its own `apply_rotary_pos_emb` does: each
+    basis vector e_c rotated by a quarter turn lands on its pair partner, c + d/2 (mod d) for
+    `rotate_half` ("split") or c ^ 1 for interleaved pairs ("adjacent"). None when it cannot
+    tell (no causal-LM class or rotary function found, partial rotary embedding, another pairing).
+    """
+    try:
+        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)]
+        apply = getattr(importlib.import_module(model_class.__module__), "apply_rotary_pos_emb", None)
+        d = head_dim(model_config)
+    except Exception:  # no causal-LM class, or a head_dim that differs by layer
+        return None
+    if apply is None or _rotary_fraction(model_config) != 1.0 or d % 2:
+        return None
+    basis = torch.eye(d).reshape(1, d, 1, d)  # head c holds e_c
+    quarter = torch.zeros(1, 1, d), torch.ones(1, 1, d)  # cos 0, sin 1 for every frequency
+    try:
+        rotated = apply(basis, basis, *quarter)[0]
+    except Exception:  # a signature of its own: then the layout must be given
+        return None
+    if tuple(rotated.shape) != tuple(basis.shape):
+        return None
+    partner = rotated.abs().argmax(-1).flatten()
+    channels = torch.arange(d)
+    if torch.equal(partner, (channels + d // 2) % d):
+        return "split"
+    if torch.equal(partner, channels ^ 1):
+        return "adjacent"
+    return None
+
+
+def layer_windows(model_config) -> list[int | None]:
+    """The attention window of each decoder layer (None: global), as transformers' own cache
+    lays the model out; other layer kinds raise, naming the layer."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        kinds, kwargs = get_layer_types_and_kwargs(model_config.get_text_config(decoder=True))
+    except (ImportError, AttributeError):  # an older transformers, or a bare config object
+        return [None] * model_config.num_hidden_layers
+    windows = []
+    for i, (kind, extra) in enumerate(zip(kinds, kwargs, strict=True)):
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"layer {i} of this model is {kind!r}: PN-Mix caches hold full or sliding-window "
+                             "attention layers only")  # fmt: skip
+        windows.append(extra.get("sliding_window") if kind == "sliding_attention" else None)
+    return windows
 
 
 class PNMixLayer(CacheLayerMixin):
@@ -52,7 +137,12 @@ class PNMixLayer(CacheLayerMixin):
     is_sliding = False
 
     def __init__(
-        self, config: PNMixConfig, backend: str, max_cache_len: int | None = None, check_finite: bool = True
+        self,
+        config: PNMixConfig,
+        backend: str,
+        max_cache_len: int | None = None,
+        check_finite: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -61,6 +151,11 @@ class PNMixLayer(CacheLayerMixin):
         self.check_finite = check_finite
         self.cache = None  # created at prefill, when the attention sees the queries
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.window = window  # a windowed layer keeps its last window - 1 tokens exact
+        self.is_sliding = window is not None
+        self._exact: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._values: torch.Tensor | None = None
+        self._seen = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -68,19 +163,40 @@ class PNMixLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
+            if key_states.shape != value_states.shape:
+                raise ValueError(f"PN-Mix caches hold keys and values of one shape; this model's are "
+                                 f"{tuple(key_states.shape)} and {tuple(value_states.shape)}")  # fmt: skip
             self.lazy_initialization(key_states, value_states)
-        if self.cache is None:
+        if self._exact is not None:  # a windowed layer: attention reads what it held and the new tokens
+            key_states = torch.cat([self._exact[0], key_states], dim=2)
+            value_states = torch.cat([self._exact[1], value_states], dim=2)
+            self._seen += key_states.shape[2] - self._exact[0].shape[2]
+            self._exact = self._keep(key_states, value_states)
+        elif self.cache is None:
             if self._pending is not None:
-                raise RuntimeError(f"the model did not run attn_implementation={ATTENTION!r} after a prefill update")
+                raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a prefill "
+                                   "update (its attention bypasses transformers' attention interface)")  # fmt: skip
             self._pending = (key_states, value_states)
         else:
             self.cache.append(key_states, value_states)
         key_states._pnmix_layer = self  # how the attention function finds this layer
+        self._values = value_states  # what attention must be given: it reads the cache's values
         return key_states, value_states
 
+    def _keep(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last window - 1 tokens: all that a later query can see besides itself."""
+        first = max(k.shape[2] - (self.window - 1), 0)
+        return k[:, :, first:].contiguous(), v[:, :, first:].contiguous()
+
     def start(self, query_states: torch.Tensor) -> None:
-        """Build the cache from the prompt once the queries are known (Eq. 6 needs them)."""
+        """Build the cache from the prompt once the queries are known (Eq. 6 needs them), or,
+        for a layer with an attention window, keep its last window - 1 tokens exact."""
         k, v = self._pending
+        self._pending = None
+        if self.window is not None:
+            self._seen = k.shape[2]
+            self._exact = self._keep(k, v)
+            return
         if self.backend == "triton":
             from .cache import PNMixCache
 
@@ -88,9 +204,14 @@ class PNMixLayer(CacheLayerMixin):
         else:
             self.cache = ReferenceCache(self.config)
         self.cache.prefill(query_states, k, v)
-        self._pending = None
+
+    @property
+    def started(self) -> bool:
+        return self.cache is not None or self._exact is not None
 
     def get_seq_length(self) -> int:
+        if self._exact is not None:
+            return self._seen
         if self.cache is not None:
             return self.cache.length
         return 0 if self._pending is None else self._pending[0].shape[2]
@@ -106,6 +227,7 @@ class PNMixLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.cache, self._pending, self.is_initialized = None, None, False
+        self._exact, self._seen = None, 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise UnsupportedOperation("PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling")
@@ -118,8 +240,9 @@ class PNMixHFCache(Cache):
     """A transformers Cache with one PN-Mix layer per decoder layer of `model_config`.
 
     config: any configuration of the cache family (PN-Mix, or a baseline from
-    reference.methods); its pair_layout must match the model's RoPE: it is checked against the
-    model family, and must be given explicitly (`pair_layout=`) for an unknown family.
+    reference.methods); its pair_layout must match the model's RoPE: it is checked against what
+    the model's rotary function does (`detect_pair_layout`), and must be given explicitly
+    (`pair_layout=`) where that cannot be told.
     backend: "reference" (CPU), "triton", or "auto" (Triton when CUDA is available).
     max_cache_len: preallocate every layer for this many tokens (the paper's static protocol;
     Triton backend); generating past it raises ValueError.
@@ -148,7 +271,8 @@ class PNMixHFCache(Cache):
                 "pass pair_layout='split' (rotate_half) or 'adjacent' (interleaved pairs)"
             )
         if pair_layout is not None and detected is not None and pair_layout != detected:
-            raise ValueError(f"pair_layout={pair_layout!r} contradicts the model family's {detected!r} RoPE layout")
+            raise ValueError(f"pair_layout={pair_layout!r} contradicts the model's {detected!r} RoPE layout "
+                             "(probed from its apply_rotary_pos_emb)")  # fmt: skip
         if config.pair_layout != expected:
             raise ValueError(
                 f"config.pair_layout is {config.pair_layout!r} but this model's RoPE pairs are {expected!r}: "
@@ -167,7 +291,7 @@ class PNMixHFCache(Cache):
         self.config = config
         self.check_finite = check_finite
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite) for _ in range(model_config.num_hidden_layers)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window) for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
 
@@ -175,35 +299,108 @@ class PNMixHFCache(Cache):
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
 
 
+def _check_arguments(kwargs: dict, dropout: float) -> None:
+    if dropout:
+        raise ValueError(f"PN-Mix attention is for inference: dropout={dropout} cannot be honoured")
+    for name, value in kwargs.items():
+        if name in IGNORABLE or name == "softcap" or value is None or value is False:
+            continue  # an argument left off asks nothing
+        raise ValueError(f"PN-Mix attention cannot honour the attention argument {name}={value!r} this model passes")
+
+
+def exact_attention(query, key, value, scaling: float, window: int | None, softcap: float | None) -> torch.Tensor:
+    """Causal attention of the last query.shape[2] positions over the last key.shape[2] positions,
+    each query seeing the last `window` positions up to its own (all, with None), logits
+    softcapped as cap * tanh(logits / cap) when given. [B, H, T, d] in, [B, H, T, d] out."""
+    t_q, t_k = query.shape[2], key.shape[2]
+    q_pos = torch.arange(t_k - t_q, t_k, device=query.device)[:, None]
+    k_pos = torch.arange(t_k, device=query.device)[None, :]
+    visible = k_pos <= q_pos
+    if window is not None:
+        visible &= k_pos > q_pos - window
+    if softcap is None:  # SDPA as transformers calls it: no mask where none is needed
+        causal = window is None and t_q == t_k
+        every = t_q == 1 and (window is None or t_k <= window)  # decided on the host: no sync
+        mask = None if causal or every else visible
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=causal and t_q > 1, scale=scaling, enable_gqa=True
+        )
+    rep = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(rep, dim=1).float(), value.repeat_interleave(rep, dim=1).float()
+    logits = query.float() @ k.transpose(-1, -2) * scaling
+    logits = softcap * torch.tanh(logits / softcap)
+    weights = logits.masked_fill(~visible, float("-inf")).softmax(-1)
+    return (weights @ v).to(query.dtype)
+
+
 def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """attn_implementation="pnmix": exact prefill, packed-cache decode. Returns ([B, T, H, d], None)."""
+    """attn_implementation="pnmix": exact prefill, packed-cache decode; layers with an attention
+    window stay exact. Returns ([B, T, H, d], None)."""
     layer = getattr(key, "_pnmix_layer", None)
     if layer is None:
-        raise RuntimeError(f"attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...)")
+        raise RuntimeError(f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
+                           "and the keys its update returned")  # fmt: skip
+    if value is not layer._values:
+        raise ValueError("PN-Mix attention reads the values the cache holds; this model attends with other values "
+                         "(e.g. differential attention)")  # fmt: skip
+    _check_arguments(kwargs, dropout)
+    if attention_mask is not None and not isinstance(attention_mask, LayerMask):
+        raise ValueError(f"attention_mask of type {type(attention_mask).__name__}: PN-Mix reads only the masks its "
+                         f"attn_implementation={ATTENTION!r} mask function builds")  # fmt: skip
     d = query.shape[-1]
-    if scaling is not None and abs(scaling - d**-0.5) > 1e-12 * d**-0.5:
-        raise ValueError(f"PN-Mix attention scales by 1/sqrt(head_dim); the model asks for {scaling}")
-    if layer.cache is None:  # the prompt: exact attention, then the cache is built
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
-        layer.start(query)
+    scaling = d**-0.5 if scaling is None else float(scaling)
+    window, softcap = attention_mask.window if attention_mask is not None else None, kwargs.get("softcap")
+    if not layer.started and layer.window is None and softcap is not None and layer.backend == "triton":
+        raise ValueError(f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
+                         "(a quantized layer of this model needs it); use backend='reference'")  # fmt: skip
+    if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
+        out = exact_attention(query, key, value, scaling, window, softcap)
+        if not layer.started:
+            layer.start(query)
     else:
-        out = layer.cache.attend(query)
+        out = layer.cache.attend(query, scale=scaling, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
-def pnmix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-               **kwargs):  # fmt: skip
-    """No mask is needed (attention is causal by construction) and padding is refused.
+def _window(mask_function, local_size: int | None) -> int | None:
+    """The attention window of the model's mask function, checked at a few positions to be
+    causal, limited to the last local_size positions when the model asks for a local mask."""
+    q = (1 << 20) + 3
 
-    Padding is looked for in the prompt and any multi-token call; one-token decode steps skip
-    the check, which would wait on the GPU every step (generation extends the mask with ones)."""
+    def sees(k: int) -> bool:
+        return bool(mask_function(0, 0, torch.tensor(q), torch.tensor(k)))
+
+    span = q if local_size is None else local_size
+    probes = sorted({0, q - span, q - span + 1, q - 2, q - 1, q, q + 1} - {-1})
+    try:
+        ok = all(sees(k) == (k <= q and (local_size is None or k > q - span)) for k in probes)
+    except Exception as error:  # a mask that needs more than positions (e.g. per-token types)
+        raise ValueError(f"PN-Mix cannot read this model's attention mask function ({error})") from None
+    if not ok:
+        raise ValueError(
+            f"this model's attention mask is not causal{'' if local_size is None else f' over a window of {span}'} "
+            "(chunked or bidirectional attention): PN-Mix caches cannot honour it"
+        )
+    return local_size
+
+
+def pnmix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+               local_size=None, **kwargs):  # fmt: skip
+    """The layer's `LayerMask`: causal attention, over the last local_size positions when the model
+    builds a local (sliding-window) mask; anything else (chunked, bidirectional) raises.
+
+    Padding is refused. It is looked for in the prompt and any multi-token call; one-token decode
+    steps skip the check, which would wait on the GPU every step (generation extends the mask
+    with ones)."""
     decode_step = q_length == 1 and q_offset != 0
     if attention_mask is not None and not decode_step and not bool(attention_mask.all()):
         raise ValueError(
             "PN-Mix caches need equal-length sequences: this batch is padded (attention_mask has zeros), and "
             "padding would enter the saliency and the sink tokens; run the sequences separately"
         )
-    return None
+    if mask_function is None:
+        return LayerMask(local_size)
+    return LayerMask(_window(mask_function, local_size))
 
 
 AttentionInterface.register(ATTENTION, pnmix_attention)

@@ -14,11 +14,13 @@ def attention_logits_ref(
     scale: float | None = None,
     causal: bool = False,
     upcast: bool = True,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The scaled scores q k^T of `attention_ref`, before the softmax, with its GQA and causal rules.
 
     q: [B, H, T_q, d]; k: [B, H_kv, T_k, d]. Returns [B, H, T_q, T_k] in float32 (upcast=True)
-    or q's dtype; with causal=True the keys a query may not see are -inf, so
+    or q's dtype. softcap: scores become softcap * tanh(scores / softcap) (Gemma 2's attention
+    logit softcapping). With causal=True the keys a query may not see are -inf, so
     `torch.log_softmax(logits, -1)` gives exactly the log attention probabilities of `attention_ref`.
     """
     n_rep = q.shape[1] // k.shape[1]
@@ -26,6 +28,8 @@ def attention_logits_ref(
     qc, kc = q.to(dtype), k.to(dtype).repeat_interleave(n_rep, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     if causal:
         t_q, t_k = q.shape[2], k.shape[2]
         allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q)
@@ -41,6 +45,7 @@ def attention_ref(
     scale: float | None = None,
     causal: bool = False,
     upcast: bool = True,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Plain softmax attention with GQA.
 
@@ -49,10 +54,13 @@ def attention_ref(
     queries are the last T_q positions of the T_k keys (bottom-right aligned), so query j
     sees keys 0 .. T_k - T_q + j. upcast=True computes in float32 (the oracle); upcast=False
     computes in q's dtype, which is how the low-precision error of the same math is measured.
-    The scores are `attention_logits_ref`'s. Returns [B, H, T_q, d] in q's dtype.
+    The scores are `attention_logits_ref`'s (softcapped when softcap is given). Returns
+    [B, H, T_q, d] in q's dtype.
     """
     n_rep = q.shape[1] // k.shape[1]
     dtype = torch.float32 if upcast else q.dtype
     vc = v.to(dtype).repeat_interleave(n_rep, dim=1)
-    probs = torch.softmax(attention_logits_ref(q, k, scale=scale, causal=causal, upcast=upcast), dim=-1)
+    probs = torch.softmax(
+        attention_logits_ref(q, k, scale=scale, causal=causal, upcast=upcast, softcap=softcap), dim=-1
+    )
     return torch.matmul(probs, vc).to(q.dtype)

@@ -8,6 +8,8 @@ the values' boundary lies earlier with a sliding value residual (`PNMixConfig.va
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import packing, quant, saliency, validation
@@ -205,17 +207,21 @@ class ReferenceCache:
         v = torch.cat([t["sink_value"].float(), v_q, t["residual_value"].float()], dim=-2)
         return k, v
 
-    def attend(self, q: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, *, scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
         """Decode attention of new queries q [B, H, T_new, d] over the whole cache -> [B, H, T_new, d].
 
         The queries are the last T_new cached positions (causal, bottom-right aligned);
-        scaling 1/sqrt(d), float32 softmax, GQA head h reads KV head h // (H / H_kv).
+        scaling 1/sqrt(d) unless `scale` is given, float32 softmax, GQA head h reads KV head
+        h // (H / H_kv); softcap: logits softcapped as a model asks (`attention_ref`).
         """
         self._require_prefill()
         b, h, _, d = self._shape
         validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length)
         k, v = self.dequantize()
-        return attention_ref(q, k, v, causal=True, upcast=True)
+        for name, x in (("scale", scale), ("softcap", softcap)):
+            if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf):
+                raise ValueError(f"{name} must be a positive finite number or None, got {x!r}")
+        return attention_ref(q, k, v, scale=scale, causal=True, upcast=True, softcap=softcap)
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache persists, by component (measured, not modelled)."""

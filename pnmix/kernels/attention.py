@@ -374,12 +374,14 @@ def decode_attention(
     *,
     num_splits: int | None = None,
     block_n: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache.
 
     The layout says how the region is stored (bits, group sizes, pair layout, the selection's
     metadata format); num_splits and block_n only tune the launch. The grid depends on the
     region's capacity when it has one, so that one launch serves every length (CUDA graphs).
+    scale: of the logits, 1/sqrt(d) by default.
     """
     batch, n_heads, t_new, d = q.shape
     cfg, t = layout.config, region.tokens
@@ -408,7 +410,7 @@ def decode_attention(
         q, m, l_sum, acc, counts,
         r["sink_key"], r["sink_value"], r["residual_key"], r["residual_value"], r["key_low"], r["key_high"],
         r["mask"], r["key_scale"], r["key_zero"], r["value_payload"], vs, vz,
-        t_new, n_rep, n_kv, d, LOG2E / math.sqrt(d), splits,
+        t_new, n_rep, n_kv, d, LOG2E * (1.0 / math.sqrt(d) if scale is None else scale), splits,
         _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["residual_value"]), _stride(r["key_low"]),
         _stride(r["key_high"]),
         _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,

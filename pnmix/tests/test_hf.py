@@ -61,7 +61,7 @@ def test_llama_family_uses_the_split_layout_and_a_wrong_layout_is_caught(smollm)
     assert detect_pair_layout(model.config) == "split"
     with pytest.raises(ValueError, match=r"config\.pair_layout is .adjacent. but this model.s RoPE pairs are .split."):
         PNMixHFCache(model.config, PNMixConfig(pair_layout="adjacent"))
-    with pytest.raises(ValueError, match="contradicts the model family"):
+    with pytest.raises(ValueError, match=r"contradicts the model.s .split. RoPE layout"):
         PNMixHFCache(model.config, PNMixConfig(pair_layout="adjacent"), pair_layout="adjacent")
     unknown = SimpleNamespace(model_type="mystery", num_hidden_layers=2)
     with pytest.raises(ValueError, match="cannot tell the RoPE pair layout"):

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import reference as R
 from pnmix import PNMixCache, _runtime
-from pnmix.hf import PNMixHFCache, pnmix_mask
+from pnmix.hf import LayerMask, PNMixHFCache, pnmix_mask
 from pnmix.kernels import append_rows, decode_attention
 from reference import PNMixConfig
 from reference.methods import METHODS
@@ -325,7 +325,7 @@ def test_hf_mask_waits_only_outside_one_token_decode_steps(monkeypatch):
         pnmix_mask(2, 9, 9, q_offset=0, attention_mask=padded)
     grown = torch.cat([ones, ones[:, :1]], 1)
     with counting(monkeypatch) as decode:
-        assert pnmix_mask(2, 1, 10, q_offset=9, attention_mask=grown) is None
+        assert pnmix_mask(2, 1, 10, q_offset=9, attention_mask=grown) == LayerMask(None)
     assert not decode.syncs and not decode.kernels
     with counting(monkeypatch) as prompt:
         pnmix_mask(2, 9, 9, q_offset=0, attention_mask=ones)
@@ -336,7 +336,7 @@ def test_hf_cache_passes_check_finite_to_its_layers():
     from types import SimpleNamespace
 
     model = SimpleNamespace(model_type="llama", num_hidden_layers=2)
-    cache = PNMixHFCache(model, PNMixConfig(pair_layout="split"), backend="triton", check_finite=False)
+    cache = PNMixHFCache(model, PNMixConfig(), backend="triton", pair_layout="split", check_finite=False)
     assert not cache.check_finite and all(not layer.check_finite for layer in cache.layers)
     with pytest.raises(ValueError, match="check_finite=False needs backend='triton'"):
-        PNMixHFCache(model, PNMixConfig(pair_layout="split"), backend="reference", check_finite=False)
+        PNMixHFCache(model, PNMixConfig(), backend="reference", pair_layout="split", check_finite=False)

@@ -138,6 +138,10 @@ def test_attend_rejects_and_changes_nothing():
         cache.attend(t(1, 4, 1, 16, fill=float("nan")))
     with pytest.raises(ValueError, match="multiple of the KV heads"):
         cache.attend(t(1, 3, 1, 16))
+    with pytest.raises(ValueError, match="softcap must be a positive finite number or None, got 0"):
+        cache.attend(t(1, 4, 1, 16), softcap=0)
+    with pytest.raises(ValueError, match="scale must be a positive finite number or None, got nan"):
+        cache.attend(t(1, 4, 1, 16), scale=float("nan"))
     same(before, snapshot(cache))
 
 

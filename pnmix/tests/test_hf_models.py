@@ -1,0 +1,144 @@
+"""PNMixHFCache on small random models of several RoPE families: attention windows (all layers or
+local/global hybrids), logit softcapping and the model's own scaling give what the model gives
+without PN-Mix, token for token, with the exact FP16 method; the RoPE pair layout is probed."""
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+import pnmix.hf as hf
+from reference.methods import METHODS
+
+TINY = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+# (config class, extra arguments, the attention the model is compared with)
+MODELS = {
+    "llama": ("LlamaConfig", {}, "sdpa"),
+    "mistral-window-8": ("MistralConfig", {"sliding_window": 8}, "sdpa"),
+    "qwen2-window-8": (
+        "Qwen2Config",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
+        "sdpa",
+    ),
+    "gemma3-local-global": ("Gemma3TextConfig", {"sliding_window": 8}, "eager"),  # scaling 1/sqrt(256), not 1/4
+    "gemma2-softcap": ("Gemma2Config", {"sliding_window": 8}, "eager"),  # softcapped logits, local/global
+}
+
+
+def build(name: str):
+    import transformers
+
+    cls, extra, exact = MODELS[name]
+    config = getattr(transformers, cls)(**TINY, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=exact).eval()
+    return model, exact
+
+
+def generate(model, ids, cache=None, n=16):
+    kwargs = {} if cache is None else {hf.cache_argument(model): cache}
+    return model.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_fp16_method_generates_what_the_model_generates(name):
+    model, exact = build(name)
+    ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(1))  # past the window of 8
+    expected = generate(model, ids)
+    model.set_attn_implementation("pnmix")
+    cache = hf.PNMixHFCache(model.config, METHODS["FP16"](), backend="reference")
+    try:
+        got = generate(model, ids, cache)
+    finally:
+        model.set_attn_implementation(exact)
+    assert torch.equal(got, expected)
+    # The window each layer was given: its own (local/global hybrids) or the model's, for every layer.
+    cfg = model.config
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    kinds = getattr(cfg, "layer_types", None)
+    windows = [window if kinds is None or kinds[i] == "sliding_attention" else None for i in range(len(cache.layers))]
+    assert [layer.window for layer in cache.layers] == windows
+
+
+def test_windowed_layers_stay_exact_and_global_layers_are_quantized():
+    model, exact = build("gemma3-local-global")
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(2))
+    model.set_attn_implementation("pnmix")
+    config = METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=4)
+    cache = hf.PNMixHFCache(model.config, config, backend="reference")
+    try:
+        generate(model, ids, cache, n=4)
+    finally:
+        model.set_attn_implementation(exact)
+    for layer, kind in zip(cache.layers, model.config.layer_types, strict=True):
+        assert layer.get_seq_length() == 43  # the prompt and the 3 tokens fed back
+        if kind == "sliding_attention":
+            assert layer.cache is None and layer._exact[0].shape[2] == 7  # the last window - 1 tokens
+        else:
+            assert layer.window is None and layer.cache.layout.n_quantized == 32
+
+
+def test_the_pair_layout_is_probed_from_the_rotary_function(monkeypatch):
+    model, _ = build("llama")
+    assert hf.detect_pair_layout(model.config) == "split"
+    module = importlib.import_module(type(model).__module__)
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):  # GPT-J style: pairs (2i, 2i + 1)
+        def rotate(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", interleaved)
+    assert hf.detect_pair_layout(model.config) == "adjacent"
+    with pytest.raises(ValueError, match="contradicts the model's 'adjacent' RoPE layout"):
+        hf.PNMixHFCache(model.config, METHODS["PN-Mix"](), pair_layout="split")
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", lambda q, k, cos, sin: (q, k))  # no rotation at all
+    assert hf.detect_pair_layout(model.config) is None
+
+
+def test_attention_arguments_it_cannot_honour_are_named():
+    model, _ = build("llama")
+    cache = hf.PNMixHFCache(model.config, METHODS["FP16"](), backend="reference")
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
+    k, v = cache.layers[0].update(k, k.clone())
+    with pytest.raises(ValueError, match="attention argument s_aux="):
+        hf.pnmix_attention(None, q, k, v, None, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"dropout=0\.1 cannot be honoured"):
+        hf.pnmix_attention(None, q, k, v, None, dropout=0.1)
+    out, _ = hf.pnmix_attention(None, q, k, v, None, output_router_logits=False, position_ids=torch.arange(3))
+    assert out.shape == (1, 3, 4, 16)
+
+
+def test_softcap_on_a_quantized_layer_is_refused_by_the_triton_backend():
+    from pnmix import PNMixCache, _runtime
+
+    t = torch.randn(1, 2, 12, 16, generator=torch.Generator().manual_seed(3)).half().to(_runtime.kernel_device())
+    cache = PNMixCache.from_prefill(torch.cat([t, t], 1), t, t, dataclasses.replace(METHODS["FP16"]()))
+    with pytest.raises(ValueError, match=r"softcap=50\.0: the Triton decode kernel"):
+        cache.attend(torch.cat([t, t], 1)[:, :, -1:], softcap=50.0)
+
+
+def test_the_window_is_read_from_the_mask_the_model_builds():
+    from transformers import masking_utils as mu
+
+    assert hf.pnmix_mask(1, 4, 4, mask_function=mu.causal_mask_function) == hf.LayerMask(None)
+    sliding = mu.sliding_window_causal_mask_function(12)
+    assert hf.pnmix_mask(1, 4, 4, mask_function=sliding, local_size=12) == hf.LayerMask(12)
+    with pytest.raises(ValueError, match="not causal over a window of 12"):  # a window other than claimed
+        hf.pnmix_mask(1, 4, 4, mask_function=mu.sliding_window_causal_mask_function(13), local_size=12)
+    chunked = mu.chunked_causal_mask_function(16, torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunked or bidirectional attention"):
+        hf.pnmix_mask(1, 4, 4, mask_function=chunked, local_size=16)
+    with pytest.raises(ValueError, match="not causal"):
+        hf.pnmix_mask(1, 4, 4, mask_function=mu.bidirectional_mask_function)
