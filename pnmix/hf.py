@@ -143,6 +143,7 @@ class PNMixLayer(CacheLayerMixin):
         max_cache_len: int | None = None,
         check_finite: bool = True,
         window: int | None = None,
+        stepwise: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
@@ -152,6 +153,8 @@ class PNMixLayer(CacheLayerMixin):
         self.cache = None  # created at prefill, when the attention sees the queries
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.window = window  # a windowed layer keeps its last window - 1 tokens exact
+        self.stepwise = stepwise
+        self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # exact newest tokens, for stepwise attention
         self.is_sliding = window is not None
         self._exact: tuple[torch.Tensor, torch.Tensor] | None = None
         self._values: torch.Tensor | None = None
@@ -178,6 +181,9 @@ class PNMixLayer(CacheLayerMixin):
                                    "update (its attention bypasses transformers' attention interface)")  # fmt: skip
             self._pending = (key_states, value_states)
         else:
+            if self.stepwise:
+                res_k, res_v = self.cache.residual()
+                self._tail = torch.cat([res_k, key_states], dim=2), torch.cat([res_v, value_states], dim=2)
             self.cache.append(key_states, value_states)
         key_states._pnmix_layer = self  # how the attention function finds this layer
         self._values = value_states  # what attention must be given: it reads the cache's values
@@ -248,6 +254,9 @@ class PNMixHFCache(Cache):
     Triton backend); generating past it raises ValueError.
     check_finite: check inputs for NaN and Inf (one device->host sync per tensor and step;
     Triton backend, where False skips it, as benchmarks do; see `pnmix.PNMixCache`).
+    stepwise: each of several new tokens fed in one forward (teacher forcing over chunks) attends
+    as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`;
+    reference backend): long-output fidelity at the cost of one forward per chunk.
     """
 
     def __init__(
@@ -259,6 +268,7 @@ class PNMixHFCache(Cache):
         pair_layout: str | None = None,
         max_cache_len: int | None = None,
         check_finite: bool = True,
+        stepwise: bool = False,
     ) -> None:
         config = PNMixConfig() if config is None else config
         if not isinstance(config, PNMixConfig):
@@ -288,10 +298,13 @@ class PNMixHFCache(Cache):
             raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         if not check_finite and backend != "triton":
             raise ValueError(f"check_finite=False needs backend='triton', got backend={backend!r}")
+        if stepwise and backend != "reference":
+            raise ValueError(f"stepwise=True needs backend='reference', got backend={backend!r}")
         self.config = config
         self.check_finite = check_finite
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite, window) for window in layer_windows(model_config)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise)
+            for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
 
@@ -357,6 +370,8 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
             layer.start(query)
+    elif layer.stepwise:
+        out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)
     else:
         out = layer.cache.attend(query, scale=scaling, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import packing, quant, saliency, validation
-from .attention import attention_ref
+from .attention import attention_logits_ref, attention_ref
 from .config import PNMixConfig
 from .layout import CacheLayout, TokenLayout, token_layout
 from .storage import StorageReport, measure
@@ -222,6 +222,60 @@ class ReferenceCache:
             if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf):
                 raise ValueError(f"{name} must be a positive finite number or None, got {x!r}")
         return attention_ref(q, k, v, scale=scale, causal=True, upcast=True, softcap=softcap)
+
+    def attend_stepwise(
+        self,
+        q: torch.Tensor,
+        exact_keys: torch.Tensor,
+        exact_values: torch.Tensor,
+        *,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """What `attend` gives each of the newest T_new tokens had they been appended one at a time,
+        each query attending right after its own token: query j (position t = T - T_new + j) reads
+        the tokens quantized at length t + 1 (`token_layout`) from this cache, whose codes do not
+        change once written, and the rest exact. Teacher-forced decoding over chunks of tokens
+        then costs one append per chunk and equals token-by-token decoding.
+
+        exact_keys / exact_values: [B, H_kv, m, d], the exact keys / values of the newest m tokens,
+        enough to reach back to the first position some query still sees exact (the residual
+        before the chunk and the chunk itself do).
+        """
+        self._require_prefill()
+        b, h, t_all, d = self._shape
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all)
+        n = q.shape[2]
+        bounds = [token_layout(self.config, t_all - n + j + 1) for j in range(n)]
+        k_hat, v_hat = self.dequantize()
+        logits = attention_logits_ref(q, k_hat, scale=scale, causal=True)
+        tail = []
+        for exact, first_quantized in ((exact_keys, "n_quantized"), (exact_values, "n_value_quantized")):
+            m = exact.shape[2]
+            if exact.shape[:2] != (b, h) or exact.shape[3] != d or m > t_all:
+                raise ValueError(
+                    f"exact keys and values must be [{b}, {h}, m <= {t_all}, {d}], got {tuple(exact.shape)}"
+                )
+            # Columns of the newest m tokens that query j still sees exact: from its layout's residual on.
+            start = torch.tensor([lay.n_sink + getattr(lay, first_quantized) for lay in bounds], device=q.device)
+            columns = torch.arange(t_all - m, t_all, device=q.device)
+            if int(start.min()) < t_all - m:
+                raise ValueError(f"the exact tail of {m} tokens does not reach back to position {int(start.min())}")
+            tail.append((exact, columns[None, :] >= start[:, None]))  # [T_new, m]
+        (k_ex, use_k), (v_ex, use_v) = tail
+        exact_logits = attention_logits_ref(q, k_ex, scale=scale)
+        m_k = k_ex.shape[2]
+        logits[..., t_all - m_k :] = torch.where(use_k, exact_logits, logits[..., t_all - m_k :])
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        causal = torch.ones(n, t_all, dtype=torch.bool, device=q.device).tril(diagonal=t_all - n)
+        probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+        rep = q.shape[1] // h
+        m_v = v_ex.shape[2]
+        from_exact = probs[..., t_all - m_v :] * use_v
+        probs = torch.cat([probs[..., : t_all - m_v], probs[..., t_all - m_v :] - from_exact], dim=-1)
+        out = probs @ v_hat.repeat_interleave(rep, dim=1) + from_exact @ v_ex.float().repeat_interleave(rep, dim=1)
+        return out.to(q.dtype)
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache persists, by component (measured, not modelled)."""

@@ -28,7 +28,12 @@ GIB = 2**30
 
 KIND = "kind"
 #: Tag written under KIND, by kind: a reader decides from the content, never from the file name.
-TAGS = {"conformance": "pnmix-conformance", "fidelity": "pnmix-fidelity", "gpu-check": "pnmix-gpu-check"}
+TAGS = {
+    "conformance": "pnmix-conformance",
+    "fidelity": "pnmix-fidelity",
+    "gpu-check": "pnmix-gpu-check",
+    "long-output": "pnmix-long-output",
+}
 BENCHMARK = "pytest-benchmark"  # `pytest --benchmark-json`: no tag of ours, its keys tell it
 KINDS = (*TAGS, BENCHMARK)
 

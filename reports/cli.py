@@ -169,7 +169,9 @@ def render_report(name: str, command: str, git: dict, started: str, outcomes, so
         storage.render,
         lambda: memory.render(sources),
         lambda: performance.render(sources),
-        lambda: fidelity.render(inputs.of_kind(sources, "fidelity"), note["fidelity"]),
+        lambda: fidelity.render(
+            inputs.of_kind(sources, "fidelity"), note["fidelity"], inputs.of_kind(sources, "long-output")
+        ),
     ]
     sections = [render() for render in tqdm(renders, desc="rendering", unit="section", file=sys.stderr)]
     claims = [c for s in sections for c in s.claims]

@@ -142,3 +142,28 @@ def test_the_window_is_read_from_the_mask_the_model_builds():
         hf.pnmix_mask(1, 4, 4, mask_function=chunked, local_size=16)
     with pytest.raises(ValueError, match="not causal"):
         hf.pnmix_mask(1, 4, 4, mask_function=mu.bidirectional_mask_function)
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2", "Kitty"])
+def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
+    model, _ = build("llama")
+    model.set_attn_implementation("pnmix")
+    config = METHODS[method](group_size=8, residual_length=8, n_sink=2)
+    ids = torch.randint(3, 128, (1, 60), generator=torch.Generator().manual_seed(4))
+    one = hf.PNMixHFCache(model.config, config, backend="reference")
+    chunked = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=True)
+    with torch.no_grad():
+        model(input_ids=ids[:, :12], **{hf.cache_argument(model): one})
+        model(input_ids=ids[:, :12], **{hf.cache_argument(model): chunked})
+        expected = torch.cat([model(input_ids=ids[:, t : t + 1], **{hf.cache_argument(model): one}).logits
+                              for t in range(12, 60)], 1)  # fmt: skip
+        got = torch.cat([model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): chunked}).logits
+                         for a in range(12, 60, 16)], 1)  # fmt: skip
+        plain = hf.PNMixHFCache(model.config, config, backend="reference")  # chunks without stepwise
+        model(input_ids=ids[:, :12], **{hf.cache_argument(model): plain})
+        wrong = torch.cat([model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): plain}).logits
+                           for a in range(12, 60, 16)], 1)  # fmt: skip
+    torch.testing.assert_close(got, expected)  # float32 model: equal up to the order of float32 sums
+    assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
+    with pytest.raises(ValueError, match="stepwise=True needs backend='reference'"):
+        hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True)

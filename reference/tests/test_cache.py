@@ -172,3 +172,36 @@ def test_constant_key_groups_reconstruct_exactly():
     k_hat, v_hat = cache.dequantize()
     assert torch.equal(k_hat, k.float()) and torch.equal(v_hat, v.float())
     assert bool((cache.key_codes().scale == 0).all())
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PNMixConfig(group_size=8, residual_length=8, n_sink=3),
+        methods.kivi(2, group_size=8, n_sink=2),  # a sliding value window
+        methods.kitty(group_size=8, residual_length=16, n_sink=1),  # channels chosen per page
+        PNMixConfig(group_size=8, residual_length=16, n_sink=0, value_bits=16, ratio=0.25),
+    ],
+)
+def test_stepwise_attention_over_chunks_equals_token_by_token_decoding(cfg):
+    q0, k0, v0 = tokens(13, 30, heads=H), tokens(13, 31), tokens(13, 32)
+    k, v, q = tokens(40, 33), tokens(40, 34), tokens(40, 35, heads=H)
+    one = ReferenceCache.from_prefill(q0, k0, v0, cfg)
+    expected = []
+    for j in range(40):
+        one.append(k[..., j : j + 1, :], v[..., j : j + 1, :])
+        expected.append(one.attend(q[..., j : j + 1, :]))
+    expected = torch.cat(expected, -2).float()
+    chunked, got = ReferenceCache.from_prefill(q0, k0, v0, cfg), []
+    for a in range(0, 40, 16):  # chunks across flushes, of a size that is no multiple of the pages
+        res_k, res_v = chunked.residual()
+        new_k, new_v = k[..., a : a + 16, :], v[..., a : a + 16, :]
+        chunked.append(new_k, new_v)
+        got.append(chunked.attend_stepwise(q[..., a : a + 16, :], torch.cat([res_k, new_k], -2),
+                                           torch.cat([res_v, new_v], -2)))  # fmt: skip
+    got = torch.cat(got, -2).float()
+    # Equal up to the float16 rounding of the output (the float32 sums run in another order).
+    assert bool(((got - expected).abs() <= torch.finfo(torch.float16).eps * expected.abs().clamp_min(2**-14)).all())
+    assert not torch.equal(got, chunked.attend(q[..., -40:, :]).float()), "plain chunked attention is not stepwise"
+    with pytest.raises(ValueError, match="does not reach back to position"):
+        chunked.attend_stepwise(q[..., -8:, :], k[..., -1:, :], v[..., -1:, :])

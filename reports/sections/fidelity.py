@@ -24,6 +24,7 @@ from ..markdown import (
     sources_under_tables,
 )
 from ..provenance import measured, quoted
+from . import long_output
 
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
 WHERE = {"fig4": "Fig. 4", "table9": "Table 9", "table11": "Table 11", "fig5": "Fig. 5"}
@@ -142,11 +143,13 @@ def _fig4(s: Source) -> bytes | None:
     return figures.png(draw, ncols=2, size=(5.6, 4.0))
 
 
-def render(sources: Sequence[Source], note: str = "") -> Section:
+def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Source] = ()) -> Section:
+    long_parts, long_figs = long_output.render(long_sources)
     if not sources:
         return Section(
             "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
-            (note or "No fidelity results were run or given.") + "\n",
+            "\n".join([(note or "No fidelity results were run or given.") + "\n", *long_parts]),
+            long_figs,
             claims=claims(None, False),
         )
     main = primary(sources)
@@ -183,9 +186,10 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         parts += [figure(n, captions[n]) for n in figs]
     else:
         parts.append(figures.MISSING + "\n")
+    parts += long_parts
     return Section(
         "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
         "\n".join(p for p in parts if p),
-        figs,
+        figs | long_figs,
         claims(main, smoke_only=bool(sources)),
     )

@@ -154,3 +154,17 @@ def test_fidelity_claims_follow_the_module_verdicts():
     share = json.loads(COMMITTED_FIDELITY.read_text())["summary"]["fig5_share_median"]["10"]
     assert f"{share:.1%}" in s.body and tables_without_source(s.body) == []
     assert set(s.figures) == {"fig4-jaccard.png", "fig5-importance-share.png"}
+
+
+def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
+    from benchmarks import long_output as bench_long
+    from reference import records
+
+    per_prompt = [
+        {"PN-Mix": {"kl": [0.125, 0.375], "top1": [1.0, 0.0], "nll": [1.0, 2.0]}, "FP16": {"nll": [0.5, 1.5]}}
+    ]
+    data = records.record("long-output", "cpu", command="python -m benchmarks.long_output --tokens 2", model="M (x)",
+                          prompts=1, chunk=1, summary=bench_long.summarize(per_prompt, 2))  # fmt: skip
+    s = fidelity.render([], "", [load(tmp_path, "long.json", data)])
+    assert "### Fidelity over long outputs" in s.body and "0.125" in s.body and "0.375" in s.body
+    assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output.png"}

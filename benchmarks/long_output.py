@@ -1,0 +1,234 @@
+"""Fidelity over long outputs: how far each method's next-token distribution drifts from FP16 as
+the output grows (the reason PN-Mix exists: errors that accumulate over 8K-32K generated tokens).
+
+    python -m benchmarks.long_output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
+
+For each prompt of benchmarks/data/prompts.jsonl the FP16 model generates `--tokens` tokens
+greedily (up to its context); then every method reads that same sequence, teacher-forced, through
+its packed cache (`pnmix.hf.PNMixHFCache`, reference backend), and at every generated position:
+- KL(FP16 || method) of the next-token distributions (natural log),
+- top-1 agreement (the method's most likely next token is FP16's),
+- NLL of the token FP16 generated, under the method and under FP16.
+Tokens go through the caches `--chunk` at a time with stepwise attention
+(`reference.ReferenceCache.attend_stepwise`): each position attends exactly as it would in
+token-by-token decoding (pnmix/tests/test_hf_models.py checks it), at one forward per chunk.
+Methods run at the paper's pages (G = N = 128, 32 sinks) and default bits; the curves bin the
+positions. Results: JSON and markdown (and a PNG of the curves) written atomically to new files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import time
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from reference.methods import METHODS
+from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.storage import bit_widths
+
+from .model_source import DEFAULT as DEFAULT_MODEL
+from .model_source import resolve as resolve_model
+
+DATA = Path(__file__).parent / "data"
+DEFAULT_METHODS = ("KIVI-2 +32 sinks", "Kitty", "PN-Mix")  # about 2.3 key bits each
+METRICS = ("kl", "top1", "nll")
+
+
+def _forward(model, ids: torch.Tensor, cache, attn: str) -> torch.Tensor:
+    from pnmix.hf import cache_argument
+
+    model.set_attn_implementation(attn)
+    return model(input_ids=ids, **{cache_argument(model): cache}).logits[0].double()
+
+
+@torch.no_grad()
+def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, chunk: int) -> dict:
+    """Per generated position p (the distribution of token p + 1 given tokens up to p), for each
+    method: KL(FP16 || method), top-1 agreement and NLL; and FP16's own NLL. ids: [1, T]."""
+    from transformers import DynamicCache
+
+    from pnmix.hf import PNMixHFCache
+
+    caches = {"FP16": DynamicCache()}
+    caches |= {n: PNMixHFCache(model.config, c, backend="reference", stepwise=True) for n, c in configs.items()}
+    attn = {n: "sdpa" if n == "FP16" else "pnmix" for n in caches}
+    out = {n: {m: [] for m in METRICS} for n in configs} | {"FP16": {"nll": []}}
+    bounds = [(0, prompt_len)] + [
+        (a, min(a + chunk, ids.shape[1] - 1)) for a in range(prompt_len, ids.shape[1] - 1, chunk)
+    ]
+    for first, last in bounds:
+        logits = {n: _forward(model, ids[:, first:last], c, attn[n]) for n, c in caches.items()}
+        if first == 0:  # the prompt: only its last position predicts a generated token
+            logits = {n: x[-1:] for n, x in logits.items()}
+            targets = ids[0, prompt_len : prompt_len + 1]
+        else:
+            targets = ids[0, first + 1 : last + 1]
+        ref = torch.log_softmax(logits["FP16"], -1)
+        out["FP16"]["nll"] += (-ref.gather(-1, targets[:, None])[:, 0]).tolist()
+        for name in configs:
+            log_p = torch.log_softmax(logits[name], -1)
+            out[name]["kl"] += (ref.exp() * (ref - log_p)).sum(-1).clamp_min(0).tolist()
+            out[name]["top1"] += (log_p.argmax(-1) == ref.argmax(-1)).double().tolist()
+            out[name]["nll"] += (-log_p.gather(-1, targets[:, None])[:, 0]).tolist()
+    return out
+
+
+def binned(values: list[float], bins: int) -> list[float]:
+    """Means of `bins` consecutive, equal spans of positions."""
+    n = len(values)
+    edges = [round(i * n / bins) for i in range(bins + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges) if b > a]
+
+
+def summarize(per_prompt: list[dict], bins: int) -> dict:
+    """Per method and metric, the mean over prompts of each bin of positions (prompts cut to the shortest)."""
+    n = min(len(p["FP16"]["nll"]) for p in per_prompt)
+    summary = {"positions": n, "bin_edges": [round(i * n / bins) for i in range(bins + 1)], "methods": {}}
+    for name in per_prompt[0]:
+        metrics = {}
+        for metric in per_prompt[0][name]:
+            rows = [binned(p[name][metric][:n], bins) for p in per_prompt]
+            metrics[metric] = [sum(col) / len(col) for col in zip(*rows, strict=True)]
+        summary["methods"][name] = metrics
+    return summary
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    edges = s["bin_edges"]
+    heads = ["method", *(f"{a}-{b}" for a, b in itertools.pairwise(edges))]
+    lines = [
+        f"# Fidelity over long outputs: {result['model']}\n",
+        f"{result['prompts']} prompts, {s['positions']} generated positions each (FP16 greedy), teacher-forced "
+        f"through each cache in chunks of {result['chunk']} with stepwise attention; means per span of output "
+        f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`.\n",
+    ]
+    for metric, title in (
+        ("kl", "KL(FP16 || method), nats"),
+        ("top1", "top-1 agreement with FP16"),
+        ("nll", "NLL of the FP16 greedy token"),
+    ):
+        rows = [[n, *(f"{v:.4g}" for v in m[metric])] for n, m in s["methods"].items() if metric in m]
+        lines += [f"## {title}\n", tabulate(rows, heads, tablefmt="github"), ""]
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["summary"]
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(s["bin_edges"])]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, metric, title in zip(axes, METRICS, ("KL(FP16 || method)", "top-1 agreement", "NLL"), strict=True):
+        for name, m in s["methods"].items():
+            if metric in m:
+                ax.plot(mids[: len(m[metric])], m[metric], marker="o", label=name)
+        ax.set_xlabel("output position")
+        ax.set_title(title)
+    axes[0].legend()
+    fig.suptitle(f"{result['model'].split(' (')[0]}: fidelity over the output (measured)")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.rename(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.long_output", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
+    parser.add_argument(
+        "--tokens", type=positive, default=8192, help="generated tokens per prompt (capped by the context)"
+    )
+    parser.add_argument("--prompts", type=positive, default=3, help="prompts of benchmarks/data/prompts.jsonl")
+    parser.add_argument("--chunk", type=positive, default=256, help="tokens per teacher-forced forward")
+    parser.add_argument("--bins", type=positive, default=16, help="spans of output positions in the curves")
+    parser.add_argument(
+        "--methods", default=",".join(DEFAULT_METHODS), help="comma-separated names of reference.methods"
+    )
+    parser.add_argument("--smoke", action="store_true", help="64 tokens, one prompt, small pages: checks the harness")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.methods.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS or n == "FP16"]
+    if unknown or not names:
+        parser.error(f"--methods: unknown {unknown}; choose from {[n for n in METHODS if n != 'FP16']}")
+    try:
+        source = resolve_model(args.model)
+    except ValueError as error:
+        parser.error(str(error))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens, prompts_n, pages = args.tokens, args.prompts, {}
+    if args.smoke:
+        tokens, prompts_n, pages = min(tokens, 64), 1, {"group_size": 16, "residual_length": 16, "n_sink": 4}
+    import datasets
+
+    from pnmix.hf import detect_pair_layout
+
+    prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
+    prompts = prompts.select(range(min(prompts_n, len(prompts))))
+    model, tokenizer = source.load("sdpa")
+    layout = detect_pair_layout(model.config)
+    if layout is None:
+        parser.error(f"cannot tell the RoPE pair layout of {source.name}")
+    configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
+    context = getattr(model.config, "max_position_embeddings", None) or math.inf
+    per_prompt, started, lengths = [], time.monotonic(), []
+    for row in tqdm(prompts, desc="long outputs", unit="prompt"):
+        chat = [{"role": "user", "content": row["prompt"]}]
+        inputs = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        prompt_len = inputs["input_ids"].shape[1]
+        n = int(min(tokens, context - prompt_len))
+        model.set_attn_implementation("sdpa")
+        ids = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        lengths.append(ids.shape[1] - prompt_len)
+        per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
+    given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}
+    given["methods"] = args.methods
+    options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k)))
+    result = record(
+        "long-output",
+        model.device,
+        command="python -m benchmarks.long_output" + options + (" --smoke" if args.smoke else ""),
+        model=source.describe(),
+        model_fingerprint=source.fingerprint,
+        pair_layout=layout,
+        prompt_set="benchmarks/data/prompts.jsonl",
+        prompts=len(prompts),
+        generated_tokens=lengths,
+        chunk=args.chunk,
+        pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
+        key_bits={n: round(bit_widths(c, 64).key_total, 4) for n, c in configs.items()},
+        seconds=round(time.monotonic() - started, 1),
+        summary=summarize(per_prompt, args.bins),
+        per_prompt=per_prompt,
+    )
+    stamp = utc_stamp()
+    write_json(out_dir / f"long-output-{stamp}.json", result)
+    path = write_atomic(out_dir / f"long-output-{stamp}.md", markdown(result))
+    figure(result, out_dir / f"long-output-{stamp}.png")
+    print(markdown(result))
+    print(f"written to {path} (and .json, .png)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Long-output fidelity: teacher forcing over chunks measures what token-by-token decoding gives,
+and the tool's results say what they measured."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import long_output
+from reference.methods import METHODS
+
+
+def tiny_llama():
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def test_the_chunk_size_does_not_change_what_is_measured():
+    import pnmix.hf  # noqa: F401  (registers "pnmix")
+
+    model = tiny_llama()
+    ids = torch.randint(3, 128, (1, 70), generator=torch.Generator().manual_seed(5))
+    configs = {n: METHODS[n](group_size=8, residual_length=8, n_sink=2) for n in ("KIVI-2", "PN-Mix")}
+    one = long_output.measure_sequence(model, ids, 10, configs, chunk=1)
+    chunked = long_output.measure_sequence(model, ids, 10, configs, chunk=13)
+    for name, metrics in one.items():
+        for metric, values in metrics.items():
+            assert len(values) == 60, (name, metric)
+            torch.testing.assert_close(torch.tensor(chunked[name][metric]), torch.tensor(values), rtol=1e-5, atol=1e-6)
+    assert max(one["PN-Mix"]["kl"]) > 0 and all(v >= 0 for v in one["PN-Mix"]["kl"])
+
+
+def test_bins_are_means_of_equal_spans():
+    assert long_output.binned([1, 1, 3, 3, 5, 5], 3) == [1, 3, 5]
+    assert long_output.binned(list(range(10)), 2) == [2, 7]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tokens", "0"], "must be >= 1"),
+        (["--methods", "FP16"], "--methods: unknown"),
+        (["--model", "/nope"], "--model"),
+    ],
+)
+def test_bad_arguments_stop_before_any_work(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        long_output.main([*args, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.model
+@pytest.mark.long
+def test_the_smoke_run_writes_what_it_measured(tmp_path):
+    assert long_output.main(["--smoke", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("long-output-*.json")
+    result = json.loads(path.read_text())
+    assert result["kind"] == "pnmix-long-output" and result["model_fingerprint"].startswith("sha256:")
+    assert result["summary"]["positions"] == 64 and set(result["summary"]["methods"]) == {*long_output.DEFAULT_METHODS,
+                                                                                           "FP16"}  # fmt: skip
+    assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 0
