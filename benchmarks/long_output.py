@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens, prompts_n, pages = min(tokens, 64), 1, {"group_size": 16, "residual_length": 16, "n_sink": 4}
     import datasets
 
-    from pnmix.hf import detect_pair_layout
+    from pnmix.hf import detect_pair_layout, head_dim
 
     prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
     prompts = prompts.select(range(min(prompts_n, len(prompts))))
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         generated_tokens=lengths,
         chunk=args.chunk,
         pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
-        key_bits={n: round(bit_widths(c, 64).key_total, 4) for n, c in configs.items()},
+        key_bits={n: round(bit_widths(c, head_dim(model.config)).key_total, 4) for n, c in configs.items()},
         seconds=round(time.monotonic() - started, 1),
         summary=summarize(per_prompt, args.bins),
         per_prompt=per_prompt,
