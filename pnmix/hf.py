@@ -404,16 +404,16 @@ def pnmix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fu
     """The layer's `LayerMask`: causal attention, over the last local_size positions when the model
     builds a local (sliding-window) mask; anything else (chunked, bidirectional) raises.
 
-    Padding is refused. It is looked for in the prompt and any multi-token call; one-token decode
-    steps skip the check, which would wait on the GPU every step (generation extends the mask
-    with ones)."""
+    Padding is refused. Padding and the mask function are looked at in the prompt and any
+    multi-token call; one-token decode steps skip both, which would read values back every step
+    (generation extends the mask with ones, and the model's mask function stays the same)."""
     decode_step = q_length == 1 and q_offset != 0
     if attention_mask is not None and not decode_step and not bool(attention_mask.all()):
         raise ValueError(
             "PN-Mix caches need equal-length sequences: this batch is padded (attention_mask has zeros), and "
             "padding would enter the saliency and the sink tokens; run the sequences separately"
         )
-    if mask_function is None:
+    if mask_function is None or decode_step:  # a decode step keeps the mask its prompt was checked with
         return LayerMask(local_size)
     return LayerMask(_window(mask_function, local_size))
 
