@@ -79,6 +79,52 @@ def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, c
     return out
 
 
+class _Progress:
+    """A `generate` streamer that only counts decode steps (the first `put` is the prompt)."""
+
+    def __init__(self, bar) -> None:
+        self.bar, self.prompt_seen = bar, False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:
+            self.bar.update(1)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+@torch.no_grad()
+def greedy_outputs(model, tokenizer, prompts: list[str], tokens: int, context: float) -> list[tuple[torch.Tensor, int]]:
+    """The FP16 model's greedy continuation of each prompt (as a one-turn chat), `tokens` long or up to
+    the context: (ids [1, prompt + output], prompt length) per prompt. All prompts decode as one
+    left-padded batch: on a CPU a decode step reads every weight whatever the batch, so this costs
+    about one prompt's time. Padding can flip a near-tie of the greedy choice; that changes which
+    sequence is teacher-forced, not the comparison, which reads every method on the same tokens."""
+    chats = [[{"role": "user", "content": p}] for p in prompts]
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
+    width = inputs["input_ids"].shape[1]
+    n = int(min(tokens, context - width))
+    if n < 1:
+        raise ValueError(f"--tokens: the prompts ({width} tokens) leave no room in the context ({context})")
+    model.set_attn_implementation("sdpa")
+    with tqdm(total=n, desc="FP16 greedy outputs", unit="token") as bar:
+        out = model.generate(
+            **inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad, streamer=_Progress(bar)
+        )
+    result = []
+    for row, mask in zip(out, inputs["attention_mask"], strict=True):
+        skip = width - int(mask.sum())  # the left padding
+        result.append((row[None, skip:], width - skip))
+    return result
+
+
 def binned(values: list[float], bins: int) -> list[float]:
     """Means of `bins` consecutive, equal spans of positions."""
     n = len(values)
@@ -191,14 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}")
     configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
     context = getattr(model.config, "max_position_embeddings", None) or math.inf
-    per_prompt, started, lengths = [], time.monotonic(), []
-    for row in tqdm(prompts, desc="long outputs", unit="prompt"):
-        chat = [{"role": "user", "content": row["prompt"]}]
-        inputs = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        prompt_len = inputs["input_ids"].shape[1]
-        n = int(min(tokens, context - prompt_len))
-        model.set_attn_implementation("sdpa")
-        ids = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    started = time.monotonic()
+    sequences = greedy_outputs(model, tokenizer, [row["prompt"] for row in prompts], tokens, context)
+    per_prompt, lengths = [], []
+    for ids, prompt_len in tqdm(sequences, desc="teacher-forced methods", unit="prompt"):
         lengths.append(ids.shape[1] - prompt_len)
         per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
     given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}

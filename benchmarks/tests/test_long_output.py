@@ -34,6 +34,38 @@ def test_the_chunk_size_does_not_change_what_is_measured():
     assert max(one["PN-Mix"]["kl"]) > 0 and all(v >= 0 for v in one["PN-Mix"]["kl"])
 
 
+class ByteTokenizer:
+    """Just what `greedy_outputs` asks of a tokenizer: a chat template and left padding."""
+
+    padding_side, pad_token_id, eos_token_id = "right", 0, 1
+
+    def apply_chat_template(self, chat, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        return "".join(f"<{turn['role']}>{turn['content']}" for turn in chat) + "<assistant>"
+
+    def __call__(self, texts, return_tensors, padding, add_special_tokens):
+        ids = [[3 + ord(c) % 120 for c in text] for text in texts]
+        width = max(map(len, ids))
+        rows = [[0] * (width - len(r)) + r if self.padding_side == "left" else r + [0] * (width - len(r)) for r in ids]
+        mask = [[int(i >= width - len(r)) for i in range(width)] for r in ids]
+        return {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(mask)}
+
+
+def test_batched_greedy_outputs_are_each_prompts_own_greedy_output():
+    model, tokenizer = tiny_llama(), ByteTokenizer()
+    prompts = ["a long question about trains", "short", "a middle one"]
+    sequences = long_output.greedy_outputs(model, tokenizer, prompts, 9, context=64)
+    assert tokenizer.padding_side == "right"  # restored
+    for prompt, (ids, prompt_len) in zip(prompts, sequences, strict=True):
+        alone = tokenizer([tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True, False)],
+                          "pt", False, False)["input_ids"]  # fmt: skip
+        assert prompt_len == alone.shape[1] and ids.shape == (1, prompt_len + 9)
+        expected = model.generate(input_ids=alone, max_new_tokens=9, min_new_tokens=9, do_sample=False, pad_token_id=0)
+        assert torch.equal(ids, expected)
+    with pytest.raises(ValueError, match="--tokens"):
+        long_output.greedy_outputs(model, tokenizer, prompts, 9, context=len(prompts[0]) + 12)
+
+
 def test_bins_are_means_of_equal_spans():
     assert long_output.binned([1, 1, 3, 3, 5, 5], 3) == [1, 3, 5]
     assert long_output.binned(list(range(10)), 2) == [2, 7]
