@@ -145,6 +145,50 @@ def summarize(per_prompt: list[dict], bins: int) -> dict:
     return summary
 
 
+EQUAL_BITS = 0.05  # key bits within this of PN-Mix's count as "equal bits"
+
+
+def quarter_means(values: list[float]) -> list[float]:
+    """Means of four equal runs of bins (fewer when there are fewer bins): the output in quarters."""
+    edges = [round(i * len(values) / min(4, len(values))) for i in range(min(4, len(values)) + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges)]
+
+
+def verdicts(result: dict) -> dict[str, tuple[bool | None, str]]:
+    """The two long-output judgements the report states, on one result's curves:
+    - "accumulates": KL(FP16 || method) of every quantized method is higher over the last quarter of
+      output positions than over the first (the premise that error grows with the output);
+    - "pnmix_lowest": PN-Mix's KL is below that of every method at equal key bits (within EQUAL_BITS)
+      in every quarter of the output; None where the result has no PN-Mix or no equal-bit rival.
+    Each with the numbers it was judged on."""
+    methods = result["summary"]["methods"]
+    kl = {n: quarter_means(m["kl"]) for n, m in methods.items() if "kl" in m}
+    fp16 = quarter_means(methods["FP16"]["nll"])
+    out = {
+        "accumulates": (
+            all(q[-1] > q[0] for q in kl.values()) if kl else None,
+            "mean KL first -> last quarter of the output: "
+            + "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
+            + f" (FP16's own NLL {fp16[0]:.3g} -> {fp16[-1]:.3g})",
+        )
+    }
+    bits = result.get("key_bits", {})
+    mine = bits.get("PN-Mix")
+    rivals = [n for n in kl if n != "PN-Mix" and mine is not None and abs(bits.get(n, math.inf) - mine) <= EQUAL_BITS]
+    if "PN-Mix" not in kl or not rivals:
+        out["pnmix_lowest"] = (None, "no PN-Mix result with a method at equal key bits beside it")
+        return out
+
+    def quarters(name: str) -> str:
+        return f"{name} ({bits[name]:.3f} key bits) " + ", ".join(f"{x:.3g}" for x in kl[name])
+
+    out["pnmix_lowest"] = (
+        all(a < b for r in rivals for a, b in zip(kl["PN-Mix"], kl[r], strict=True)),
+        "mean KL per quarter of the output: " + "; ".join(map(quarters, ["PN-Mix", *rivals])),
+    )
+    return out
+
+
 def markdown(result: dict) -> str:
     s = result["summary"]
     edges = s["bin_edges"]

@@ -35,7 +35,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
-from reference import PNMixConfig, ReferenceCache
+from reference import PNMixConfig, ReferenceCache, attention_ref
 
 ATTENTION = "pnmix"
 
@@ -326,24 +326,19 @@ def exact_attention(query, key, value, scaling: float, window: int | None, softc
     each query seeing the last `window` positions up to its own (all, with None), logits
     softcapped as cap * tanh(logits / cap) when given. [B, H, T, d] in, [B, H, T, d] out."""
     t_q, t_k = query.shape[2], key.shape[2]
-    q_pos = torch.arange(t_k - t_q, t_k, device=query.device)[:, None]
-    k_pos = torch.arange(t_k, device=query.device)[None, :]
-    visible = k_pos <= q_pos
-    if window is not None:
-        visible &= k_pos > q_pos - window
-    if softcap is None:  # SDPA as transformers calls it: no mask where none is needed
-        causal = window is None and t_q == t_k
-        every = t_q == 1 and (window is None or t_k <= window)  # decided on the host: no sync
-        mask = None if causal or every else visible
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=causal and t_q > 1, scale=scaling, enable_gqa=True
-        )
-    rep = query.shape[1] // key.shape[1]
-    k, v = key.repeat_interleave(rep, dim=1).float(), value.repeat_interleave(rep, dim=1).float()
-    logits = query.float() @ k.transpose(-1, -2) * scaling
-    logits = softcap * torch.tanh(logits / softcap)
-    weights = logits.masked_fill(~visible, float("-inf")).softmax(-1)
-    return (weights @ v).to(query.dtype)
+    if softcap is not None:  # SDPA cannot cap logits: the spec's attention can
+        return attention_ref(query, key, value, scale=scaling, causal=True, softcap=softcap, window=window)
+    # SDPA as transformers calls it: no mask where none is needed, decided on the host (no sync)
+    causal = window is None and t_q == t_k
+    if causal or (t_q == 1 and (window is None or t_k <= window)):
+        mask = None
+    else:
+        q_pos = torch.arange(t_k - t_q, t_k, device=query.device)[:, None]
+        k_pos = torch.arange(t_k, device=query.device)[None, :]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - (t_k if window is None else window))
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=causal and t_q > 1, scale=scaling, enable_gqa=True
+    )
 
 
 def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

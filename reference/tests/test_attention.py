@@ -41,3 +41,19 @@ def test_attention_ref_is_the_softmax_of_the_logits_times_v():
     assert torch.equal(attention_ref(q, k, v, causal=True), probs @ v.repeat_interleave(2, dim=1))
     low = attention_logits_ref(q.half(), k.half(), upcast=False)
     assert low.dtype == torch.float16
+
+
+@pytest.mark.parametrize(("t_q", "t_k", "window"), [(5, 9, 3), (1, 12, 4), (6, 6, 1), (4, 7, 50)])
+def test_a_window_shows_each_query_only_the_last_window_positions_up_to_its_own(t_q, t_k, window):
+    g = torch.Generator().manual_seed(window)
+    q, k = torch.randn(1, 4, t_q, 8, generator=g), torch.randn(1, 2, t_k, 8, generator=g)
+    windowed, causal = attention_logits_ref(q, k, causal=True, window=window), attention_logits_ref(q, k, causal=True)
+    for j in range(t_q):
+        position = t_k - t_q + j
+        seen = torch.isfinite(windowed[0, 0, j]).nonzero().flatten().tolist()
+        assert seen == list(range(max(0, position - window + 1), position + 1))
+        torch.testing.assert_close(windowed[..., j, seen], causal[..., j, seen], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="window must be a positive token count with causal=True"):
+        attention_logits_ref(q, k, window=3)
+    with pytest.raises(ValueError, match="window"):
+        attention_ref(q, k, k, causal=True, window=0)

@@ -150,7 +150,7 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
             "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
             "\n".join([(note or "No fidelity results were run or given.") + "\n", *long_parts]),
             long_figs,
-            claims=claims(None, False),
+            claims=claims(None, False) + long_output.claims(long_sources),
         )
     main = primary(sources)
     ordered = sorted(sources, key=lambda s: (s is not main, s.data.get("date_utc", "")))
@@ -191,5 +191,5 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
         "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
         "\n".join(p for p in parts if p),
         figs | long_figs,
-        claims(main, smoke_only=bool(sources)),
+        claims(main, smoke_only=bool(sources)) + long_output.claims(long_sources),
     )

@@ -168,3 +168,51 @@ def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
     s = fidelity.render([], "", [load(tmp_path, "long.json", data)])
     assert "### Fidelity over long outputs" in s.body and "0.125" in s.body and "0.375" in s.body
     assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output.png"}
+
+
+def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output"):
+    from benchmarks import long_output as bench_long
+    from reference import records
+
+    n = len(pnmix_kl)
+    ones = [1.0] * n
+    per_prompt = [{"PN-Mix": {"kl": pnmix_kl, "top1": ones, "nll": ones},
+                   "KIVI-2": {"kl": kivi_kl, "top1": ones, "nll": ones}, "FP16": {"nll": fp16_nll}}]  # fmt: skip
+    return records.record("long-output", "cpu", command=command, model="M (x)", prompts=1, chunk=1,
+                          key_bits=dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True)),
+                          summary=bench_long.summarize(per_prompt, 8))  # fmt: skip
+
+
+EQUAL = (2.263, 2.263)  # key bits of PN-Mix and KIVI-2
+
+
+@pytest.mark.parametrize(
+    ("pnmix", "kivi", "nll", "bits", "expected"),
+    [
+        # KL grows for both, PN-Mix below KIVI in every quarter
+        ([0.1] * 4 + [0.2] * 4, [0.3] * 4 + [0.5] * 4, [1.0] * 8, EQUAL, (CONFIRMED, CONFIRMED)),
+        # KL falls for KIVI; PN-Mix above KIVI in the last quarter only
+        ([0.1] * 6 + [0.6] * 2, [0.3] * 6 + [0.2] * 2, [1.0] * 8, EQUAL, (NOT_CONFIRMED, NOT_CONFIRMED)),
+        # no equal-bit rival
+        ([0.1] * 4 + [0.2] * 4, [0.3] * 4 + [0.5] * 4, [1.0] * 8, (2.263, 2.9), (CONFIRMED, NOT_MEASURED)),
+        # KL falls while FP16's own text gets predictable
+        ([0.3] * 4 + [0.2] * 4, [0.5] * 4 + [0.3] * 4, [1.0] * 4 + [0.1] * 4, EQUAL, (NOT_CONFIRMED, CONFIRMED)),
+    ],
+)
+def test_long_output_claims_are_judged_on_the_curves(tmp_path, pnmix, kivi, nll, bits, expected):
+    from reports.sections import long_output as long_section
+
+    claims = long_section.claims([load(tmp_path, "long.json", _long_result(pnmix, kivi, nll, bits))])
+    assert [c.status for c in claims] == list(expected)
+    assert all(c.claim.startswith("Error over long outputs") for c in claims)
+    assert ("more predictable" in claims[0].evidence) == (nll[-1] < nll[0] / 4)
+    if expected[1] != NOT_MEASURED:
+        assert "PN-Mix (2.263 key bits)" in claims[1].evidence and "KIVI-2 (2.263 key bits)" in claims[1].evidence
+
+
+def test_long_output_claims_are_not_judged_on_a_smoke_run(tmp_path):
+    from reports.sections import long_output as long_section
+
+    smoke = _long_result([0.1] * 8, [0.3] * 8, [1.0] * 8, command="python -m benchmarks.long_output --smoke")
+    assert {c.status for c in long_section.claims([load(tmp_path, "long.json", smoke)])} == {NOT_MEASURED}
+    assert {c.status for c in fidelity.render([], "", []).claims if c.claim.startswith("Error over")} == {NOT_MEASURED}
