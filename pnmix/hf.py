@@ -232,8 +232,9 @@ class PNMixLayer(CacheLayerMixin):
         return self.get_max_cache_shape()
 
     def reset(self) -> None:
+        """Back to a layer that has seen nothing: no tensor of the last sequence is kept."""
         self.cache, self._pending, self.is_initialized = None, None, False
-        self._exact, self._seen = None, 0
+        self._exact, self._tail, self._values, self._seen = None, None, None, 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise UnsupportedOperation("PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling")

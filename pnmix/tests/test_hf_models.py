@@ -87,6 +87,26 @@ def test_windowed_layers_stay_exact_and_global_layers_are_quantized():
             assert layer.window is None and layer.cache.layout.n_quantized == 32
 
 
+def test_a_reset_cache_holds_nothing_and_serves_a_new_prompt_as_a_fresh_one():
+    model, exact = build("gemma3-local-global")
+    config = METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=4)
+    first, second = (torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in (30, 25))
+    model.set_attn_implementation("pnmix")
+    cache = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=True)
+    try:
+        generate(model, first, cache, n=4)
+        with torch.no_grad():  # stepwise chunks leave an exact tail on the global layers
+            model(input_ids=torch.tensor([[5, 6, 7]]), **{hf.cache_argument(model): cache})
+        cache.reset()
+        held = {k: v for layer in cache.layers for k, v in vars(layer).items() if isinstance(v, torch.Tensor | tuple)}
+        assert held == {} and cache.get_seq_length() == 0
+        again = generate(model, second, cache, n=4)
+        fresh = generate(model, second, hf.PNMixHFCache(model.config, config, backend="reference", stepwise=True), n=4)
+    finally:
+        model.set_attn_implementation(exact)
+    assert torch.equal(again, fresh)
+
+
 def test_the_pair_layout_is_probed_from_the_rotary_function(monkeypatch):
     model, _ = build("llama")
     assert hf.detect_pair_layout(model.config) == "split"
