@@ -28,6 +28,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
+from reference.cli import positive_int
 from reference.methods import METHODS
 from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.storage import bit_widths
@@ -235,21 +236,15 @@ def figure(result: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def positive(text: str) -> int:
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-        return value
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.long_output", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
     parser.add_argument(
-        "--tokens", type=positive, default=8192, help="generated tokens per prompt (capped by the context)"
+        "--tokens", type=positive_int, default=8192, help="generated tokens per prompt (capped by the context)"
     )
-    parser.add_argument("--prompts", type=positive, default=3, help="prompts of benchmarks/data/prompts.jsonl")
-    parser.add_argument("--chunk", type=positive, default=256, help="tokens per teacher-forced forward")
-    parser.add_argument("--bins", type=positive, default=16, help="spans of output positions in the curves")
+    parser.add_argument("--prompts", type=positive_int, default=3, help="prompts of benchmarks/data/prompts.jsonl")
+    parser.add_argument("--chunk", type=positive_int, default=256, help="tokens per teacher-forced forward")
+    parser.add_argument("--bins", type=positive_int, default=16, help="spans of output positions in the curves")
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS), help="comma-separated names of reference.methods"
     )

@@ -1,6 +1,6 @@
 """Memory feasibility model of the paper's Fig. 6a/6b: which (method, batch, length) fit a GPU budget.
 
-    python -m benchmarks.memory [--model Qwen3-8B] [--budget-gib 40] [--prompt 141] [--json PATH]
+    python -m benchmarks.memory [--model Qwen3-8B] [--budget-gib 40] [--prompt 141] [--measured BENCH_JSON]
 
 Peak memory = weights + the method's KV cache allocation + a workspace term:
 - weights: `benchmarks.models.Architecture.weight_bytes` (bf16), checked against transformers'
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from reference import storage_model
+from reference.cli import positive_float, positive_int
 from reference.methods import METHODS, NAMES
 from reference.paper import (
     FIG6A_BATCH,
@@ -301,6 +303,55 @@ def measured_workspaces(bench_json: dict) -> dict[tuple[str, int, int], Workspac
     return out
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+#: What a measured Fig. 6 point needs, and the check of each value.
+MEASURED_FIELDS = {
+    "method": lambda v: isinstance(v, str) and v in METHODS,
+    "batch": _count,
+    "generation": _count,
+    "device": lambda v: isinstance(v, str),
+    "date_utc": lambda v: isinstance(v, str),
+    "command": lambda v: isinstance(v, str),
+    "workspace_measured_gib": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+}
+
+
+def measured_problems(bench_json: object) -> list[str]:
+    """What keeps `measured_workspaces` from reading a file: one sentence per problem (none: it reads)."""
+    benchmarks = bench_json.get("benchmarks") if isinstance(bench_json, dict) else None
+    if not isinstance(benchmarks, list):
+        return ["not a pytest-benchmark result: it has no 'benchmarks' list"]
+    problems = []
+    for i, bench in enumerate(benchmarks):
+        info = bench.get("extra_info", {}) if isinstance(bench, dict) else None
+        if not isinstance(info, dict):
+            problems.append(f"benchmarks[{i}] is not a benchmark with an 'extra_info' object")
+        elif info.get("suite") == "fig6-memory" and info.get("workspace_measured_gib") is not None:
+            bad = [f"{k}={info[k]!r}" if k in info else f"no {k}" for k, ok in MEASURED_FIELDS.items()
+                   if k not in info or not ok(info[k])]  # fmt: skip
+            if bad:
+                problems.append(f"benchmarks[{i}] (fig6-memory): {', '.join(bad)}")
+    return problems
+
+
+def read_measured(path: str) -> dict[tuple[str, int, int], Workspace]:
+    """The measured workspaces of the file `--measured` names; ValueError with one line per problem."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"--measured {path}: cannot read it ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--measured {path}: not JSON ({err})") from None
+    problems = measured_problems(data)
+    if problems:
+        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+        raise ValueError("\n".join(f"--measured {path}: {p}" for p in shown))
+    return measured_workspaces(data)
+
+
 def _table(points: Sequence[MemoryPoint], key: str, methods: Sequence[str]) -> str:
     rows = {}
     for p in points:
@@ -309,18 +360,34 @@ def _table(points: Sequence[MemoryPoint], key: str, methods: Sequence[str]) -> s
     return tabulate(list(rows.values()), headers={key: key, **{m: m for m in methods}}, tablefmt="github")
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="Qwen3-8B", choices=sorted(ARCHITECTURES))
+    p.add_argument("--budget-gib", type=positive_float, default=DEFAULT_BUDGET_GIB, help="GPU memory (> 0)")
+    p.add_argument("--prompt", type=positive_int, default=PROMPT, help="prompt tokens (>= 1)")
+    p.add_argument("--measured", metavar="BENCH_JSON", help="a Fig. 6 GPU run: its measured workspace and "
+                   "peaks replace the estimate at the points it measured")  # fmt: skip
+    return p
+
+
+def refuse(p: argparse.ArgumentParser, lines: Sequence[str]) -> None:
+    """Exit 2 as argparse does, with one error line per problem."""
+    p.print_usage(sys.stderr)
+    p.exit(2, "".join(f"{p.prog}: error: {line}\n" for line in lines))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="Qwen3-8B", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--budget-gib", type=float, default=DEFAULT_BUDGET_GIB)
-    parser.add_argument("--prompt", type=int, default=PROMPT)
-    parser.add_argument("--measured", metavar="BENCH_JSON", help="a Fig. 6 GPU run: its measured workspace and "
-                        "peaks replace the estimate at the points it measured")  # fmt: skip
-    args = parser.parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     arch = ARCHITECTURES[args.model]
     kw = {"budget_gib": args.budget_gib, "prompt": args.prompt}
-    if args.measured:
-        measured = measured_workspaces(json.loads(Path(args.measured).read_text()))
+    measured = None
+    if args.measured is not None:
+        try:  # read and checked before any table is printed
+            measured = read_measured(args.measured)
+        except ValueError as err:
+            refuse(p, str(err).splitlines())
+    if measured is not None:
         print(f"\nMeasured workspace ({len(measured)} points of {args.measured}) against the estimate:\n")
         rows = [{"method": m, "batch": b, "generation": g, "measured GiB": w.bytes / GIB,
                  "estimate GiB": point(arch, m, b, g, **kw).workspace.bytes / GIB, "source": w.source}

@@ -112,3 +112,23 @@ def held_bytes(obj: object) -> int:
 
     visit(obj)
     return sum(storages.values())
+
+
+def observe(cache, impl) -> dict:
+    """Everything the protocol can see of a cache (the pair mask where the method has one)."""
+    k, v = cache.dequantize()
+    return {
+        "length": cache.length,
+        "saliency": cache.saliency_computations,
+        "storage": cache.storage(),
+        "mask": cache.pair_mask.clone() if impl.capabilities.prefill_selection else None,
+        "k": bits_of(k).clone(),
+        "v": bits_of(v).clone(),
+    }
+
+
+def assert_unchanged(before: dict, after: dict, why: str = "a rejected call changed the cache's") -> None:
+    """`observe` gave the same before and after (bit for bit); `why` starts the failure message."""
+    for key, value in before.items():
+        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
+        assert same, f"{why} {key}"

@@ -8,7 +8,7 @@ import importlib.metadata
 
 from packaging.requirements import Requirement
 
-from reference.contract import ENTRY_POINT_GROUP, Capabilities, missing_names
+from reference.contract import ENTRY_POINT_GROUP, REQUIRED, Capabilities, missing_names
 
 #: The distribution whose plug-ins are the built-in implementations.
 DISTRIBUTION = "pnmix"
@@ -82,9 +82,10 @@ def available_names() -> list[str]:
 
 
 def load(name: str) -> object:
-    """The implementation object named `name`; ValueError with the choices if unknown."""
+    """The implementation object named `name`; ValueError, one line naming the module, the factory and
+    the cause, if it is unknown, cannot be imported, its factory raises or returns no implementation."""
     if ":" in name:
-        obj, origin = _import(name), name
+        obj, factory, origin = _import(name), name, name
     else:
         eps = _entry_points()
         if name not in eps:
@@ -92,11 +93,53 @@ def load(name: str) -> object:
                 f"unknown implementation {name!r}: expected one of {available_names()}, a plug-in registered "
                 f"under the entry-point group {ENTRY_POINT_GROUP!r}, or an import path 'package.module:factory'"
             )
-        obj, origin = eps[name].load(), f"{ENTRY_POINT_GROUP}:{name}"
-    # A class or a factory function is called; an implementation object is used as it is.
-    impl = obj() if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "create")) else obj
+        factory, origin = eps[name].value.partition(" ")[0], f"{ENTRY_POINT_GROUP}:{name}"
+        obj = _guarded(eps[name].load, f"cannot import {factory!r} for implementation {name!r}: ")
+    impl = _make(obj, factory, name)
     missing = missing_names(impl)
     return _Stubbed(impl, missing, origin) if missing else impl
+
+
+def _cause(err: BaseException) -> str:
+    """'Class: first line of the message': a fault is reported on one line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _guarded(call, context: str):
+    """`call()`; any Exception it raises (a plug-in's own fault) becomes a one-line ValueError: context + cause."""
+    try:
+        return call()
+    except Exception as err:
+        raise ValueError(f"{context}{_cause(err)}") from err
+
+
+def _make(obj: object, factory: str, name: str) -> object:
+    """Call a class or a factory function (an implementation object is used as it is) and refuse what
+    is no implementation at all; a partial one is kept (its missing names become stubs)."""
+    called = isinstance(obj, type) or (callable(obj) and not hasattr(obj, "create"))
+    if called:
+        obj = _guarded(obj, f"{_subject(factory, name)}: its factory raised ")
+    operations = [n for n in REQUIRED if n not in ("name", "version", "capabilities")]
+    missing = missing_names(obj)
+    # with none of the operations every property would fail with NotDefined: say so once, here
+    if set(operations) <= set(missing):
+        raise ValueError(
+            f"{_subject(factory, name)}: {'its factory returned' if called else 'it is'} {_short(obj)}, "
+            f"not an implementation: it lacks {', '.join(missing)}"
+        )
+    return obj
+
+
+def _subject(factory: str, name: str) -> str:
+    """The implementation and, for a plug-in, the 'module:factory' it is registered as."""
+    return f"implementation {name!r}" + ("" if factory == name else f" (factory {factory})")
+
+
+def _short(obj: object) -> str:
+    """`obj` for a one-line message: its repr's first 60 characters and its type."""
+    text = " ".join(repr(obj).split())
+    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(obj).__name__})"
 
 
 def origin(name: str) -> str:
@@ -115,10 +158,10 @@ def _import(target: str) -> object:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ValueError(f"an import path must look like 'package.module:factory', got {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import {module_name!r} for implementation {target!r}: {err}") from err
+    # a module that raises on import is the implementation's fault, reported like a missing one
+    module = _guarded(
+        lambda: importlib.import_module(module_name), f"cannot import {module_name!r} for implementation {target!r}: "
+    )
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -11,6 +11,7 @@ reports/inputs/.
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -68,6 +69,13 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--conformance-json")
     if path and Path(path).exists():
         raise pytest.UsageError(f"--conformance-json {path} exists; results are never overwritten, pick a new path")
+    if path:  # now, not after the run: a result that cannot be written is lost
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=Path(path).parent).close()
+        except OSError as err:
+            why = f"{err.strerror}: {err.filename}"
+            raise pytest.UsageError(f"--conformance-json {path}: cannot write there ({why})") from None
 
 
 def implementations(config: pytest.Config) -> list:

@@ -286,6 +286,8 @@ BAD_PREFILLS = (
     ("float64", TypeError, "float16, bfloat16 or float32"),
     ("batch_mismatch", ValueError, "batch"),
     ("length_mismatch", ValueError, "same prefill tokens"),
+    ("empty_batch", ValueError, r"batch \(dim 0\) is 0"),
+    ("no_kv_heads", ValueError, r"KV heads \(dim 1\) is 0"),
 )
 BAD_QUERIES = (
     ("too_many_queries", ValueError, "holds only"),

@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, settings
 
 from conformance import strategies as cs
-from conformance.harness import bits_of, final_state, fitted
+from conformance.harness import assert_unchanged, final_state, fitted, observe
 from reference import PNMixConfig
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
@@ -17,25 +17,6 @@ PER_KIND = settings(max_examples=max(2, settings().max_examples // 4))
 
 def kinds(bad_inputs):
     return pytest.mark.parametrize("bad", bad_inputs, ids=[what for what, _, _ in bad_inputs])
-
-
-def observe(cache, impl) -> dict:
-    """Everything the protocol can see of a cache (the pair mask where the method has one)."""
-    k, v = cache.dequantize()
-    return {
-        "length": cache.length,
-        "saliency": cache.saliency_computations,
-        "storage": cache.storage(),
-        "mask": cache.pair_mask.clone() if impl.capabilities.prefill_selection else None,
-        "k": bits_of(k).clone(),
-        "v": bits_of(v).clone(),
-    }
-
-
-def assert_unchanged(before: dict, after: dict) -> None:
-    for key, value in before.items():
-        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
-        assert same, f"a rejected call changed the cache's {key}"
 
 
 def bad_append(what, k, v):
@@ -74,6 +55,10 @@ def bad_prefill(what, q, k, v):
         return torch.cat([q, q], 0), k, v
     if what == "length_mismatch":
         return torch.cat([q, q], 2), k, v
+    if what == "empty_batch":
+        return q[:0], k[:0], v[:0]
+    if what == "no_kv_heads":
+        return q[:, :0], k[:, :0], v[:, :0]
     raise AssertionError(what)
 
 

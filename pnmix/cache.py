@@ -9,10 +9,13 @@ selection when a page is flushed, never stored.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, saliency, token_layout, validation
 from reference import packing as spec_packing
+from reference.cache import all_or_nothing
 from reference.config import field_width
 from reference.quant import Quantized
 
@@ -79,6 +82,16 @@ class _Rows:
         self.used = rows.shape[2]
 
 
+@dataclasses.dataclass(eq=False)  # compared by identity: _open is searched for a checkpoint
+class _Checkpoint:
+    """A `PNMixCache` state to return to: host fields, each buffer's (tensor, rows used), and the
+    held rows overwritten since, with what they held."""
+
+    host: tuple
+    rows: dict[str, tuple[_Rows, torch.Tensor, int]]
+    overwritten: list[tuple[_Rows, torch.Tensor]] = dataclasses.field(default_factory=list)
+
+
 class PNMixCache:
     """PN-Mix cache for one attention layer (batch of equal-length sequences).
 
@@ -98,6 +111,9 @@ class PNMixCache:
     three launches (append, attention splits, merge) that the host issues without waiting,
     and can be captured in a CUDA graph on a preallocated cache with check_finite=False.
     Eager calls keep `length` exact; after replaying captured steps call `sync_length()`.
+
+    `prefill` and `append` are all or nothing: whatever fails inside (a rejected argument, an
+    allocation, a kernel, an interrupt), the cache is left as it was (`reference.cache.all_or_nothing`).
     """
 
     def __init__(
@@ -122,6 +138,7 @@ class PNMixCache:
         # int32 (n_sink, n_quantized, n_residual, n_value_quantized, arrivals): the layout on the
         # device, and the append kernel's arrival counter (0 between launches); set by prefill.
         self._counts: torch.Tensor | None = None
+        self._open: list[_Checkpoint] = []  # checkpoints that may still be returned to, oldest first
 
     @classmethod
     def from_prefill(cls, q, k, v, config: PNMixConfig | None = None, **kwargs) -> PNMixCache:
@@ -146,19 +163,20 @@ class PNMixCache:
         b, h, _, d = k.shape
         layout = CacheLayout(self.config, b, h, d, k.dtype, self.capacity)
         layout.check_capacity(k.shape[2])
-        room, n = layout.allocated(), self.config.residual_length
-        selected = layout.selection.at_prefill(q, k, self.config)
-        rows, fixed = {}, {}
-        for c in layout.components:
-            if c.region == "sequence":
-                fixed[c.name] = selected
-            else:
-                capacity = c.rows(room, n) if self.capacity is not None else None
-                rows[c.name] = _Rows(b, h, c.columns, c.dtype, k.device, capacity)
-        self.saliency_computations += layout.selection.prefill_evaluations
-        self.cache_layout, self._rows, self._fixed = layout, rows, fixed
-        self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
-        self._store(k, v)
+        with all_or_nothing(self):
+            room, n = layout.allocated(), self.config.residual_length
+            selected = layout.selection.at_prefill(q, k, self.config)
+            rows, fixed = {}, {}
+            for c in layout.components:
+                if c.region == "sequence":
+                    fixed[c.name] = selected
+                else:
+                    capacity = c.rows(room, n) if self.capacity is not None else None
+                    rows[c.name] = _Rows(b, h, c.columns, c.dtype, k.device, capacity)
+            self.saliency_computations += layout.selection.prefill_evaluations
+            self.cache_layout, self._rows, self._fixed = layout, rows, fixed
+            self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
+            self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add k, v [B, H_kv, T_new, d]; full residual pages are quantized and packed in place."""
@@ -170,7 +188,37 @@ class PNMixCache:
                                            self._device)  # fmt: skip
         self._check_capturable(k)
         validation.check_kv(k, v, self.config, values=self.check_finite)
-        self._store(k, v)
+        with all_or_nothing(self):
+            self._store(k, v)
+
+    def _checkpoint(self) -> _Checkpoint:
+        """The state now, to return to with `_rollback` (until `_release`). Growing a dynamic
+        buffer makes a new tensor, and a preallocated one is written past its used rows, so the
+        buffers' (tensor, rows used) pairs and the counts restore it; the one write over held rows
+        (a static residual after a flush) logs what it overwrote in every open checkpoint. Taking
+        one adds no device work (a decode step stays capturable)."""
+        cp = _Checkpoint(
+            (self.length, self.saliency_computations, self.cache_layout, self._counts, dict(self._fixed)),
+            {name: (r, r.data, r.used) for name, r in self._rows.items()},
+        )
+        self._open.append(cp)
+        return cp
+
+    def _rollback(self, cp: _Checkpoint) -> None:
+        """Back to the state of `cp` (and of any checkpoint taken after it); rewrites the device counts."""
+        self.length, self.saliency_computations, self.cache_layout, self._counts, self._fixed = cp.host
+        self._rows = {name: r for name, (r, _, _) in cp.rows.items()}
+        for r, data, used in cp.rows.values():
+            r.data, r.used = data, used
+        for r, old in reversed(cp.overwritten):
+            r.data[:, :, : old.shape[2]] = old
+        if self._counts is not None:
+            self._counts.copy_(torch.tensor([*self.layout[:LAYOUT_COUNTS], 0], dtype=torch.int32))
+        self._open = self._open[: self._open.index(cp)]
+
+    def _release(self, cp: _Checkpoint) -> None:
+        """`cp` will not be returned to (its log of overwritten rows is dropped)."""
+        self._open.remove(cp)
 
     def _check_capturable(self, t: object) -> None:
         if self.check_finite and isinstance(t, torch.Tensor) and _capturing(t):
@@ -210,6 +258,9 @@ class PNMixCache:
                 continue
             queue = torch.cat([rows.view(), new], dim=2)
             quantize(queue[:, :, :flush].contiguous())
+            if rows.static:  # overwrites the held rows: they are the head of the queue
+                for cp in self._open:
+                    cp.overwritten.append((rows, queue[:, :, : rows.used]))
             rows.replace(queue[:, :, flush:])
         self.length = step.after.length
         # The host decided these counts: a host->device copy, which does not wait on the GPU.
@@ -385,6 +436,8 @@ class PNMixCache:
                              "softcapping; use the reference backend")  # fmt: skip
         if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
             raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+        if num_splits is not None and (type(num_splits) is not int or num_splits < 1):
+            raise ValueError(f"num_splits must be a positive int or None (chosen for the device), got {num_splits!r}")
         lay = self.cache_layout
         self._check_capturable(q)
         validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,

@@ -159,12 +159,33 @@ class PNMixLayer(CacheLayerMixin):
         self._exact: tuple[torch.Tensor, torch.Tensor] | None = None
         self._values: torch.Tensor | None = None
         self._seen = 0
+        self.attended = False  # this layer's attention ran after its last update
+        self.owner: PNMixHFCache | None = None  # the Cache this layer belongs to, which rolls forwards back
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
+    _STATE = ("cache", "_pending", "_exact", "_tail", "_values", "_seen", "is_initialized", "attended")
+
+    def checkpoint(self) -> tuple:
+        """This layer's state now, to return to with `roll_back` (until `release`)."""
+        inner = self.cache._checkpoint() if self.cache is not None else None
+        return tuple(getattr(self, name, None) for name in self._STATE), inner
+
+    def roll_back(self, saved: tuple) -> None:
+        fields, inner = saved
+        if inner is not None:  # the packed cache existed: its own state goes back too
+            fields[0]._rollback(inner)
+        for name, value in zip(self._STATE, fields, strict=True):
+            setattr(self, name, value)
+
+    def release(self, saved: tuple) -> None:
+        if saved[1] is not None:
+            saved[0][0]._release(saved[1])
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.attended = False
         if not self.is_initialized:
             if key_states.shape != value_states.shape:
                 raise ValueError(f"PN-Mix caches hold keys and values of one shape; this model's are "
@@ -198,18 +219,17 @@ class PNMixLayer(CacheLayerMixin):
         """Build the cache from the prompt once the queries are known (Eq. 6 needs them), or,
         for a layer with an attention window, keep its last window - 1 tokens exact."""
         k, v = self._pending
-        self._pending = None
         if self.window is not None:
-            self._seen = k.shape[2]
-            self._exact = self._keep(k, v)
+            self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
             return
         if self.backend == "triton":
             from .cache import PNMixCache
 
-            self.cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite)
+            cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite)
         else:
-            self.cache = ReferenceCache(self.config)
-        self.cache.prefill(query_states, k, v)
+            cache = ReferenceCache(self.config)
+        cache.prefill(query_states, k, v)
+        self.cache, self._pending = cache, None
 
     @property
     def started(self) -> bool:
@@ -234,7 +254,7 @@ class PNMixLayer(CacheLayerMixin):
     def reset(self) -> None:
         """Back to a layer that has seen nothing: no tensor of the last sequence is kept."""
         self.cache, self._pending, self.is_initialized = None, None, False
-        self._exact, self._tail, self._values, self._seen = None, None, None, 0
+        self._exact, self._tail, self._values, self._seen, self.attended = None, None, None, 0, False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise UnsupportedOperation("PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling")
@@ -308,6 +328,58 @@ class PNMixHFCache(Cache):
             for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
+        for layer in layers:
+            layer.owner = self
+        self._forward: dict[int, tuple] = {}  # layer index -> its checkpoint, for the running forward
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """A forward is all or nothing up to its last attention: each layer's state before it is kept
+        until every layer's attention has run. A failure inside a PN-Mix update or attention rolls
+        every layer back at once; a failure elsewhere between them (e.g. out of memory in an MLP)
+        is found when the next forward begins, and rolled back then. What fails after the last
+        attention (the final norm, the LM head) leaves the forward stored, as in any Cache."""
+        if layer_idx in self._forward:  # a layer updated again: the last forward stopped part-way
+            self.roll_back_forward()
+        self._forward[layer_idx] = self.layers[layer_idx].checkpoint()
+        try:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        except BaseException:
+            self.roll_back_forward()
+            raise
+
+    def attended(self) -> None:
+        """A layer's attention ran: once every layer's has, the forward is kept (checkpoints dropped)."""
+        if len(self._forward) == len(self.layers) and all(self.layers[i].attended for i in self._forward):
+            for i, saved in self._forward.items():
+                self.layers[i].release(saved)
+            self._forward.clear()
+
+    def roll_back_forward(self) -> None:
+        """Every layer back to its state before the forward in progress (or the last one, if it
+        did not go through every layer)."""
+        for i, saved in reversed(self._forward.items()):
+            self.layers[i].roll_back(saved)
+        self._forward.clear()
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens every layer holds: after a forward that stopped part-way (and before the next one
+        rolls it back), the length it started from, which the next forward's positions must use."""
+        return min(layer.get_seq_length() for layer in self.layers)
+
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
+        n = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.get_seq_length() + n, 0
+
+    def reset(self) -> None:
+        self._forward.clear()
+        super().reset()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.reset()  # what beam search stored (its prompt, once per beam) is not kept
+        raise UnsupportedOperation(
+            "PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling (the cache was "
+            "emptied of what the beam search stored)"
+        )
 
     def crop(self, max_length: int) -> None:
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
@@ -349,6 +421,19 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
     if layer is None:
         raise RuntimeError(f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
                            "and the keys its update returned")  # fmt: skip
+    try:
+        out = _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    except BaseException:
+        if layer.owner is not None:
+            layer.owner.roll_back_forward()  # the forward fails: no layer keeps its tokens
+        raise
+    layer.attended = True
+    if layer.owner is not None:
+        layer.owner.attended()
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs) -> torch.Tensor:
     if value is not layer._values:
         raise ValueError("PN-Mix attention reads the values the cache holds; this model attends with other values "
                          "(e.g. differential attention)")  # fmt: skip
@@ -370,7 +455,7 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)
     else:
         out = layer.cache.attend(query, scale=scaling, softcap=softcap)
-    return out.transpose(1, 2).contiguous(), None
+    return out
 
 
 def _window(mask_function, local_size: int | None) -> int | None:

@@ -8,7 +8,9 @@ the values' boundary lies earlier with a sliding value residual (`PNMixConfig.va
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -23,6 +25,19 @@ def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return torch.cat([old, new], dim=-2)
 
 
+@contextlib.contextmanager
+def all_or_nothing(cache) -> Iterator[None]:
+    """Whatever fails inside the block, `cache` is left as it was: its `_checkpoint()` is taken
+    before, `_rollback(checkpoint)` runs on any exception, `_release(checkpoint)` on success."""
+    saved = cache._checkpoint()
+    try:
+        yield
+    except BaseException:
+        cache._rollback(saved)
+        raise
+    cache._release(saved)
+
+
 class ReferenceCache:
     """PN-Mix cache for one attention layer: batch B, H_kv KV heads, head_dim d, equal lengths.
 
@@ -30,7 +45,8 @@ class ReferenceCache:
     token(s) and `attend(q)` for decode attention. The stored tensors are the components of
     its `reference.layout.CacheLayout`, grown exactly; every append carries out the layout's
     plan. A rejected call (ValueError/TypeError) leaves the cache exactly as it was: every
-    check runs before any state changes.
+    check runs before any state changes. So does any other failure (out of memory, an
+    interrupt): `prefill` and `append` are all or nothing (`all_or_nothing`).
     """
 
     def __init__(self, config: PNMixConfig | None = None) -> None:
@@ -63,12 +79,13 @@ class ReferenceCache:
             raise RuntimeError("prefill was already called on this cache; create a new cache per sequence")
         validation.check_prefill(q, k, v, self.config)
         b, h, _, d = k.shape
-        layout = CacheLayout(self.config, b, h, d, k.dtype)
-        tensors = layout.allocate(k.device)
-        tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
-        self.saliency_computations += layout.selection.prefill_evaluations
-        self.cache_layout, self._t = layout, tensors
-        self._store(k, v)
+        with all_or_nothing(self):
+            layout = CacheLayout(self.config, b, h, d, k.dtype)
+            tensors = layout.allocate(k.device)
+            tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
+            self.saliency_computations += layout.selection.prefill_evaluations
+            self.cache_layout, self._t = layout, tensors
+            self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add new tokens k, v [B, H_kv, T_new, d]; the saliency selection is not touched."""
@@ -77,7 +94,19 @@ class ReferenceCache:
             validation.check_tensor(name, t)
             validation.check_matches_cache(name, t, self._shape, self.cache_layout.dtype, self._device)
         validation.check_kv(k, v, self.config)
-        self._store(k, v)
+        with all_or_nothing(self):
+            self._store(k, v)
+
+    def _checkpoint(self) -> tuple:
+        """The state now, to return to with `_rollback`. Updates replace tensors and never write into
+        them, so the state is the counts and the dict of tensors, saved by reference."""
+        return self.length, self.saliency_computations, self.cache_layout, dict(self._t)
+
+    def _rollback(self, saved: tuple) -> None:
+        self.length, self.saliency_computations, self.cache_layout, self._t = (*saved[:3], dict(saved[3]))
+
+    def _release(self, saved: tuple) -> None:
+        """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Carry out the layout's plan for k, v: sinks, then whole residual key pages flushed in

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 import torch
@@ -19,6 +20,29 @@ from .paper import FIG6A_BATCH, FIG6B_GENERATION, MODEL, N_QUANTIZED, PROMPT
 from .records import GIB
 from .selection import UNIFORM
 from .storage import bit_widths, storage_model
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or a length (>= 1): a bad one is refused on one line naming the argument."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a size or a budget: a finite number > 0 (nan and inf would pass every comparison
+    or none, and fill tables with them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
@@ -68,7 +92,7 @@ def model_rows(configs: dict[str, PNMixConfig], model: str, batch: int, length: 
 def main(argv: list[str] | None = None) -> int:
     defaults = PNMixConfig()
     parser = argparse.ArgumentParser(prog="python -m reference", description=__doc__)
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--head-dim", type=positive_int, default=128)
     parser.add_argument("--b-high", type=int, default=defaults.b_high)
     parser.add_argument("--b-low", type=int, default=defaults.b_low)
     parser.add_argument("--ratio", type=float, default=defaults.ratio)
@@ -77,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-sink", type=int, default=defaults.n_sink)
     parser.add_argument("--value-bits", type=int, default=defaults.value_bits)
     parser.add_argument("--value-group-size", type=int, default=None)
-    parser.add_argument("--n-quantized", type=int, default=N_QUANTIZED, help="T_q of the bit-width convention")
+    parser.add_argument(
+        "--n-quantized", type=positive_int, default=N_QUANTIZED, help="T_q of the bit-width convention (>= 1)"
+    )
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=MODEL)
-    parser.add_argument("--batch", type=int, default=FIG6A_BATCH)
-    parser.add_argument("--length", type=int, default=PROMPT + FIG6B_GENERATION, help="tokens per sequence")
+    parser.add_argument("--batch", type=positive_int, default=FIG6A_BATCH, help="sequences (>= 1)")
+    parser.add_argument(
+        "--length", type=positive_int, default=PROMPT + FIG6B_GENERATION, help="tokens per sequence (>= 1)"
+    )
     parser.add_argument(
         "--sweep", action="store_true", help="also show the paper's Table 14 bit-width sweep next to the config"
     )

@@ -109,6 +109,12 @@ class PNMixConfig:
             _check_int("value_group_size", self.value_group_size)
             if self.value_group_size <= 0:
                 raise ValueError(f"value_group_size must be positive, got {self.value_group_size}")
+            if self.values_quantized and self.value_group_size % (8 // field_width(self.value_bits)):
+                per_byte = 8 // field_width(self.value_bits)  # no head_dim can mend this: say it now, not at prefill
+                raise ValueError(
+                    f"value_group_size ({self.value_group_size}) must be a multiple of {per_byte} for "
+                    f"{self.value_bits}-bit values ({per_byte} codes per byte)"
+                )
         if self.pair_layout not in PAIR_LAYOUTS:
             raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}, got {self.pair_layout!r}")
         if self.scale_dtype not in SCALE_DTYPES:

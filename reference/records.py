@@ -145,6 +145,13 @@ def utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S_%fZ")
 
 
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it, then set back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
     """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
 
@@ -158,6 +165,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would hide results from the user's group
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

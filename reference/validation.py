@@ -58,6 +58,9 @@ def check_kv(k: object, v: object, config: PNMixConfig, *, values: bool = True) 
     check_same(("k", "v"), (k, v), "device")
     if k.shape[2] < 1:
         raise ValueError("k and v must hold at least one token (dim 2), got 0")
+    for dim, what in ((0, "batch"), (1, "KV heads")):
+        if k.shape[dim] < 1:
+            raise ValueError(f"k and v must hold at least one sequence and head: {what} (dim {dim}) is 0")
     check_head_dim(config, k.shape[-1])
     if values:
         check_kv_values(k, v, config)

@@ -7,6 +7,11 @@ measured results committed in benchmarks/results/, and writes <out-dir>/<name>/R
 its PNG figures and the raw results it ran (data/). Every number says where it comes from:
 measured (device, command, date, file), computed (which function) or quoted from the paper.
 An existing report folder is replaced only with --force.
+
+Nothing is left half-done: the inputs and the output folder are checked before any step runs;
+Ctrl-C, SIGTERM or SIGHUP stop the steps and remove the unfinished report; a run killed outright
+leaves its hidden staging folder, which the next run in the same --out-dir removes; when the
+report cannot be rendered, the results the steps wrote are kept in the staging folder the error names.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import traceback
 from pathlib import Path
 
 from tqdm import tqdm
 
-from conformance.loader import available_names
+from conformance.loader import available_names, load
 from reference import records
 
-from . import environment, files, inputs, steps
+from . import environment, files, inputs, interrupts, steps
 from .document import assemble
 from .provenance import ROOT, display_path
 from .sections import claims as claims_section
@@ -97,6 +103,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--impl {impl!r}: expected one of {sorted(known)} or an import path 'package.module:factory'")
     if args.no_conformance and args.impl:
         p.error("--impl and --no-conformance contradict each other; give one of them")
+    # a named implementation that does not load is refused now, not as a failed step minutes later
+    for impl in args.impl:
+        try:
+            load(impl)
+        except ValueError as err:
+            p.error(f"--impl {impl!r}: {err}")
 
 
 def command_line(argv: list[str]) -> str:
@@ -186,12 +198,56 @@ def render_report(name: str, command: str, git: dict, started: str, outcomes, so
     return assemble(f"PN-Mix report: {name}", intro, [env, *sections, claims_section.render(claims)])
 
 
-def fail(message: str) -> int:
-    print(f"pnmix-report: {message}", file=sys.stderr)
-    return 2
+def fail(*lines: str, code: int = 2) -> int:
+    for line in lines:
+        print(f"pnmix-report: {line}", file=sys.stderr)
+    return code
+
+
+def remove_stale(out_dir: Path) -> None:
+    """Staging folders of report runs that were killed (SIGKILL) before they could remove them."""
+    try:
+        removed = files.remove_stale(out_dir)
+    except OSError:
+        return  # not ours to fix: creating the staging folder says what is wrong with out_dir
+    for folder, pid in removed:
+        print(
+            f"pnmix-report: removed {display_path(folder)}, left by a report run (pid {pid}) that was killed "
+            "before it finished",
+            file=sys.stderr,
+        )
+
+
+def kept(staging: Path, err: Exception) -> int:
+    """The run could not finish its report after its steps ran: keep what they wrote and say where."""
+    if isinstance(err, inputs.InputError):  # a step wrote a result the report cannot read
+        lines, code = err.lines, 1
+    elif isinstance(err, FileExistsError):  # the report folder appeared while this run worked
+        lines, code = [str(err)], 2
+    else:  # a fault of the report itself: its traceback is what fixes it
+        traceback.print_exc()
+        lines, code = [f"the report could not be written ({type(err).__name__}: {err})"], 1
+    try:
+        files.keep(staging)
+    except OSError as why:
+        lines.append(f"could not mark the folder as kept ({why})")
+    return fail(*lines, f"this run's results are kept in {display_path(staging)}", code=code)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command. Ctrl-C, SIGTERM and SIGHUP end its steps, remove its unfinished report and end
+    it with one line (exit 128 + the signal's number)."""
+    try:
+        with interrupts.as_exceptions():
+            return run(argv)
+    except KeyboardInterrupt:
+        return fail("interrupted (SIGINT): the steps were stopped and no report was written", code=130)
+    except interrupts.Terminated as signalled:
+        said = f"stopped ({signalled}): the steps were stopped and no report was written"
+        return fail(said, code=128 + signalled.signum)
+
+
+def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     args = p.parse_args(argv)
@@ -204,12 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"{final} exists; choose another --name or pass --force to replace it")
     try:
         given = given_sources(args)
-    except ValueError as err:
-        return fail(str(err))
+    except inputs.InputError as err:
+        return fail(*err.lines)
     command = command_line(argv)
     git = environment.git_state()  # before anything is written into the tree
     started = records.now_utc()
-    staging = files.new_folder(final, force=args.force)
+    remove_stale(args.out_dir)
+    try:
+        with interrupts.shielded():  # the folder exists marked as this run's, or not at all
+            staging = files.new_folder(final, force=args.force)
+    except OSError as err:  # here, not after the steps: out_dir cannot be written
+        why = str(err) if err.errno is None else f"{err.filename}: {err.strerror}"
+        return fail(f"cannot write the report in {args.out_dir} ({why})")
     try:
         outcomes = steps.run_all(plan(args, staging / "data"))
         sources = unique(this_run_sources(outcomes, staging, final) + given)
@@ -219,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         for fig_name, png in figs.items():
             records.write_bytes_atomic(staging / fig_name, png)
         files.publish(staging, final, force=args.force)
-    except FileExistsError as err:  # the folder appeared while this run worked
-        files.discard(staging)
-        return fail(str(err))
-    except BaseException:
-        files.discard(staging)
+    except Exception as err:
+        return kept(staging, err)
+    except BaseException:  # Ctrl-C, SIGTERM: the steps were ended; what they left is incomplete
+        with interrupts.shielded():
+            files.discard(staging)
         raise
     print(f"report written to {display_path(final / 'REPORT.md')}")
     failed = [o for o in outcomes if o.status.startswith("failed")]

@@ -17,16 +17,12 @@ from pathlib import Path
 from reference import records
 from reference.records import BENCHMARK, KINDS
 
+from . import schema
 from .provenance import display_path
 
-#: extra_info keys of every benchmark of the suites the report reads, and of each suite.
-COMMON_KEYS = ("suite", "scale", "device", "versions", "date_utc", "command", "model", "method", "timing")
-SUITE_KEYS = {
-    "fig6-memory": ("batch", "prompt", "generation", "oom", "peak_allocated_gib", "model_peak_gib"),
-    "fig6c-throughput": ("batch", "prompt", "generation", "protocol", "tokens_per_s", "total_s", "oom"),
-    "fig7-latency": ("batch", "prompt", "step", "step_ms"),
-    "kernel": ("batch", "context", "ms", "bytes", "gbps", "copy_gbps", "fraction_of_copy"),
-}
+#: extra_info keys of every benchmark of the suites the report reads, and of each suite (types: `schema`).
+COMMON_KEYS = tuple(schema.EXTRA_INFO_COMMON)
+SUITE_KEYS = {suite: tuple(keys) for suite, keys in schema.EXTRA_INFO.items()}
 SCALES = ("full", "tiny")
 #: Suites whose figures are computed, not measured: the report shows them from their module instead.
 COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), section 4"}
@@ -48,12 +44,20 @@ class Source:
         return self.shown_as or display_path(self.path)
 
 
+class InputError(ValueError):
+    """Result files the report cannot read: one line per problem, each naming its file."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 def kind_of(data: object, path: str | os.PathLike) -> str:
-    """The kind of a parsed result file; ValueError naming the file when it is none of KINDS."""
+    """The kind of a parsed result file; InputError naming the file when it is none of KINDS."""
     try:
         return records.kind_of(data)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise InputError([f"{path}: {err}"]) from None
 
 
 def benchmark_problems(data: dict) -> list[str]:
@@ -72,42 +76,63 @@ def benchmark_problems(data: dict) -> list[str]:
             problems.append(f"{bench.get('name')}: extra_info lacks {', '.join(missing)}")
         elif info["scale"] not in SCALES:
             problems.append(f"{bench.get('name')}: extra_info['scale'] is {info['scale']!r}, not one of {SCALES}")
+        else:
+            problems += [f"{bench.get('name')}: {p}" for p in schema.extra_info_problems(info, suite)]
     return problems
 
 
 def load(path: str | os.PathLike, origin: str, command: str | None = None, shown_as: str | None = None) -> Source:
+    """One result file, parsed and checked against the schema of its kind (InputError otherwise)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read it as JSON ({err})") from None
-    return Source(kind_of(data, path), path, data, origin, command, shown_as)
+        raise InputError([f"{path}: cannot read it as JSON ({err})"]) from None
+    kind = kind_of(data, path)
+    problems = schema.problems(kind, data)
+    if problems:
+        raise InputError([f"{path} ({kind}): {p}" for p in problems])
+    return Source(kind, path, data, origin, command, shown_as)
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
     """Files as given, and every *.json under each folder (recursively, sorted); missing paths fail."""
-    out = []
+    out, missing = [], []
     for p in map(Path, paths):
         if p.is_dir():
             out += sorted(x for x in p.rglob("*.json") if x.is_file())
         elif p.is_file():
             out.append(p)
         else:
-            raise ValueError(f"--input {p}: no such file or folder")
+            missing.append(f"--input {p}: no such file or folder")
+    if missing:
+        raise InputError(missing)
     return out
 
 
 def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
     """Every result file of `paths`, plus the files a gpu_check record names (its benchmark and
-    conformance results) when they lie next to it and were not given already."""
-    sources = [load(p, origin) for p in expand(paths)]
+    conformance results) when they lie next to it and were not given already. Every file is read
+    before failing, so that the error lists the problems of all of them."""
+    sources, errors = [], []
+
+    def add(path: Path) -> None:
+        try:
+            sources.append(load(path, origin))
+        except InputError as err:
+            errors.extend(err.lines)
+
+    for p in expand(paths):
+        add(p)
     seen = {s.path.resolve() for s in sources}
     for check in of_kind(sources, "gpu-check"):
         for name in companions(check.data):
             mate = check.path.parent / name
             if mate.is_file() and mate.resolve() not in seen:
                 seen.add(mate.resolve())
-                sources.append(load(mate, origin))
+                add(mate)
+    if errors:
+        raise InputError(errors)
     return sources
 
 

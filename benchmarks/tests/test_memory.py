@@ -91,3 +91,49 @@ def test_measured_workspace_is_read_from_a_gpu_run(tmp_path, capsys):
     path.write_text(json.dumps(bench))
     assert memory.main(["--measured", str(path)]) == 0
     assert "| FP16     |      20 |         8192 |           0.50 |" in capsys.readouterr().out
+
+
+def _refused(argv: list[str], capsys) -> list[str]:
+    """The error lines of a run that must stop with exit 2 before printing anything."""
+    with pytest.raises(SystemExit) as exit_:
+        memory.main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "", out[:500]
+    return [line for line in err.splitlines() if "error" in line]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [(["--budget-gib", "-1"], "--budget-gib: must be a finite number > 0, got '-1'"),
+     (["--budget-gib", "0"], "--budget-gib: must be a finite number > 0, got '0'"),
+     (["--budget-gib", "nan"], "--budget-gib: must be a finite number > 0, got 'nan'"),
+     (["--budget-gib", "inf"], "--budget-gib: must be a finite number > 0, got 'inf'"),
+     (["--prompt", "-5"], "--prompt: must be >= 1, got -5"), (["--prompt", "0"], "--prompt: must be >= 1, got 0")],
+)  # fmt: skip
+def test_cli_refuses_out_of_range_arguments_on_one_line(capsys, argv, says):
+    (line,) = _refused(argv, capsys)
+    assert line == f"python -m benchmarks.memory: error: argument {says}"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(None, "cannot read it (No such file or directory)"), ("{not json", "not JSON (Expecting property name"),
+     ("[1, 2]", "not a pytest-benchmark result: it has no 'benchmarks' list"),
+     (json.dumps({"benchmarks": [{"extra_info": {"suite": "fig6-memory", "workspace_measured_gib": 1.0}}]}),
+      "benchmarks[0] (fig6-memory): no method, no batch, no generation, no device, no date_utc, no command")],
+)  # fmt: skip
+def test_a_missing_or_malformed_measured_file_stops_before_any_table(tmp_path, capsys, content, says):
+    path = tmp_path / "bench.json"
+    if content is not None:
+        path.write_text(content)
+    (line,) = _refused(["--measured", str(path)], capsys)
+    assert line.startswith(f"python -m benchmarks.memory: error: --measured {path}: {says}")
+
+
+def test_every_problem_of_a_measured_file_is_one_line():
+    point = {"suite": "fig6-memory", "workspace_measured_gib": 0.5, "method": "X", "batch": True}
+    problems = memory.measured_problems({"benchmarks": [{"extra_info": point}, 3, {"extra_info": {"suite": "k"}}]})
+    assert problems == [
+        "benchmarks[0] (fig6-memory): method='X', batch=True, no generation, no device, no date_utc, no command",
+        "benchmarks[1] is not a benchmark with an 'extra_info' object",
+    ]

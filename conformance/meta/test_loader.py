@@ -1,5 +1,10 @@
 """Selecting implementations: built-ins, import paths, clear errors, stubs for missing names."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from conformance import loader
@@ -15,6 +20,22 @@ class Partial:
 
     def create(self, config):
         return None
+
+
+def broken_factory():
+    raise RuntimeError("no device\nsecond line")
+
+
+def returns_none():
+    return None
+
+
+def returns_42():
+    return 42
+
+
+#: An implementation module that raises on import (written to a temporary folder on sys.path).
+BROKEN_MODULE = 'raise RuntimeError("cannot start")\n\ndef make():\n    pass\n'
 
 
 def test_builtin_reference_satisfies_the_protocol():
@@ -72,3 +93,49 @@ def test_naming_an_implementation_never_runs_the_suites_own_tests():
     collected = [line for line in result.stdout.splitlines() if "::" in line]
     assert collected and not [line for line in collected if line.startswith("conformance/meta/")]
     assert "deselected" in result.stdout
+
+
+HERE = "conformance.meta.test_loader"
+LOAD_FAULTS = [
+    (f"{HERE}:broken_factory", r"^implementation '\S+': its factory raised RuntimeError: no device$"),
+    (
+        "broken_on_import_mod:make",
+        r"^cannot import 'broken_on_import_mod' for implementation '\S+': RuntimeError: cannot",
+    ),
+    (f"{HERE}:returns_none", r"returned None \(NoneType\), not an implementation: it lacks name, "),
+    (f"{HERE}:returns_42", r"returned 42 \(int\), not an implementation: it lacks .*unpack_mask$"),
+]
+
+
+@pytest.fixture
+def broken_module(tmp_path, monkeypatch):
+    """A folder on sys.path holding a module that raises on import."""
+    (tmp_path / "broken_on_import_mod.py").write_text(BROKEN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("name", "message"), LOAD_FAULTS)
+def test_load_faults_are_one_line_naming_module_factory_and_cause(broken_module, name, message):
+    with pytest.raises(ValueError, match=message) as err:
+        loader.load(name)
+    assert "\n" not in str(err.value)
+
+
+def test_a_plug_in_factory_that_raises_is_named_with_its_module(monkeypatch):
+    ep = loader.importlib.metadata.EntryPoint("broken", f"{HERE}:broken_factory", loader.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "_entry_points", lambda: {"broken": ep})
+    with pytest.raises(ValueError, match=r"'broken' \(factory conformance\.meta\.test_loader:broken_factory\): its"):
+        loader.load("broken")
+
+
+@pytest.mark.parametrize("name", [name for name, _ in LOAD_FAULTS])
+def test_a_run_whose_implementation_does_not_load_stops_with_one_line(broken_module, name):
+    path = os.pathsep.join(filter(None, (str(broken_module), os.environ.get("PYTHONPATH"))))
+    cmd = [sys.executable, "-m", "pytest", "conformance", "--impl", name, "--collect-only", "-q"]
+    cmd += ["-p", "no:cacheprovider", "--no-conformance-json"]
+    root = Path(__file__).parents[2]
+    result = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR and len(said) == 1, said[-30:]
+    assert said[0].startswith("ERROR: ") and name.partition(":")[0] in said[0]

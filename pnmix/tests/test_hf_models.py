@@ -187,3 +187,76 @@ def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
     assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
     with pytest.raises(ValueError, match="stepwise=True needs backend='reference'"):
         hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True)
+
+
+class FailOnce:
+    """Wraps a method so that its `at`-th call (0-based) raises an out-of-memory error."""
+
+    def __init__(self, monkeypatch, owner, name: str, at: int) -> None:
+        self.calls, self.at, original = 0, at, getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            self.calls += 1
+            if self.calls - 1 == self.at:
+                raise torch.OutOfMemoryError(f"injected at call {self.at} of {name}")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+
+def _logits(model, ids, cache):
+    with torch.no_grad():
+        return model(input_ids=ids, **{hf.cache_argument(model): cache}).logits
+
+
+def _pnmix_llama():
+    model, _ = build("llama")
+    model.set_attn_implementation("pnmix")
+    return model, METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=2)
+
+
+@pytest.mark.parametrize("where", ["prefill", "append", "mlp"])
+@pytest.mark.parametrize("layer", [0, 2])
+def test_a_failed_forward_leaves_every_layer_as_it_was(monkeypatch, where, layer):
+    """A fault in the third layer's cache update, or in a layer's MLP (outside PN-Mix), fails the
+    forward; the cache then answers the next forward as a cache that never saw it."""
+    from reference import ReferenceCache
+
+    model, config = _pnmix_llama()
+    ids = torch.randint(3, 128, (1, 30), generator=torch.Generator().manual_seed(9))
+    clean, cache = (hf.PNMixHFCache(model.config, config, backend="reference") for _ in range(2))
+    expected = [_logits(model, ids[:, :20], clean), _logits(model, ids[:, 20:21], clean)]
+    if where != "prefill":
+        _logits(model, ids[:, :20], cache)
+    owner, name = {"prefill": (ReferenceCache, "prefill"), "append": (ReferenceCache, "append"),
+                   "mlp": (type(model.model.layers[layer].mlp), "forward")}[where]  # fmt: skip
+    fault = FailOnce(monkeypatch, owner, name, at=layer)
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        _logits(model, ids[:, :20] if where == "prefill" else ids[:, 20:21], cache)
+    assert fault.calls == layer + 1
+    if where == "prefill":
+        assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
+        torch.testing.assert_close(_logits(model, ids[:, :20], cache), expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(_logits(model, ids[:, 20:21], cache), expected[1], rtol=0, atol=0)
+    assert [lay.get_seq_length() for lay in cache.layers] == [21] * len(cache.layers)
+
+
+def test_a_refused_prefill_can_be_retried(monkeypatch):
+    """The Triton backend refuses a float32 model at prefill; the cache stays empty, not broken."""
+    model, config = _pnmix_llama()
+    cache = hf.PNMixHFCache(model.config, config, backend="triton")
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    for _ in range(2):  # the same clear error each time, not "the cache is empty"
+        with pytest.raises(TypeError, match="float16 or bfloat16"):
+            _logits(model, ids, cache)
+        assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
+
+
+def test_beam_search_is_refused_and_leaves_the_cache_empty():
+    model, config = _pnmix_llama()
+    cache = hf.PNMixHFCache(model.config, config, backend="reference")
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(Exception, match="beam search"):
+        model.generate(input_ids=ids, max_new_tokens=3, num_beams=2, do_sample=False,
+                       **{hf.cache_argument(model): cache})  # fmt: skip
+    assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)

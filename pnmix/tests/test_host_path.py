@@ -340,3 +340,34 @@ def test_hf_cache_passes_check_finite_to_its_layers():
     assert not cache.check_finite and all(not layer.check_finite for layer in cache.layers)
     with pytest.raises(ValueError, match="check_finite=False needs backend='triton'"):
         PNMixHFCache(model, PNMixConfig(), backend="reference", pair_layout="split", check_finite=False)
+
+
+def test_a_flush_failed_at_any_point_leaves_the_cache_as_it_was():
+    """A preallocated cache overwrites its residual rows when a page completes; failed at points
+    spread over the append's torch calls (allocations, copies, kernel launches), and at the last
+    ones, which follow the overwrite, it must come back intact (dynamic caches: property 10)."""
+    from reference.faults import FaultAt
+
+    config = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, new_k, new_v = (torch.randn(1, h, n, 16, generator=g).half() for h, n in
+                             ((4, 13), (2, 13), (2, 13), (2, 6), (2, 6)))  # fmt: skip
+
+    def fresh() -> PNMixCache:
+        return PNMixCache.from_prefill(q, k, v, config, max_cache_len=64)
+
+    count, cache = FaultAt(None), fresh()
+    with count:
+        cache.append(new_k, new_v)  # 3 residual + 6: a page completes
+    probe = torch.randn(1, 4, 1, 16, generator=g).half()
+    for at in sorted({*range(0, count.calls, max(1, count.calls // 8)), *range(count.calls - 4, count.calls)}):
+        cache = fresh()
+        before, out = (cache.length, cache.storage(), *cache.dequantize()), cache.attend(probe)
+        fault = FaultAt(at)
+        with pytest.raises(torch.OutOfMemoryError), fault:
+            cache.append(new_k, new_v)
+        assert fault.fired
+        after = (cache.length, cache.storage(), *cache.dequantize())
+        assert before[:2] == after[:2] and all(map(torch.equal, before[2:], after[2:])), f"failed at torch call {at}"
+        assert torch.equal(cache.attend(probe), out), f"failed at torch call {at}, attention changed"
+        assert torch.equal(cache._counts.cpu(), torch.tensor([*cache.layout[:4], 0], dtype=torch.int32))

@@ -30,6 +30,7 @@ def t(*shape, dtype=torch.float16, fill=None, device="cpu"):
         ({"residual_length": 100}, ValueError, "residual_length must be a positive multiple of group_size"),
         ({"n_sink": -1}, ValueError, "n_sink must be >= 0"),
         ({"value_group_size": 0}, ValueError, "value_group_size must be positive"),
+        ({"value_group_size": 3}, ValueError, r"value_group_size \(3\) must be a multiple of 4 for 2-bit values"),
         ({"pair_layout": "interleaved"}, ValueError, "pair_layout must be one of"),
         ({"scale_dtype": torch.float64}, TypeError, "scale_dtype must be one of"),
     ],
@@ -85,7 +86,7 @@ def test_values_beyond_the_scale_dtype_are_rejected():
 
 def test_value_group_must_divide_head_dim():
     with pytest.raises(ValueError, match="value_group_size"):
-        ReferenceCache.from_prefill(t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), PNMixConfig(value_group_size=6))
+        ReferenceCache.from_prefill(t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), PNMixConfig(value_group_size=12))
 
 
 def snapshot(cache):

@@ -46,3 +46,21 @@ def test_cli_lists_every_method_from_the_same_accounting(capsys):
         line = next(row for row in out.splitlines() if row.startswith(f"| {name} "))
         assert f"{bit_widths(make(), 128).key_effective:.4f}" in line
     assert "| FP16 " in out and "16.0000" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+        (["--batch", "-1"], "argument --batch: must be >= 1, got -1"),
+        (["--length", "0"], "argument --length: must be >= 1, got 0"),
+        (["--n-quantized", "0"], "argument --n-quantized: must be >= 1, got 0"),
+        (["--batch", "two"], "argument --batch: must be an integer >= 1, got 'two'"),
+    ],
+)
+def test_cli_refuses_counts_below_one_on_one_line(capsys, argv, says):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    assert [line for line in err.splitlines() if "error" in line] == [f"python -m reference: error: {says}"]

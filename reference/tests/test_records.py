@@ -104,3 +104,14 @@ def test_the_command_is_the_one_typed(monkeypatch):
     monkeypatch.setattr(records.sys, "argv", ["/repo/benchmarks/gpu_check.py", "--tiny"])
     monkeypatch.setattr(records.sys, "orig_argv", ["/usr/bin/python3", "-m", "benchmarks.gpu_check", "--tiny"])
     assert records.command_line() == "python -m benchmarks.gpu_check --tiny"
+
+
+def test_atomic_writes_get_the_modes_the_umask_gives(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        path = records.write_bytes_atomic(tmp_path / "r.json", b"{}")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640

@@ -1,5 +1,12 @@
 """Report folders that are never replaced without being asked to (single files: reference/tests/test_records.py)."""
 
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+
 import pytest
 
 from reference.records import write_atomic
@@ -28,3 +35,42 @@ def test_discard_removes_a_staging_folder(tmp_path):
     write_atomic(staging / "x", "y")
     files.discard(staging)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def umask():
+    """Sets the process umask for one test."""
+    before = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(before)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_a_published_report_has_the_modes_the_umask_gives(tmp_path, umask, mask):
+    umask(mask)
+    staging = files.new_folder(tmp_path / "r")
+    write_atomic(staging / "data" / "result.json", "{}")  # atomic writes start private (0600)
+    final = files.publish(staging, tmp_path / "r")
+    assert stat.S_IMODE(final.stat().st_mode) == stat.S_IMODE((final / "data").stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((final / "data" / "result.json").stat().st_mode) == 0o666 & ~mask
+    assert sorted(p.name for p in final.rglob("*")) == ["data", "result.json"]  # the owner record is not published
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()  # reaped: its pid names no process
+    return proc.pid
+
+
+@pytest.mark.skipif(os.name != "posix", reason="processes are probed with signal 0")
+def test_only_staging_folders_of_dead_runs_of_this_host_are_removed(tmp_path):
+    live = files.new_folder(tmp_path / "live")  # this process's
+    dead, elsewhere, kept = (files.new_folder(tmp_path / name) for name in ("dead", "elsewhere", "kept"))
+    unmarked = tmp_path / ".someone.abc.tmp"
+    unmarked.mkdir()
+    pid = dead_pid()
+    for folder, host in ((dead, socket.gethostname()), (elsewhere, "another-host"), (kept, socket.gethostname())):
+        (folder / files.OWNER).write_text(json.dumps({"mark": files.MARK, "pid": pid, "host": host}))
+    files.keep(kept)  # a run that failed after its steps kept its results there
+    assert files.remove_stale(tmp_path) == [(dead, pid)]
+    assert sorted(tmp_path.iterdir()) == sorted([live, elsewhere, kept, unmarked])

@@ -70,3 +70,72 @@ def test_benchmarks_outside_the_schema_are_named_and_left_out(tmp_path):
     assert [b["scale"] for b in inputs.benchmarks([tiny, source], "fig7-latency", "tiny")] == ["tiny", "tiny"]
     with pytest.raises(ValueError, match="suite must be one of"):
         inputs.benchmarks([source], "fig8")
+
+
+ROOT = Path(__file__).parents[2]
+#: Results committed to the repository (those the report reads by default, and the example report's own):
+#: each must pass the schema of its kind.
+COMMITTED = sorted(p for d in ("benchmarks/results", "reports/example-cpu/data") for p in (ROOT / d).rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_results_pass_the_schema_of_their_kind(path):
+    source = inputs.load(path, "committed")
+    if source.kind == "pytest-benchmark":
+        assert inputs.benchmark_problems(source.data) == []
+
+
+@pytest.mark.parametrize(
+    "maker", [synthetic.conformance, synthetic.gpu_check, synthetic.gpu_benchmarks, synthetic.tiny_benchmarks]
+)
+def test_the_synthetic_results_of_the_tests_pass_the_schema(tmp_path, maker):
+    inputs.load(synthetic.write(tmp_path, "r.json", maker()), "--input")
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"kind": "pnmix-fidelity"}, ["model: missing", "summary: missing"]),
+        ({"kind": "pnmix-long-output"}, ["summary: missing"]),
+        (
+            {**json.loads(COMMITTED_FIDELITY.read_text()), "prompts": "six"},
+            ["prompts: is a string ('six'), expected an integer"],
+        ),
+        (
+            {**synthetic.conformance(), "results": [{"implementation": "x", "outcome": 1}] * 3},
+            ["results[0].outcome: is an integer (1), expected a string (and in 2 more items)",
+             "results[0].module: missing (and in 2 more items)"],
+        ),
+        (
+            {**synthetic.gpu_check(), "steps": {"fig7": {"command": "pytest"}}},
+            ["steps.fig7.exit_code: missing", "steps.fig7.seconds: missing"],
+        ),
+    ],
+)  # fmt: skip
+def test_a_file_of_a_known_kind_but_wrong_content_is_refused_one_line_per_problem(tmp_path, data, says):
+    path = synthetic.write(tmp_path, "odd.json", data)
+    with pytest.raises(inputs.InputError) as err:
+        inputs.load(path, "--input")
+    assert all(line.startswith(f"{path} (") and "\n" not in line for line in err.value.lines)
+    problems = [line.split("): ", 1)[1] for line in err.value.lines]
+    assert set(says) <= set(problems), problems
+
+
+def test_every_bad_file_is_named_before_failing(tmp_path):
+    synthetic.write(tmp_path, "a.json", {"kind": "pnmix-fidelity"})
+    synthetic.write(tmp_path, "b.json", synthetic.conformance())
+    synthetic.write(tmp_path, "c.json", {"kind": "pnmix-conformance"})
+    with pytest.raises(inputs.InputError) as err:
+        inputs.load_all([tmp_path], "--input")
+    named = {Path(line.split(" (")[0]).name for line in err.value.lines}
+    assert named == {"a.json", "c.json"}
+
+
+def test_benchmarks_with_figures_of_the_wrong_type_are_named_and_left_out(tmp_path):
+    data = synthetic.gpu_benchmarks()
+    data["benchmarks"][0]["extra_info"]["tokens_per_s"] = "fast"
+    source = inputs.load(synthetic.write(tmp_path, "gpu.json", data), "--input")
+    assert inputs.benchmark_problems(source.data) == [
+        f"{data['benchmarks'][0]['name']}: extra_info.tokens_per_s: is a string ('fast'), expected a number or null"
+    ]
+    assert data["benchmarks"][0]["name"] not in {b["name"] for b in inputs.usable(source)}

