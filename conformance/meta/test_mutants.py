@@ -184,7 +184,7 @@ def test_known_failures_results_file_and_no_overwrite(tmp_path):
     assert (
         outcomes.pop(f"{append}[accepts_nan-nan_in_k]") == outcomes.pop(f"{append}[accepts_nan-inf_in_v]") == "xfailed"
     )
-    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 17  # the other 7 + 6 + 4 kinds
+    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 19  # the other 7 + 8 + 4 kinds
     reasons = {r["reason"] for r in data["results"] if r["outcome"] == "xfailed"}
     assert reasons == {"NaN accepted", "Inf accepted"}
     before = out.read_text()
