@@ -3,7 +3,8 @@ attend, each call failed at a drawn point of its own work (the n-th torch call i
 an out-of-memory error, `reference.faults`); after every step the cache must equal, in all
 the protocol shows (length, saliency count, storage, selection, dequantized keys and values,
 attention, bit for bit), a twin of the same implementation fed only the calls that succeeded.
-A call that fails leaves the cache exactly as it was, whatever failed inside it."""
+A call that fails leaves the cache exactly as it was, whatever failed inside it. Before the
+drawn sequences, the same in every run: a prefill failed at calls spread over its work."""
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -88,8 +89,30 @@ def machine(impl, device, case: cs.Case):
     return AllOrNothing
 
 
+def spread(n: int) -> list[int]:
+    """About 8 torch-call indices spread over n calls, and the last 4 (which follow any write)."""
+    return sorted({*range(0, n, max(1, n // 8)), *range(max(0, n - 4), n)})
+
+
 def test_a_failed_call_leaves_the_cache_as_it_was(impl, device):
     case = fitted(impl, BASE, device)
+    # First, the same every run: a prefill failed at calls spread over its work leaves a new cache.
+    q, k, v = cs.prefill_tensors(case, device)
+    count = FaultAt(None)
+    with count:
+        impl.create(case.config).prefill(q, k, v)
+    for at in spread(count.calls):
+        cache, fault = impl.create(case.config), FaultAt(at)
+        try:
+            with fault:
+                cache.prefill(q, k, v)
+        except Exception:
+            if not fault.fired:
+                raise
+        assert (cache.length, cache.saliency_computations) == (0, 0), (
+            f"a prefill failed at torch call {at} left length {cache.length}, "
+            f"saliency count {cache.saliency_computations}"
+        )
     # Half the profile's examples of 6 calls: each runs the implementation twice (and the
     # interpreted kernels are slow); `--hypothesis-profile thorough` draws 250.
     budget = settings(
