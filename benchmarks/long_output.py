@@ -126,6 +126,14 @@ def greedy_outputs(model, tokenizer, prompts: list[str], tokens: int, context: f
     return result
 
 
+def rounded(per_prompt: list[dict]) -> list[dict]:
+    """The per-position series to 6 significant digits (far below their noise), as stored."""
+    return [
+        {name: {metric: [float(f"{x:.6g}") for x in xs] for metric, xs in ms.items()} for name, ms in p.items()}
+        for p in per_prompt
+    ]
+
+
 def binned(values: list[float], bins: int) -> list[float]:
     """Means of `bins` consecutive, equal spans of positions."""
     n = len(values)
@@ -300,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         key_bits={n: round(bit_widths(c, head_dim(model.config)).key_total, 4) for n, c in configs.items()},
         seconds=round(time.monotonic() - started, 1),
         summary=summarize(per_prompt, args.bins),
-        per_prompt=per_prompt,
+        per_prompt=rounded(per_prompt),
     )
     stamp = utc_stamp()
-    write_json(out_dir / f"long-output-{stamp}.json", result)
+    write_json(out_dir / f"long-output-{stamp}.json", result, compact=True)  # 8K positions x metrics x methods
     path = write_atomic(out_dir / f"long-output-{stamp}.md", markdown(result))
     figure(result, out_dir / f"long-output-{stamp}.png")
     print(markdown(result))

@@ -186,5 +186,7 @@ def write_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = False)
     return write_bytes_atomic(path, text.encode("utf-8"), overwrite=overwrite)
 
 
-def write_json(path: str | os.PathLike, data: object, *, overwrite: bool = False) -> Path:
-    return write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", overwrite=overwrite)
+def write_json(path: str | os.PathLike, data: object, *, overwrite: bool = False, compact: bool = False) -> Path:
+    """`data` as JSON, atomically; compact=True (long per-position series) puts it on one line."""
+    text = json.dumps(data, indent=None if compact else 2, sort_keys=True, default=str)
+    return write_atomic(path, text + "\n", overwrite=overwrite)
