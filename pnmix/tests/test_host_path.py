@@ -342,6 +342,7 @@ def test_hf_cache_passes_check_finite_to_its_layers():
         PNMixHFCache(model, PNMixConfig(), backend="reference", pair_layout="split", check_finite=False)
 
 
+@pytest.mark.long  # about a minute under the interpreter; property 10 covers flushes in the main run
 def test_a_flush_failed_at_any_point_leaves_the_cache_as_it_was():
     """A preallocated cache overwrites its residual rows when a page completes; failed at points
     spread over the append's torch calls (allocations, copies, kernel launches), and at the last
