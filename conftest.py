@@ -13,7 +13,8 @@ from reference.records import device_name, versions
 
 # ci: small and reproducible (derandomized) for two CPU cores, where seven implementations
 # (three on the Triton interpreter) run every property; dev: the default at a desk;
-# thorough: hundreds of examples per property, for a release or a new implementation.
+# thorough: hundreds of examples per property, for a release or a new implementation; smoke: two
+# (and the explicit examples), for a run that checks a pipeline, not the implementations.
 settings.register_profile(
     "ci",
     max_examples=10,
@@ -23,6 +24,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
+settings.register_profile("smoke", settings.get_profile("ci"), max_examples=2)
 settings.register_profile(
     "thorough", max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
 )

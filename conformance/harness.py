@@ -127,8 +127,16 @@ def observe(cache, impl) -> dict:
     }
 
 
+def changed(before: dict, after: dict) -> list[str]:
+    """What differs (bit for bit) between two `observe` results."""
+    return [
+        key
+        for key, value in before.items()
+        if not (torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key])
+    ]
+
+
 def assert_unchanged(before: dict, after: dict, why: str = "a rejected call changed the cache's") -> None:
     """`observe` gave the same before and after (bit for bit); `why` starts the failure message."""
-    for key, value in before.items():
-        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
-        assert same, f"{why} {key}"
+    for key in changed(before, after)[:1]:
+        raise AssertionError(f"{why} {key}")

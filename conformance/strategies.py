@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from reference import PNMixConfig
 from reference.config import CRITERIA, check_head_dim
 from reference.contract import Capabilities
+from reference.validation import quantizable_limit
 
 MAX_BATCH = 3
 MAX_KV_HEADS = 3
@@ -24,11 +25,14 @@ HEAD_DIMS = (4, 8, 12, 16, 20, 24, 32)
 GROUP_SIZES = (8, 16)
 RATIOS = (0.0, 0.1, 0.25, 0.3, 0.5, 0.75, 1.0)
 SINKS = (0, 1, 3, 8)
+FP16_MAX = 65504.0
 FP16_SAFE = 30000.0  # under half of float16's largest value: even a 1-bit Eq. 2 scale (max - min) fits
 
 #: Value kinds. "moderate" kinds keep attention logits finite in float16.
 KINDS = ("normal", "constant", "near_constant", "wide_range", "extremes", "subnormal", "signed_zeros", "half_steps")
 MODERATE_KINDS = ("normal", "constant", "near_constant", "wide_range")
+#: The dtype's edge: entries at the largest magnitude the cache accepts (see `edge_magnitudes`).
+EDGE_KIND = "edges"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +192,19 @@ HALF_STEP = 2.0**-3  # the grid unit of "half_steps"
 
 
 def values(
-    shape: tuple[int, ...], dtype: torch.dtype, kind: str, seed: int, *, levels: int = 3, axis: int = -2
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    kind: str,
+    seed: int,
+    *,
+    levels: int = 3,
+    axis: int = -2,
+    edge: float = FP16_SAFE,
 ) -> torch.Tensor:
     """Adversarial but finite values of one kind, reproducible from the seed.
+
+    "edges": two fifths of the entries +-edge (representable in dtype, `edge_magnitudes`), the
+    rest unit normal and +-1.
 
     "half_steps": every run of 8 entries along `axis` (so every group of a multiple of 8 there,
     wherever it starts) spans exactly [0, levels u], and the other entries are multiples of u/2
@@ -213,6 +227,10 @@ def values(
     elif kind == "extremes":
         choices = torch.tensor([FP16_SAFE, -FP16_SAFE, 0.0, 1.0, -1.0, 2.0**-14])
         x = choices[torch.randint(0, len(choices), shape, generator=gen)]
+    elif kind == EDGE_KIND:
+        choices = torch.tensor([edge, -edge, 0.0, 1.0, -1.0])
+        pick = choices[torch.randint(0, len(choices), shape, generator=gen)]
+        x = torch.where(pick.abs() == edge, pick, torch.where(pick == 0, rand(), pick))
     elif kind == "subnormal":  # float16 subnormals and their neighbours
         x = (torch.randint(-1023, 1024, shape, generator=gen) * 2.0**-24).where(unif() < 0.9, rand() * 2.0**-14)
     elif kind == "signed_zeros":
@@ -233,7 +251,8 @@ def values(
 
 def prefill_tensors(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, H, P, d], k and v [B, H_kv, P, d] of the prompt."""
-    q = values((case.batch, case.heads, case.prompt, case.head_dim), case.dtype, _q_kind(case.kind), case.seed)
+    q_shape = (case.batch, case.heads, case.prompt, case.head_dim)
+    q = values(q_shape, case.dtype, _q_kind(case.kind), case.seed, edge=edge_magnitudes(case)[0])
     shape = (case.batch, case.kv_heads, case.prompt, case.head_dim)
     k = values(shape, case.dtype, case.kind, case.seed + 1, **_grid(case, keys=True))
     v = values(shape, case.dtype, case.kind, case.seed + 2, **_grid(case, keys=False))
@@ -241,10 +260,31 @@ def prefill_tensors(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def _grid(case: Case, keys: bool) -> dict:
-    """Where "half_steps" puts its ties: key groups along tokens at b_low, values along channels."""
+    """Where "half_steps" puts its ties (key groups along tokens at b_low, values along
+    channels), and the magnitude of "edges"."""
+    edge = edge_magnitudes(case)[1 if keys else 2]
     if keys:
-        return {"levels": 2**case.config.b_low - 1, "axis": -2}
-    return {"levels": 2 ** min(case.config.value_bits, 8) - 1, "axis": -1}
+        return {"levels": 2**case.config.b_low - 1, "axis": -2, "edge": edge}
+    return {"levels": 2 ** min(case.config.value_bits, 8) - 1, "axis": -1, "edge": edge}
+
+
+def edge_magnitudes(case: Case) -> tuple[float, float, float]:
+    """The magnitudes of "edges" for queries, keys and values: the largest the dtype holds at or
+    under what the cache accepts (`reference.validation.quantizable_limit` where the tensor is
+    quantized), and for queries and keys at most float16's largest, 65504 (past it the scores
+    q.k pass float32's range, and attention over exact keys is no longer finite either)."""
+    cfg, top = case.config, torch.finfo(case.dtype).max
+    v_edge = min(top, quantizable_limit(cfg, cfg.value_bits)) if cfg.values_quantized else top
+    k_edge = min(top, quantizable_limit(cfg, cfg.b_low), FP16_MAX)
+    return tuple(_representable_under(m, case.dtype) for m in (min(top, FP16_MAX), k_edge, v_edge))
+
+
+def _representable_under(limit: float, dtype: torch.dtype) -> float:
+    """The largest value of dtype at most `limit`."""
+    x = torch.tensor(limit, dtype=torch.float64).to(dtype)
+    if float(x) > limit:
+        x = torch.nextafter(x, torch.zeros_like(x))
+    return float(x)
 
 
 def append_tensors(case: Case, index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,13 +298,13 @@ def append_tensors(case: Case, index: int, device) -> tuple[torch.Tensor, torch.
 def decode_queries(case: Case, n: int, device) -> torch.Tensor:
     """n new queries [B, H, n, d]."""
     shape = (case.batch, case.heads, n, case.head_dim)
-    return values(shape, case.dtype, _q_kind(case.kind), case.seed + 7).to(device)
+    return values(shape, case.dtype, _q_kind(case.kind), case.seed + 7, edge=edge_magnitudes(case)[0]).to(device)
 
 
 def _q_kind(kind: str) -> str:
     # Queries stay moderate (unit normal): saliency needs distinct norms, and attention logits
-    # must stay finite when the reference computes them in float16.
-    return "unit"
+    # must stay finite when the reference computes them in float16; at the edges they go too.
+    return kind if kind == EDGE_KIND else "unit"
 
 
 # Bad inputs for the error property: (what to break, expected error type, message fragment).

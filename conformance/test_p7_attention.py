@@ -3,7 +3,10 @@ dequantized cache. The error may be at most a small multiple of the error of the
 the spec documents (keys and values in the implementation's dtype, scores, softmax and sums in
 float32), plus output rounding: attention that skips the float32 upcast fails. How far the
 output is from attention over the spec's cache is recorded ("spec_distance"); it is judged,
-by the same rule, only with the opt-in claim `reference_numerics` (the caches are then equal)."""
+by the same rule, only with the opt-in claim `reference_numerics` (the caches are then equal).
+At the dtype's edges, attention is finite wherever the spec's is."""
+
+import dataclasses
 
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -66,3 +69,37 @@ def test_the_common_workload_attention(impl, device, record_property):
     exact = attention_ref(q.double(), state.all_k.double(), state.all_v.double(), causal=True, upcast=False)
     record_property("workload_attention_error", (out.double() - exact).abs().max().item())
     assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (over the implementation's own cache)"
+
+
+EDGE = PNMixConfig(b_high=3, b_low=1, group_size=16, residual_length=16, n_sink=2, value_bits=2)
+
+
+# A quarter of the profile's examples besides the three below: finiteness, not accuracy, is under test.
+@settings(
+    max_examples=max(2, settings().max_examples // 4), suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=cs.cases(kinds=(cs.EDGE_KIND,), dtypes=(torch.float16, torch.bfloat16)), n_queries=st.integers(1, 2))
+# Whole-group tiles: queries times a float16 key scale of 65504 pass float16's range as dot operands.
+@example(case=cs.Case(EDGE, 1, 1, 2, 16, torch.float16, 40, (16,), 5, "edges"), n_queries=1)
+# Groups of 8, dequantized per element: keys and values of 65504 reconstruct to 65536.
+@example(case=cs.Case(CFG, 1, 2, 1, 16, torch.float16, 30, (3,), 6, "edges"), n_queries=2)
+# bfloat16 values near 1.7e38 (float32 scales): sums of unnormalized softmax weights times them overflow.
+@example(
+    case=cs.Case(dataclasses.replace(EDGE, scale_dtype=torch.float32), 1, 1, 2, 16, torch.bfloat16, 70, (), 7, "edges"),
+    n_queries=1,
+)
+def test_attention_is_finite_wherever_the_spec_is(impl, device, case, n_queries):
+    """Keys, values and queries at the largest magnitudes the cache accepts (`strategies.
+    edge_magnitudes`): every output and dequantized entry the spec gives finite is finite."""
+    case = fitted(impl, case, device)
+    state = final_state(impl, case, device)
+    q = cs.decode_queries(case, min(n_queries, state.length), device)
+    for what, own, spec in (
+        ("attention", state.cache.attend(q), state.ref.attend(q.cpu())),
+        *zip(("dequantized keys", "dequantized values"), state.cache.dequantize(), state.ref.dequantize(), strict=True),
+    ):
+        bad = spec.isfinite() & ~own.cpu().isfinite()
+        assert not bad.any(), (
+            f"{what}: {int(bad.sum())} of {bad.numel()} entries not finite where the spec's are "
+            f"(inputs up to {max(cs.edge_magnitudes(case)):.4g} in {case.dtype})"
+        )

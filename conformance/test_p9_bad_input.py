@@ -1,12 +1,13 @@
 """Property 9: each documented bad input raises the documented error, naming the argument,
-and a rejected call leaves the cache exactly as it was."""
+and a rejected call leaves the cache exactly as it was; so does editing any tensor the cache
+returned (what it returns is the caller's)."""
 
 import pytest
 import torch
 from hypothesis import example, given, settings
 
 from conformance import strategies as cs
-from conformance.harness import assert_unchanged, final_state, fitted, observe
+from conformance.harness import assert_unchanged, changed, final_state, fitted, observe
 from reference import PNMixConfig
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
@@ -114,3 +115,36 @@ def test_bad_query_is_rejected_and_changes_nothing(impl, device, case, bad):
     with pytest.raises(error, match=fragment):
         state.cache.attend(q)
     assert_unchanged(before, observe(state.cache, impl))
+
+
+def edit(t: torch.Tensor) -> None:
+    """Change every entry of t in place."""
+    if t.dtype == torch.bool:
+        t.logical_not_()
+    else:
+        t.add_(1)
+
+
+@PER_KIND
+@given(case=cs.cases(max_appends=2))
+@example(case=cs.Case(CFG, 1, 2, 2, 8, torch.float16, 30, (3,), 4))
+def test_editing_what_it_returns_changes_nothing(impl, device, case):
+    case = fitted(impl, case, device)
+    cache = final_state(impl, case, device).cache
+    before = observe(cache, impl)
+    returned = {
+        "sinks()": cache.sinks(),
+        "residual()": cache.residual(),
+        "dequantize()": cache.dequantize(),
+        "attend(q)": (cache.attend(cs.decode_queries(case, 1, device)),),
+    }
+    if impl.capabilities.prefill_selection:
+        returned["pair_mask"] = (cache.pair_mask,)
+    if impl.capabilities.reference_numerics:
+        returned["key_codes()"] = tuple(cache.key_codes())
+        returned["value_codes()"] = tuple(cache.value_codes() or ())
+    for name, tensors in returned.items():
+        for t in tensors:
+            edit(t)
+        edited = changed(before, observe(cache, impl))
+        assert not edited, f"editing what {name} returned changed the cache's {', '.join(edited)}"

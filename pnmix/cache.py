@@ -92,6 +92,23 @@ class _Checkpoint:
     overwritten: list[tuple[_Rows, torch.Tensor]] = dataclasses.field(default_factory=list)
 
 
+class _NoBackward(torch.autograd.Function):
+    """Decode attention as a node of the autograd graph whose backward raises: its output
+    requires grad as the spec's does, and a backward through it fails by name instead of
+    leaving the queries' gradient silently out."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, run) -> torch.Tensor:
+        return run(q)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        raise RuntimeError(
+            "PN-Mix's Triton decode attention has no backward: decode under torch.no_grad(), or use "
+            "reference.ReferenceCache (plain PyTorch) where gradients must flow to the queries"
+        )
+
+
 class PNMixCache:
     """PN-Mix cache for one attention layer (batch of equal-length sequences).
 
@@ -362,7 +379,8 @@ class PNMixCache:
         return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
 
     def packed(self) -> dict[str, torch.Tensor]:
-        """The used part of the packed quantized region, in the `reference.packing` layouts."""
+        """The used part of the packed quantized region, in the `reference.packing` layouts: views of
+        the cache's own buffers, not copies (read them, never write them)."""
         self._require_prefill()
         return {c.name: self._rows[c.name].view() for c in self.cache_layout.components if c.region == "quantized"}
 
@@ -399,11 +417,11 @@ class PNMixCache:
 
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        return self._rows["sink_key"].view(), self._rows["sink_value"].view()
+        return self._rows["sink_key"].view().clone(), self._rows["sink_value"].view().clone()
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        return self._rows["residual_key"].view(), self._rows["residual_value"].view()
+        return self._rows["residual_key"].view().clone(), self._rows["residual_value"].view().clone()
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All cached keys and values, float32 [B, H_kv, T, d] (for fidelity studies and debugging)."""
@@ -442,6 +460,9 @@ class PNMixCache:
         self._check_capturable(q)
         validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,
                                values=self.check_finite)  # fmt: skip
+        if q.requires_grad and torch.is_grad_enabled():  # the spec's output keeps the graph: so does this one
+            return _NoBackward.apply(q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits,
+                                                                   scale=scale))  # fmt: skip
         return decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
 
     def storage(self) -> StorageReport:

@@ -7,6 +7,18 @@ import math
 import torch
 
 
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype, finite values beyond dtype's largest finite value clamped to it (infinities and
+    NaN kept). Attention over finite values is a convex combination of them, so it is finite; over
+    a quantized cache the reconstructed values may pass the dtype's edge by the rounding of a stored
+    scale (keys and values of 65504 reconstruct to 65536 with a float16 scale), and rounding that
+    output to inf would turn finite inputs into an infinite output."""
+    if not dtype.is_floating_point or torch.finfo(dtype).bits >= torch.finfo(x.dtype).bits:
+        return x.to(dtype)
+    big = torch.finfo(dtype).max
+    return torch.where(x.isfinite(), x.clamp(-big, big), x).to(dtype)
+
+
 def attention_logits_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -64,7 +76,7 @@ def attention_ref(
     computes in q's dtype, which is how the low-precision error of the same math is measured.
     The scores are `attention_logits_ref`'s (softcapped when softcap is given, limited to the last
     `window` positions when window is given). Returns
-    [B, H, T_q, d] in q's dtype.
+    [B, H, T_q, d] in q's dtype, saturated at its largest finite value (`saturating_cast`).
     """
     n_rep = q.shape[1] // k.shape[1]
     dtype = torch.float32 if upcast else q.dtype
@@ -73,4 +85,4 @@ def attention_ref(
         attention_logits_ref(q, k, scale=scale, causal=causal, upcast=upcast, softcap=softcap, window=window),
         dim=-1,
     )
-    return torch.matmul(probs, vc).to(q.dtype)
+    return saturating_cast(torch.matmul(probs, vc), q.dtype)

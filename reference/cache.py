@@ -191,7 +191,8 @@ class ReferenceCache:
         return self._group_masks(self._t["key_scale"].shape[2])
 
     def packed(self) -> dict[str, torch.Tensor]:
-        """The packed quantized region (layouts in `reference.packing`); [B, H_kv, 0, .] before a flush."""
+        """The packed quantized region (layouts in `reference.packing`); [B, H_kv, 0, .] before a flush.
+        The cache's own tensors, not copies: read them, never write them."""
         self._require_prefill()
         return {c.name: self._t[c.name] for c in self.cache_layout.components if c.region == "quantized"}
 
@@ -200,7 +201,7 @@ class ReferenceCache:
         cfg = self.config
         p = self.packed()
         codes = packing.unpack_key_codes(p["key_low"], p["key_high"], self.page_channel_masks(), cfg.b_high, cfg.b_low)
-        return quant.Quantized(codes, p["key_scale"], p["key_zero"])
+        return quant.Quantized(codes, p["key_scale"].clone(), p["key_zero"].clone())
 
     def value_codes(self) -> quant.Quantized | None:
         """Value codes [B, H_kv, T_vq, d] and scale/zero [B, H_kv, T_vq, d / value_group] (T_vq the layout's
@@ -209,18 +210,18 @@ class ReferenceCache:
             return None
         p = self.packed()
         codes = packing.unpack_value_codes(p["value_payload"], self.config.value_bits)
-        return quant.Quantized(codes, p["value_scale"], p["value_zero"])
+        return quant.Quantized(codes, p["value_scale"].clone(), p["value_zero"].clone())
 
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The exact sink keys and values [B, H_kv, min(T, n_sink), d] in the input dtype."""
+        """The exact sink keys and values [B, H_kv, min(T, n_sink), d] in the input dtype (copies)."""
         self._require_prefill()
-        return self._t["sink_key"], self._t["sink_value"]
+        return self._t["sink_key"].clone(), self._t["sink_value"].clone()
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact residual keys [B, H_kv, n_residual, d] and values [B, H_kv, n_value_residual, d],
-        in the input dtype."""
+        in the input dtype (copies)."""
         self._require_prefill()
-        return self._t["residual_key"], self._t["residual_value"]
+        return self._t["residual_key"].clone(), self._t["residual_value"].clone()
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All T cached keys and values, float32 [B, H_kv, T, d]: sinks and residual exact."""

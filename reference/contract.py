@@ -146,8 +146,14 @@ class Cache(Protocol):
     def value_codes(self) -> Quantized | None:
         """Codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q, d/value_group]; None if unquantized."""
 
-    def sinks(self) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def residual(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact sink keys and values [B, H_kv, min(T, n_sink), d]."""
+
+    def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact residual keys and values [B, H_kv, n, d] (values: the value residual's n)."""
+
+    # Every tensor these methods return is the caller's: editing it leaves the cache unchanged
+    # (property 9); a cache hands out views of its own storage only under other names.
 
 
 @runtime_checkable

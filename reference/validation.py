@@ -34,16 +34,24 @@ def check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what: 
         raise ValueError(f"{', '.join(names)} must share one {what}, got {pairs}")
 
 
-def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
-    """Values must fit the scale/zero storage dtype, or the stored zero would overflow; a 1-bit
-    Eq. 2 scale is the whole range max - min, so then |x| must stay within half of it."""
-    limit = torch.finfo(config.scale_dtype).max
+def quantizable_limit(config: PNMixConfig, bits: int) -> float:
+    """The largest |x| a group of `bits`-bit codes may hold: its zero must fit the scale/zero
+    storage dtype, a 1-bit Eq. 2 scale is the whole range max - min (so half of that dtype's
+    largest value), and the range max - min is computed in float32 (so half of float32's)."""
+    limit = min(torch.finfo(config.scale_dtype).max, torch.finfo(torch.float32).max / 2)
     if bits == 1 and config.one_bit == "ends":
-        limit /= 2
+        limit = min(limit, torch.finfo(config.scale_dtype).max / 2)
+    return limit
+
+
+def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
+    """|t| within `quantizable_limit`, or the stored scale or zero would overflow."""
+    limit = quantizable_limit(config, bits)
     if t.numel() and float(t.float().abs().max()) > limit:
+        hint = "; use a wider scale_dtype" if config.scale_dtype == torch.float16 else ""
         raise ValueError(
-            f"{name} has magnitude {float(t.float().abs().max()):.4g}, above the largest "
-            f"{config.scale_dtype} scale/zero ({limit:.4g}); use a wider scale_dtype"
+            f"{name} has magnitude {float(t.float().abs().max()):.4g}, above {limit:.4g}, the most a "
+            f"{bits}-bit group with {config.scale_dtype} scale/zero can hold{hint}"
         )
 
 

@@ -78,9 +78,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-conformance", action="store_true", help="do not run the conformance suite")
     p.add_argument(
         "--hypothesis-profile",
-        choices=("ci", "dev", "thorough"),
+        choices=("ci", "dev", "thorough", "smoke"),
         default="ci",
-        help="hypothesis profile of the conformance run (default ci: small and derandomized)",
+        help="hypothesis profile of the conformance run (default ci: small and derandomized; smoke: "
+        "two examples a property, to check the pipeline)",
     )
     p.add_argument("--no-benchmarks", action="store_true", help="do not run the benchmark suites (benchmarks/suites)")
     p.add_argument(

@@ -12,6 +12,8 @@ with the reason. README, "Plug in your implementation", says what each method mu
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from reference import PNMixConfig, StorageReport, validation
@@ -41,6 +43,23 @@ def _dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gr
     return codes.float() * s + zero.float().repeat_interleave(group, dim)
 
 
+@dataclass(frozen=True)
+class _State:
+    """Everything a cache holds. A call builds a new state and swaps it in only once all its
+    work succeeded, so a call that fails anywhere (out of memory, bad input) leaves the cache
+    as it was: property 10, all or nothing."""
+
+    sink: tuple[torch.Tensor, torch.Tensor]
+    keys: tuple = ()  # (codes, scale, zero) per flushed block
+    values: tuple = ()  # (codes, scale, zero), or (exact values,), per flushed block
+    k: torch.Tensor | None = None  # every token appended so far that is not yet quantized
+    v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.sink[0].shape[2] + self.k.shape[2] + sum(c.shape[2] for c, *_ in self.keys)
+
+
 class TemplateCache:
     """One layer's cache: [sinks | quantized | residual]; the residual is flushed N tokens at a
     time (the "shared" residual policy), keys quantized per channel in groups of G tokens and
@@ -48,21 +67,22 @@ class TemplateCache:
 
     def __init__(self, config: PNMixConfig) -> None:
         self.config = config
-        self.length = 0
         self.saliency_computations = 0  # no pair selection: Eq. 6 is never evaluated
-        self._k = self._v = None  # every token appended so far that is not yet quantized
+        self._state: _State | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self._state is None else self._state.length
 
     def prefill(self, q, k, v) -> None:
-        if self._k is not None:
+        if self._state is not None:
             raise RuntimeError("prefill was already called on this cache")
         validation.check_prefill(q, k, v, self.config)
-        self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
         n_sink = min(k.shape[2], self.config.n_sink)
-        self._sink = (k[:, :, :n_sink].clone(), v[:, :, :n_sink].clone())
-        self._quant = {"key": [], "value": []}  # (codes, scale, zero) per flushed block
-        self._k, self._v = k[:, :, n_sink:].clone(), v[:, :, n_sink:].clone()
-        self.length = k.shape[2]
-        self._flush()
+        state = _State((k[:, :, :n_sink].clone(), v[:, :, :n_sink].clone()), k=k[:, :, n_sink:], v=v[:, :, n_sink:])
+        state = self._flushed(state, k.shape[-1])
+        self._shape, self._dtype, self._device = tuple(k.shape), k.dtype, k.device
+        self._state = state
 
     def append(self, k, v) -> None:
         self._require_prefill()
@@ -70,38 +90,37 @@ class TemplateCache:
             validation.check_tensor(name, t)
             validation.check_matches_cache(name, t, self._shape, self._dtype, self._device)
         validation.check_kv(k, v, self.config)
-        room = self.config.n_sink - self._sink[0].shape[2]  # a short prompt leaves sink slots to fill
+        state = self._state
+        room = self.config.n_sink - state.sink[0].shape[2]  # a short prompt leaves sink slots to fill
         if room > 0:
-            self._sink = (torch.cat([self._sink[0], k[:, :, :room]], 2), torch.cat([self._sink[1], v[:, :, :room]], 2))
-            k, v = k[:, :, room:], v[:, :, room:]
-        self._k, self._v = torch.cat([self._k, k], 2), torch.cat([self._v, v], 2)
-        self.length = self._sink[0].shape[2] + self._k.shape[2] + sum(c.shape[2] for c, *_ in self._quant["key"])
-        self._flush()
+            sink = (torch.cat([state.sink[0], k[:, :, :room]], 2), torch.cat([state.sink[1], v[:, :, :room]], 2))
+            state, k, v = replace(state, sink=sink), k[:, :, room:], v[:, :, room:]
+        state = replace(state, k=torch.cat([state.k, k], 2), v=torch.cat([state.v, v], 2))
+        self._state = self._flushed(state, self._shape[-1])
 
-    def _flush(self) -> None:
-        n = self._k.shape[2] - exact_tail(self.config, self.length)[0]  # whole residuals to quantize
-        if n == 0:
-            return
+    def _flushed(self, state: _State, head_dim: int) -> _State:
+        """`state` with its whole residuals quantized, and its exact tensors its own copies."""
         cfg = self.config
-        self._quant["key"].append(_quantize(self._k[:, :, :n], cfg.b_low, cfg.group_size, dim=-2))
-        if cfg.values_quantized:
-            self._quant["value"].append(
-                _quantize(self._v[:, :, :n], cfg.value_bits, cfg.value_group(self._shape[-1]), -1)
-            )
-        else:
-            self._quant["value"].append((self._v[:, :, :n].clone(),))
-        self._k, self._v = self._k[:, :, n:].clone(), self._v[:, :, n:].clone()
+        n = state.k.shape[2] - exact_tail(cfg, state.length)[0]  # whole residuals to quantize
+        keys, values = state.keys, state.values
+        if n > 0:
+            keys += (_quantize(state.k[:, :, :n], cfg.b_low, cfg.group_size, dim=-2),)
+            if cfg.values_quantized:
+                values += (_quantize(state.v[:, :, :n], cfg.value_bits, cfg.value_group(head_dim), -1),)
+            else:
+                values += ((state.v[:, :, :n].clone(),),)
+        return replace(state, keys=keys, values=values, k=state.k[:, :, n:].clone(), v=state.v[:, :, n:].clone())
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        cfg, d = self.config, self._shape[-1]
-        keys = [_dequantize(*block, cfg.group_size, -2) for block in self._quant["key"]]
+        cfg, d, state = self.config, self._shape[-1], self._state
+        keys = [_dequantize(*block, cfg.group_size, -2) for block in state.keys]
         if cfg.values_quantized:
-            values = [_dequantize(*block, cfg.value_group(d), -1) for block in self._quant["value"]]
+            values = [_dequantize(*block, cfg.value_group(d), -1) for block in state.values]
         else:
-            values = [block[0].float() for block in self._quant["value"]]
-        k = torch.cat([self._sink[0].float(), *keys, self._k.float()], 2)
-        return k, torch.cat([self._sink[1].float(), *values, self._v.float()], 2)
+            values = [block[0].float() for block in state.values]
+        k = torch.cat([state.sink[0].float(), *keys, state.k.float()], 2)
+        return k, torch.cat([state.sink[1].float(), *values, state.v.float()], 2)
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
         """Causal attention of the newest q.shape[2] positions, in float32 over the dequantized cache."""
@@ -113,11 +132,11 @@ class TemplateCache:
 
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        return self._sink
+        return tuple(t.clone() for t in self._state.sink)
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        return self._k, self._v
+        return self._state.k.clone(), self._state.v.clone()
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache holds, by the component it plays."""
@@ -126,10 +145,11 @@ class TemplateCache:
         def size(*tensors):
             return sum(t.numel() * t.element_size() for t in tensors)
 
-        keys, values = self._quant["key"], self._quant["value"]
+        state = self._state
+        keys, values = state.keys, state.values
         report = {
-            "sink_key": size(self._sink[0]), "sink_value": size(self._sink[1]),
-            "residual_key": size(self._k), "residual_value": size(self._v),
+            "sink_key": size(state.sink[0]), "sink_value": size(state.sink[1]),
+            "residual_key": size(state.k), "residual_value": size(state.v),
             "key_low": size(*(c for c, _, _ in keys)),
             "key_scale": size(*(s for _, s, _ in keys)), "key_zero": size(*(z for _, _, z in keys)),
             "value_payload": size(*(block[0] for block in values)),
@@ -140,7 +160,7 @@ class TemplateCache:
         return StorageReport(**report)
 
     def _require_prefill(self) -> None:
-        if self._k is None:
+        if self._state is None:
             raise RuntimeError("the cache is empty: call prefill(q, k, v) first")
 
 

@@ -91,7 +91,7 @@ BACKENDS = {
 
 def _empty_residual(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The layer's residual as [B, H_kv, T, d] (after a flush it holds a 1-D empty tensor)."""
-    return t if t.dim() == 4 else like[:, :, :0]
+    return t.clone() if t.dim() == 4 else like[:, :, :0].clone()
 
 
 def _bytes(*tensors: torch.Tensor) -> int:
@@ -145,7 +145,7 @@ class QuantizedLayerCache:
 
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()
-        return self._like, self._like
+        return self._like.clone(), self._like.clone()
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()

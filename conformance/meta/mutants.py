@@ -198,6 +198,15 @@ def _msb_first(packed: torch.Tensor) -> torch.Tensor:
     return (bits << torch.arange(8, device=packed.device)).sum(-1).to(torch.uint8)
 
 
+class _SharesItsResidual(ReferenceCache):
+    """`residual()` hands out the cache's own tensors instead of copies: a caller editing what
+    it was given edits the cache."""
+
+    def residual(self):
+        self._require_prefill()
+        return self._t["residual_key"], self._t["residual_value"]
+
+
 def one_bit_group_ends():
     return _mutant("one_bit_group_ends", _OneBitAtGroupEnds)
 
@@ -232,6 +241,10 @@ def round_half_even():
 
 def attention_without_upcast():
     return _mutant("attention_without_upcast", _NoUpcast)
+
+
+def shares_its_residual():
+    return _mutant("shares_its_residual", _SharesItsResidual)
 
 
 def values_flushed_with_keys():

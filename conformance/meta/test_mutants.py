@@ -41,6 +41,8 @@ MUTANTS = [
     ("round_half_even", "test_p5_codes.py", "test_codes_and_scales_are_the_reference_numerics"),
     ("round_half_even", "test_p2_midpoint.py", "test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint"),
     ("attention_without_upcast", "test_p7_attention.py", "test_decode_attention_within_the_low_precision_error"),
+    ("attention_without_upcast", "test_p7_attention.py", "test_attention_is_finite_wherever_the_spec_is"),
+    ("shares_its_residual", "test_p9_bad_input.py", "test_editing_what_it_returns_changes_nothing"),
     ("values_flushed_with_keys", "test_p6_residual.py", "test_residual_holds_the_newest_tokens_and_flushes_at_n"),
     # The common workload's measurements keep the verdicts of the properties they belong to.
     ("wrong_gqa", "test_p7_attention.py", "test_the_common_workload_attention"),
@@ -184,7 +186,7 @@ def test_known_failures_results_file_and_no_overwrite(tmp_path):
     assert (
         outcomes.pop(f"{append}[accepts_nan-nan_in_k]") == outcomes.pop(f"{append}[accepts_nan-inf_in_v]") == "xfailed"
     )
-    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 19  # the other 7 + 8 + 4 kinds
+    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 20  # the other 7 + 8 + 4 kinds, edits
     reasons = {r["reason"] for r in data["results"] if r["outcome"] == "xfailed"}
     assert reasons == {"NaN accepted", "Inf accepted"}
     before = out.read_text()

@@ -20,7 +20,7 @@ from reference.config import field_width
 from reference.layout import CacheLayout, TokenLayout
 
 from .. import _runtime
-from .common import round_to, unpack_field
+from .common import round_to, saturate, unpack_field
 
 LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2
 
@@ -94,22 +94,47 @@ def _dot_f32(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _headroom(top, DOT: tl.constexpr):
+    """A power of two e >= 1 with top / e <= 2**14 for float16 operands (1 for the others, whose
+    range is float32's). Operands divided by e stay finite in float16, and e rescales exponents
+    only, so products scaled back are those of float32 operands: finite inputs at float16's edge
+    (a scale of 65504 times a query) give finite attention. e is 1 below 2**14, bit for bit."""
+    if DOT == tl.float16:
+        return tl.where(top > 16384.0, tl.exp2(tl.ceil(tl.log2(tl.maximum(top, 16384.0))) - 14.0), 1.0)
+    else:
+        return 1.0
+
+
+@triton.jit
+def _dot_wide(a, b, top, DOT: tl.constexpr):
+    """`_dot_f32` of an a whose entries may pass float16's range (|a| <= top): see `_headroom`."""
+    e = _headroom(top, DOT)
+    return _dot_f32(a * (1.0 / e), b, DOT) * e
+
+
+@triton.jit
 def _dense_tile(ptr, rows, row_ok, cols, d):
     """Rows of a [tokens, d] buffer of exact keys or values (the sinks, the residual, FP16 pages)."""
     return tl.load(ptr + rows[:, None] * d + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < d), other=0.0)
 
 
 @triton.jit
-def _online_softmax(logits, pos, last_visible, m_i, l_i, CAUSAL: tl.constexpr):
-    """One tile's step of the online softmax (base 2: logits are pre-scaled by log2 e)."""
+def _online_softmax(logits, pos, last_visible, m_i, l_i, CAUSAL: tl.constexpr, DOT: tl.constexpr):
+    """One tile's step of the online softmax (base 2: logits are pre-scaled by log2 e).
+
+    The weights are 2**-32 of the usual ones outside float16 (l_i the same, so the output is
+    unchanged): unnormalized sums of bfloat16 values near 3e38 would pass float32's range, and
+    float32's exponent range loses nothing to the shift (float16's would: it keeps 1)."""
     visible = pos[None, :] >= 0
     if CAUSAL:
         visible = visible & (pos[None, :] <= last_visible[:, None])
     logits = tl.where(visible, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(logits - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(logits - m_safe[:, None])
+    if DOT != tl.float16:
+        p = p * 2.3283064365386963e-10  # 2**-32 (not folded into m: maxima of 1e9 would absorb it)
     return p, alpha, l_i * alpha + tl.sum(p, axis=1), m_new
 
 
@@ -172,6 +197,7 @@ def _split_kernel(
     q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     q_dot = q.to(DOT)  # the queries as given: exact operands (the scale is applied to the float32 logits)
     q = q.to(tl.float32) * qk_scale
+    q_top = tl.max(tl.max(tl.abs(q), axis=1), axis=0)  # bounds the key operands q * s (see _headroom)
     n_sink = tl.load(counts_ptr)
     n_q = tl.load(counts_ptr + 1)
     length = n_sink + n_q + tl.load(counts_ptr + 2)
@@ -198,7 +224,9 @@ def _split_kernel(
             t = start + tok
             ok = t < hi
             logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT))) * qk_scale
-            p, alpha, l_i, m_i = _online_softmax(logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL)
+            p, alpha, l_i, m_i = _online_softmax(
+                logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
+            )
             acc = acc * alpha[:, None] + _dot_f32(p, _dense_tile(v_ptr, t, ok, vchan, d).to(DOT), DOT)
 
     # the quantized region
@@ -226,7 +254,7 @@ def _split_kernel(
             # Each byte is read once per field it holds (the repeats hit L1), 16 bytes of
             # adjacent channels at a time, and shifted down per token: no register shuffles.
             codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], W_LO, B_LO)
-            logits = _dot_f32(q * s_k[None, :], _code_to(codes, DOT), DOT)
+            logits = _dot_wide(q * s_k[None, :], _code_to(codes, DOT), q_top * tl.max(s_k, axis=0), DOT)
             logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
@@ -236,15 +264,18 @@ def _split_kernel(
                                other=0.0).to(tl.float32) * qk_scale  # fmt: skip
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], W_HI, B_HI)
-                logits += _dot_f32(q_hi * s_hi[None, :], _code_to(high, DOT), DOT)
+                logits += _dot_wide(q_hi * s_hi[None, :], _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
                 pos, cols, col_ok[None, :], 0, n_q, klo, klo, klo, khi, slot, ks, kz, klo, d, d, n_boost, 0, 0,
                 meta, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
             )  # fmt: skip
-            logits = tl.dot(q_dot, tl.trans(k.to(DOT))) * qk_scale
-        p, alpha, l_i, m_i = _online_softmax(logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL)
+            e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
+            logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
+        p, alpha, l_i, m_i = _online_softmax(
+            logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
+        )
         v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
         if V_FIELDS:
             ok = t < v_hi
@@ -253,7 +284,7 @@ def _split_kernel(
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
-            pv = _dot_f32(p * s_v[None, :], _code_to(codes, DOT), DOT)
+            pv = _dot_wide(p * s_v[None, :], _code_to(codes, DOT), tl.max(s_v, axis=0), DOT)  # p <= 1
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
@@ -261,7 +292,8 @@ def _split_kernel(
                 pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
                 vp, 0, False, True, G, VG, W_V, B_V, False, 1, 1, False,
             )  # fmt: skip
-            pv = _dot_f32(p, v.to(DOT), DOT)
+            e = _headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)  # dequantized values may pass 65504
+            pv = _dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
         else:  # FP16 values in the quantized region
             pv = _dot_f32(p, _dense_tile(vp, t, t < v_hi, cols, d).to(DOT), DOT)
         if SLIDING:
@@ -308,7 +340,7 @@ def _merge_kernel(
     head = h * n_rep + row // t_new
     j = row % t_new
     dst = out_ptr + ((b * n_rep * n_kv + head) * t_new + j) * d + cols
-    tl.store(dst, round_to(o, out_ptr.dtype.element_ty), mask=cols < d)
+    tl.store(dst, round_to(saturate(o, out_ptr.dtype.element_ty), out_ptr.dtype.element_ty), mask=cols < d)
 
 
 @dataclass(frozen=True)

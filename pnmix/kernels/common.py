@@ -53,3 +53,18 @@ def round_to(x, DTYPE: tl.constexpr):
         return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(DTYPE)
+
+
+@triton.jit
+def saturate(x, DTYPE: tl.constexpr):
+    """Finite float32 x beyond DTYPE's largest finite value clamped to it (infinities and NaN kept),
+    as `reference.attention.saturating_cast`: dequantized values may pass 65504 by a rounding of
+    their scale, and attention over finite inputs stays finite."""
+    if DTYPE == tl.float16:
+        big = 65504.0
+    elif DTYPE == tl.bfloat16:
+        big = 3.3895313892515355e38
+    else:
+        return x
+    over = (tl.abs(x) > big) & (tl.abs(x) < float("inf"))
+    return tl.where(over, tl.where(x > 0, big, -big), x)

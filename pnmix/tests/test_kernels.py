@@ -159,6 +159,19 @@ def test_tensors_off_the_kernel_device_are_rejected_by_name():
         PNMixCache.from_prefill(t, t, t)
 
 
+def test_attention_keeps_the_graph_as_the_spec_does_and_a_backward_fails_by_name():
+    t = data((1, 1, 12, 8), torch.float16, 1)
+    cache = PNMixCache.from_prefill(t, t, t)
+    q = data((1, 1, 1, 8), torch.float16, 2).requires_grad_()
+    out = cache.attend(q)
+    assert out.requires_grad and R.ReferenceCache.from_prefill(t.cpu(), t.cpu(), t.cpu()).attend(q.cpu()).requires_grad
+    assert torch.equal(out.detach(), cache.attend(q.detach()))
+    with pytest.raises(RuntimeError, match="Triton decode attention has no backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not cache.attend(q).requires_grad
+
+
 def test_float32_inputs_are_rejected_clearly():
     t = data((1, 1, 4, 8), torch.float32, 1)
     with pytest.raises(TypeError, match="k must be float16 or bfloat16 for PNMixCache"):

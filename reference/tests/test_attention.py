@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reference import attention_ref
-from reference.attention import attention_logits_ref
+from reference.attention import attention_logits_ref, saturating_cast
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "t_q", "t_k"), [(6, 2, 5, 17), (3, 3, 1, 12), (4, 1, 9, 9)])
@@ -57,3 +57,16 @@ def test_a_window_shows_each_query_only_the_last_window_positions_up_to_its_own(
         attention_logits_ref(q, k, window=3)
     with pytest.raises(ValueError, match="window"):
         attention_ref(q, k, k, causal=True, window=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_output_saturates_at_the_dtypes_edge_and_keeps_inf_and_nan(dtype):
+    big = torch.finfo(dtype).max
+    x = torch.tensor([big * 1.001, -big * 1.001, 1.5, float("inf"), float("-inf"), float("nan")])
+    got = saturating_cast(x, dtype)
+    assert got.dtype == dtype
+    assert got[:3].tolist() == [big, -big, 1.5] and got[3:5].tolist() == [float("inf"), float("-inf")]
+    assert got[5].isnan()
+    # A key and a value of 65504 with a float16 scale rounded up reconstruct to 65536: the output stays finite.
+    q, k, v = torch.ones(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.full((1, 1, 1, 2), 65536.0)
+    assert attention_ref(q.half(), k, v).tolist() == [[[[65504.0, 65504.0]]]]

@@ -82,6 +82,10 @@ def test_values_beyond_the_scale_dtype_are_rejected():
         t(1, 4, 40, 16, dtype=torch.bfloat16), big, big, PNMixConfig(scale_dtype=torch.float32)
     )
     assert cache.length == 40
+    # Whatever the scale dtype, the range max - min is computed in float32: |x| up to 1.7e38.
+    huge = t(1, 2, 40, 16, dtype=torch.bfloat16, fill=3e38)
+    with pytest.raises(ValueError, match=r"k has magnitude 3.004e\+38, above 1.701e\+38, the most a 1-bit group"):
+        ReferenceCache.from_prefill(big, huge, big, PNMixConfig(scale_dtype=torch.float32))
 
 
 def test_value_group_must_divide_head_dim():

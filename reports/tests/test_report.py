@@ -26,7 +26,8 @@ NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
-    rc = cli.main(["--quick", "--out-dir", str(out), "--name", "quick"])
+    # Two examples a property: this checks the report's pipeline; the suite itself runs in the tests.
+    rc = cli.main(["--quick", "--hypothesis-profile", "smoke", "--out-dir", str(out), "--name", "quick"])
     return rc, out / "quick"
 
 
