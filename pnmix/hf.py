@@ -340,6 +340,10 @@ class PNMixHFCache(Cache):
         attention (the final norm, the LM head) leaves the forward stored, as in any Cache."""
         if layer_idx in self._forward:  # a layer updated again: the last forward stopped part-way
             self.roll_back_forward()
+        elif any(not self.layers[i].attended for i in self._forward):  # the forward went on past a layer
+            self.roll_back_forward()
+            raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a cache "
+                               "update (its attention bypasses transformers' attention interface)")  # fmt: skip
         self._forward[layer_idx] = self.layers[layer_idx].checkpoint()
         try:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
