@@ -143,7 +143,7 @@ def _head_dim_ok(cfg: PNMixConfig, head_dim: int) -> bool:
 def configs(draw, *, n_sink: int | None = None) -> PNMixConfig:
     """Configurations of the paper's sweep (Table 14) at small group sizes."""
     b_low = draw(st.sampled_from((1, 2, 3, 4)))
-    b_high = draw(st.sampled_from([b for b in (1, 2, 3, 4, 8) if b >= b_low]))
+    b_high = draw(st.sampled_from([b for b in (1, 2, 3, 4, 8, 5, 6, 7) if b >= b_low]))
     group = draw(st.sampled_from(GROUP_SIZES))
     return PNMixConfig(
         b_high=b_high,
@@ -152,7 +152,7 @@ def configs(draw, *, n_sink: int | None = None) -> PNMixConfig:
         group_size=group,
         residual_length=group * draw(st.sampled_from((1, 2))),
         n_sink=draw(st.sampled_from(SINKS)) if n_sink is None else n_sink,
-        value_bits=draw(st.sampled_from((2, 1, 4, 8, 16))),
+        value_bits=draw(st.sampled_from((2, 1, 4, 8, 16, 3, 6))),
         value_group_size=draw(st.sampled_from((None, 8))),
         pair_layout=draw(st.sampled_from(("split", "adjacent"))),
         scale_dtype=draw(st.sampled_from((torch.float16, torch.float32, torch.bfloat16))),

@@ -16,7 +16,6 @@ import torch
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, saliency, token_layout, validation
 from reference import packing as spec_packing
 from reference.cache import all_or_nothing
-from reference.config import field_width
 from reference.quant import Quantized
 
 from . import _runtime
@@ -324,7 +323,7 @@ class PNMixCache:
         """Quantize and pack whole pages of keys [B, H_kv, n * N, d] onto the quantized region."""
         cfg, n, r = self.config, k.shape[2], self._rows
         g, midpoint = cfg.group_size, cfg.one_bit == "midpoint"
-        w_lo, w_hi = field_width(cfg.b_low), field_width(cfg.b_high - cfg.b_low)
+        w_lo, w_hi = cfg.b_low, cfg.b_high - cfg.b_low  # bits, so bytes per 8 tokens
         chosen = self.cache_layout.selection.for_groups(k, cfg)  # Kitty: each page's channels from its keys
         if chosen is not None:
             r["mask"].grow(chosen.shape[2]).copy_(chosen)
@@ -391,7 +390,7 @@ class PNMixCache:
         dtype = torch.uint8 if codes else torch.float32
         p = self.packed()
         keys = torch.empty(b, h, n_groups * cfg.group_size, d, dtype=dtype, device=self._device)
-        g, w_lo, w_hi = cfg.group_size, field_width(cfg.b_low), field_width(cfg.b_high - cfg.b_low)
+        g, w_lo, w_hi = cfg.group_size, cfg.b_low, cfg.b_high - cfg.b_low
         for a, e, channel in self._spans(0, n_groups):
             slot = spec_packing.high_plane_columns(channel)
             dequantize_plane(p["key_low"][:, :, a * w_lo // 8 : e * w_lo // 8], p["key_scale"][:, :, a // g : e // g],

@@ -46,10 +46,10 @@ class TritonImplementation:
         index = packing.salient_channel_index(channel_mask).to(torch.int32).contiguous()
         x = codes.float().contiguous()
         scale, zero = _identity_params(b, h, 1, d, codes.device)
-        low = torch.empty(b, h, t * packing.field_width(config.b_low) // 8, d, dtype=torch.uint8, device=codes.device)
+        low = torch.empty(b, h, t * config.b_low // 8, d, dtype=torch.uint8, device=codes.device)
         encode_pack(x, t, "tokens", bits, scale, zero, low, field_bits=config.b_low)
         hi_bits = config.b_high - config.b_low
-        high = torch.zeros(b, h, t * packing.field_width(hi_bits) // 8, index.shape[-1], dtype=torch.uint8,
+        high = torch.zeros(b, h, t * hi_bits // 8, index.shape[-1], dtype=torch.uint8,
                            device=codes.device)  # fmt: skip
         if hi_bits:
             encode_pack(x, t, "tokens", bits, scale, zero, high, field_bits=hi_bits, shift=config.b_low, colmap=index)
@@ -57,7 +57,7 @@ class TritonImplementation:
 
     def unpack_keys(self, low, high, channel_mask, config):
         b, h, _, d = low.shape
-        t = low.shape[2] * 8 // packing.field_width(config.b_low)
+        t = low.shape[2] * 8 // config.b_low
         codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=low.device)
         scale, zero = _identity_params(b, h, 1, d, low.device)
         slot = packing.high_plane_columns(channel_mask)
@@ -68,7 +68,7 @@ class TritonImplementation:
     def pack_values(self, codes, config):
         b, h, t, d = codes.shape
         scale, zero = _identity_params(b, h, t, 1, codes.device)
-        out = torch.empty(b, h, t, d * packing.field_width(config.value_bits) // 8, dtype=torch.uint8,
+        out = torch.empty(b, h, t, d * config.value_bits // 8, dtype=torch.uint8,
                           device=codes.device)  # fmt: skip
         encode_pack(codes.float().contiguous(), d, "channels", config.value_bits, scale, zero, out,
                     field_bits=config.value_bits)  # fmt: skip
@@ -76,7 +76,7 @@ class TritonImplementation:
 
     def unpack_values(self, packed, config):
         b, h, t, n = packed.shape
-        d = n * 8 // packing.field_width(config.value_bits)
+        d = n * 8 // config.value_bits
         scale, zero = _identity_params(b, h, t, 1, packed.device)
         codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=packed.device)
         dequantize_plane(packed, scale, zero, codes, group=d, along="channels", low_bits=config.value_bits,

@@ -11,7 +11,7 @@ Attention oracle: `attention_ref`.
 
 from .attention import attention_ref
 from .cache import ReferenceCache
-from .config import PNMixConfig, field_width
+from .config import PNMixConfig, bit_planes, block_positions
 from .layout import AppendPlan, CacheLayout, Component, TokenLayout, allocation, exact_tail, token_layout
 from .models import MODEL_SHAPES, ModelShape
 from .packing import (
@@ -66,12 +66,13 @@ __all__ = [
     "allocation",
     "asymmetric_params",
     "attention_ref",
+    "bit_planes",
     "bit_widths",
+    "block_positions",
     "channel_mask_from_pairs",
     "dequantize",
     "encode",
     "exact_tail",
-    "field_width",
     "group_min_max",
     "group_params",
     "measure",

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 #: Key code widths of the paper's sweep (Table 14) plus 8 bits; value widths add 16 = unquantized.
-KEY_BITS = (1, 2, 3, 4, 8)
-VALUE_BITS = (1, 2, 3, 4, 8, 16)
+KEY_BITS = tuple(range(1, 9))  # any width: a b-bit code is stored in exactly b bits (bit_planes)
+VALUE_BITS = (*KEY_BITS, 16)
 PAIR_LAYOUTS = ("adjacent", "split")
 #: 1-bit groups: Eq. 7 bin midpoints (PN-Mix) or Eq. 2 group ends (KIVI's 1-bit keys).
 ONE_BIT = ("midpoint", "ends")
@@ -20,17 +20,25 @@ CRITERIA = ("qk-pair-norm", "k-pair-norm", "k-magnitude", "k-range")
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def field_width(bits: int) -> int:
-    """Bits a code of `bits` bits occupies once packed: 1, 2, 4 or 8 (a 3-bit code uses 4).
+def bit_planes(bits: int) -> tuple[int, ...]:
+    """Widths of the bit planes a `bits`-bit code is stored in: one per power of two in `bits`,
+    widest first, the widest holding the code's lowest bits (3 -> (2, 1), 7 -> (4, 2, 1)).
 
-    Fields never straddle a byte, so a byte holds 8 // field_width(bits) codes.
+    A b-bit code so costs exactly b bits (`reference.packing` lays the planes out).
     """
-    if not 0 <= bits <= 8:
-        raise ValueError(f"bits must be in 0..8 to be packed, got {bits}")
-    for width in (0, 1, 2, 4, 8):
-        if bits <= width:
-            return width
-    raise AssertionError("unreachable")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 0..8 to be packed, got {bits!r}")
+    return tuple(w for w in (8, 4, 2, 1) if bits & w)
+
+
+def block_positions(bits: int) -> int:
+    """Positions one block of `bits`-bit codes spans: 8 // (the narrowest plane's width), the
+    fewest that fill whole bytes in every plane (1 bit: 8, 2: 4, 3: 8, 4: 2, 6: 4, 8: 1).
+
+    A packed axis must hold a multiple of it; 0 bits (no plane) needs nothing (1).
+    """
+    planes = bit_planes(bits)
+    return 8 // planes[-1] if planes else 1
 
 
 def _check_int(name: str, value: object, allowed: tuple[int, ...] | None = None) -> None:
@@ -109,11 +117,12 @@ class PNMixConfig:
             _check_int("value_group_size", self.value_group_size)
             if self.value_group_size <= 0:
                 raise ValueError(f"value_group_size must be positive, got {self.value_group_size}")
-            if self.values_quantized and self.value_group_size % (8 // field_width(self.value_bits)):
-                per_byte = 8 // field_width(self.value_bits)  # no head_dim can mend this: say it now, not at prefill
+            block = block_positions(self.value_bits) if self.values_quantized else 1
+            if self.value_group_size % block:
+                # no head_dim can mend this: say it now, not at prefill
                 raise ValueError(
-                    f"value_group_size ({self.value_group_size}) must be a multiple of {per_byte} for "
-                    f"{self.value_bits}-bit values ({per_byte} codes per byte)"
+                    f"value_group_size ({self.value_group_size}) must be a multiple of {block} for "
+                    f"{self.value_bits}-bit values (their bit planes fill whole bytes every {block} codes)"
                 )
         if self.pair_layout not in PAIR_LAYOUTS:
             raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}, got {self.pair_layout!r}")
@@ -167,9 +176,9 @@ def check_head_dim(config: PNMixConfig, head_dim: int) -> None:
         group = config.value_group(head_dim)
         if head_dim % group:
             raise ValueError(f"value_group_size ({group}) must divide head_dim ({head_dim})")
-        per_byte = 8 // field_width(config.value_bits)
-        if group % per_byte:
+        block = block_positions(config.value_bits)
+        if group % block:
             raise ValueError(
-                f"value_group_size ({group}) must be a multiple of {per_byte} for "
-                f"{config.value_bits}-bit values ({per_byte} codes per byte)"
+                f"value_group_size ({group}) must be a multiple of {block} for "
+                f"{config.value_bits}-bit values (their bit planes fill whole bytes every {block} codes)"
             )

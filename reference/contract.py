@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .config import PNMixConfig
+from .config import KEY_BITS, VALUE_BITS, PNMixConfig
 from .quant import Quantized
 from .storage import StorageReport
 
@@ -71,10 +71,8 @@ class Capabilities:
 
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     devices: tuple[str, ...] = ("cpu", "cuda")
-    key_bits: frozenset[tuple[int, int]] = frozenset(
-        (h, lo) for h in (1, 2, 3, 4, 8) for lo in (1, 2, 3, 4, 8) if h >= lo
-    )
-    value_bits: frozenset[int] = frozenset({1, 2, 3, 4, 8, 16})
+    key_bits: frozenset[tuple[int, int]] = frozenset((h, lo) for h in KEY_BITS for lo in KEY_BITS if h >= lo)
+    value_bits: frozenset[int] = frozenset(VALUE_BITS)
     scale_dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     pair_layouts: tuple[str, ...] = ("adjacent", "split")
     midpoint_one_bit: bool = True

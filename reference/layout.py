@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .config import PNMixConfig, check_head_dim, field_width
+from .config import PNMixConfig, check_head_dim
 
 
 class TokenLayout(NamedTuple):
@@ -235,7 +235,7 @@ class CacheLayout:
         sd, exact = cfg.scale_dtype, self.dtype
         groups = n // cfg.group_size  # key groups per page
         if cfg.values_quantized:
-            v_cols, v_dtype, v_groups = d * field_width(cfg.value_bits) // 8, torch.uint8, d // cfg.value_group(d)
+            v_cols, v_dtype, v_groups = d * cfg.value_bits // 8, torch.uint8, d // cfg.value_group(d)
         else:
             v_cols, v_dtype, v_groups = d, exact, 0
         sel = self.selection
@@ -245,11 +245,11 @@ class CacheLayout:
             else Component("mask", "sequence", 0, sel.metadata_columns(d), torch.uint8, KEY_METADATA)
         )
         return (
-            Component("key_low", "quantized", n * field_width(cfg.b_low) // 8, d, torch.uint8, KEY),
+            Component("key_low", "quantized", n * cfg.b_low // 8, d, torch.uint8, KEY),
             Component(
                 "key_high",
                 "quantized",
-                n * field_width(cfg.b_high - cfg.b_low) // 8,
+                n * (cfg.b_high - cfg.b_low) // 8,
                 self.n_high_channels,
                 torch.uint8,
                 KEY,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from .config import PNMixConfig
+from .config import KEY_BITS, PNMixConfig
 from .selection import PAGE_CHANNELS, UNIFORM
 
 EVERY_TOKEN = 2**62  # an exact region longer than any sequence
@@ -118,7 +118,7 @@ KIVI_CLAIMS = {
     "prefill_selection": False,
     "preset": kivi_preset,
     "midpoint_one_bit": False,
-    "key_bits": frozenset((b, b) for b in (1, 2, 3, 4, 8)),
+    "key_bits": frozenset((b, b) for b in KEY_BITS),
     "residual": "sliding_values",
 }
 KITTY_CLAIMS = {"prefill_selection": False, "preset": kitty_preset, "key_bits": frozenset({(4, 2), (4, 1), (2, 1)})}

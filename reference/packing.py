@@ -1,19 +1,26 @@
 """Bit packing of PN-Mix codes (paper Appendix G, generalized to the paper's sweep).
 
-A field of width w (1, 2, 4 or 8 bits) holds one code; a byte holds 8 // w fields,
-the first code in the lowest bits (little-endian bit order, as numpy.packbits with
-bitorder="little" for w = 1). Golden examples, checked byte for byte by the tests:
+A b-bit code costs exactly b bits: it is split into bit planes, one per power of two in b,
+widest first, the widest holding the code's lowest bits (`reference.config.bit_planes`:
+3 -> a 2-bit and a 1-bit plane, 7 -> 4, 2 and 1). Along the packed axis, codes go in blocks of
+`block_positions(b)` = 8 // (narrowest plane) positions; a block stores its planes one after
+the other, each plane's w-bit fields 8 // w to a byte, the first code in the lowest bits
+(little-endian bit order, as numpy.packbits with bitorder="little" for w = 1). For b = 1, 2, 4
+or 8 (one plane) this is plain packing, 8 // b codes per byte. Golden examples, checked byte
+for byte by the tests:
 
-    width 1, codes [1, 0, 1, 1, 0, 0, 0, 1] -> 0b10001101 = 0x8D
-    width 2, codes [3, 0, 1, 2]             -> 0b10010011 = 0x93
+    1 bit,  codes [1, 0, 1, 1, 0, 0, 0, 1]  -> [0x8D]
+    2 bits, codes [3, 0, 1, 2]              -> [0x93]
+    3 bits, codes [0, 1, 2, 3, 4, 5, 6, 7]  -> [0xE4, 0xE4, 0xF0]  (low 2 bits, then bit 2)
 
 Layouts for one sequence and KV head (a leading [B, H_kv] is implied everywhere):
-- key_low  [T_q * w_low / 8, d]: the low b_low bits of every channel's code, packed along
+- key_low  [T_q * b_low / 8, d]: the low b_low bits of every channel's code, packed along
   TOKENS (8 tokens of one channel per byte for b_low = 1);
-- key_high [T_q * w_high / 8, n_salient_channels]: the upper b_high - b_low bits of the
-  salient channels only, in ascending channel order, packed along tokens (4 tokens per
-  byte for b_high = 3, b_low = 1); empty when b_high == b_low;
-- values   [T_q, d * w_v / 8]: per-token codes packed along CHANNELS (4 per byte for 2 bits);
+- key_high [T_q * (b_high - b_low) / 8, n_salient_channels]: the upper b_high - b_low bits of
+  the salient channels only, in ascending channel order, packed along tokens (4 tokens per
+  byte for b_high = 3, b_low = 1; 3 bits in a 2-bit and a 1-bit plane for H4L1); empty when
+  b_high == b_low;
+- values   [T_q, d * b_v / 8]: per-token codes packed along CHANNELS (4 per byte for 2 bits);
 - mask     [ceil(d/2 / 8)]: the pair mask, one bit per RoPE pair, zero padded.
 """
 
@@ -21,41 +28,58 @@ from __future__ import annotations
 
 import torch
 
-from .config import field_width
+from .config import bit_planes, block_positions
 
 
-def pack_fields(codes: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Pack uint8 codes of `width` bits along `dim`, 8 // width per byte, first code lowest.
+def _shifts(per_byte: int, width: int, trailing: int, device: torch.device) -> torch.Tensor:
+    return (torch.arange(per_byte, device=device, dtype=torch.int32) * width).view([per_byte] + [1] * trailing)
 
-    codes: [..., n, ...] with n a multiple of 8 // width; returns [..., n * width / 8, ...] uint8.
+
+def pack_fields(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Pack uint8 codes of `bits` bits along `dim` in bit planes (module doc), exactly `bits` bits each.
+
+    codes: [..., n, ...] with n a multiple of block_positions(bits); returns [..., n * bits / 8, ...] uint8.
     """
-    if width not in (1, 2, 4, 8):
-        raise ValueError(f"width must be 1, 2, 4 or 8, got {width}")
+    planes, block = bit_planes(bits), block_positions(bits)
+    if not planes:
+        raise ValueError("bits must be in 1..8 to be packed, got 0")
     dim = dim % codes.dim()
-    per_byte = 8 // width
     n = codes.shape[dim]
-    if n % per_byte:
-        raise ValueError(f"length {n} along dim {dim} is not a multiple of {per_byte} ({width}-bit fields)")
-    if codes.numel() and int(codes.max()) >= 1 << width:
-        raise ValueError(f"codes must fit in {width} bits, got a code {int(codes.max())}")
-    fields = codes.to(torch.int32).unflatten(dim, (n // per_byte, per_byte))
-    shifts = (torch.arange(per_byte, device=codes.device, dtype=torch.int32) * width).view(
-        [per_byte] + [1] * (codes.dim() - dim - 1)
-    )
-    return (fields << shifts).sum(dim=dim + 1).to(torch.uint8)
+    if n % block:
+        raise ValueError(
+            f"length {n} along dim {dim} is not a multiple of {block} ({bits}-bit codes fill whole bytes every {block})"
+        )
+    if codes.numel() and int(codes.max()) >= 1 << bits:
+        raise ValueError(f"codes must fit in {bits} bits, got a code {int(codes.max())}")
+    blocks = codes.to(torch.int32).unflatten(dim, (n // block, block))  # [..., n / block, block, ...]
+    stored, low = [], 0
+    for width in planes:
+        per_byte = 8 // width
+        fields = ((blocks >> low) & ((1 << width) - 1)).unflatten(dim + 1, (block // per_byte, per_byte))
+        stored.append((fields << _shifts(per_byte, width, codes.dim() - dim - 1, codes.device)).sum(dim=dim + 2))
+        low += width
+    return torch.cat(stored, dim + 1).flatten(dim, dim + 1).to(torch.uint8)
 
 
-def unpack_fields(packed: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Inverse of `pack_fields`: [..., m, ...] uint8 -> [..., m * 8 / width, ...] uint8 codes."""
-    if width not in (1, 2, 4, 8):
-        raise ValueError(f"width must be 1, 2, 4 or 8, got {width}")
+def unpack_fields(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Inverse of `pack_fields`: [..., m, ...] uint8 -> [..., m * 8 / bits, ...] uint8 codes."""
+    planes, block = bit_planes(bits), block_positions(bits)
+    if not planes:
+        raise ValueError("bits must be in 1..8 to be packed, got 0")
     dim = dim % packed.dim()
-    per_byte = 8 // width
-    shifts = (torch.arange(per_byte, device=packed.device, dtype=torch.int32) * width).view(
-        [per_byte] + [1] * (packed.dim() - dim - 1)
-    )
-    fields = (packed.to(torch.int32).unsqueeze(dim + 1) >> shifts) & ((1 << width) - 1)
-    return fields.flatten(dim, dim + 1).to(torch.uint8)
+    per_block = block * bits // 8  # bytes one block of codes takes
+    if packed.shape[dim] % per_block:
+        raise ValueError(f"length {packed.shape[dim]} along dim {dim} is not a multiple of {per_block} bytes")
+    blocks = packed.to(torch.int32).unflatten(dim, (packed.shape[dim] // per_block, per_block))
+    codes, low = 0, 0
+    for width, plane in zip(planes, blocks.split([block * w // 8 for w in planes], dim + 1), strict=True):
+        per_byte = 8 // width
+        fields = (plane.unsqueeze(dim + 2) >> _shifts(per_byte, width, packed.dim() - dim - 1, packed.device)) & (
+            (1 << width) - 1
+        )
+        codes = codes + (fields.flatten(dim + 1, dim + 2) << low)
+        low += width
+    return codes.flatten(dim, dim + 1).to(torch.uint8)
 
 
 def salient_channel_index(channel_mask: torch.Tensor) -> torch.Tensor:
@@ -104,13 +128,12 @@ def pack_key_codes(
             return pack_key_codes(codes, channel_mask[:, :, 0] if n else channel_mask.any(2), b_high, b_low)
         return torch.cat([p[0] for p in planes], -2), torch.cat([p[1] for p in planes], -2)
     low = codes & ((1 << b_low) - 1)
-    key_low = pack_fields(low, field_width(b_low), dim=-2)
+    key_low = pack_fields(low, b_low, dim=-2)
     index = salient_channel_index(channel_mask)  # [B, H_kv, n_sal]
     high = torch.gather(codes, -1, index.unsqueeze(-2).expand(*codes.shape[:-1], index.shape[-1])) >> b_low
-    width = field_width(b_high - b_low)
-    if width == 0:
+    if b_high == b_low:
         return key_low, high[..., :0, :].to(torch.uint8)
-    return key_low, pack_fields(high, width, dim=-2)
+    return key_low, pack_fields(high, b_high - b_low, dim=-2)
 
 
 def unpack_key_codes(
@@ -123,25 +146,24 @@ def unpack_key_codes(
             return unpack_key_codes(key_low, key_high, channel_mask.any(2), b_high, b_low)
         pages = zip(_pages(key_low, n), _pages(key_high, n), channel_mask.unbind(2), strict=True)
         return torch.cat([unpack_key_codes(lo, hi, m, b_high, b_low) for lo, hi, m in pages], -2)
-    codes = unpack_fields(key_low, field_width(b_low), dim=-2)
-    width = field_width(b_high - b_low)
-    if width == 0:
+    codes = unpack_fields(key_low, b_low, dim=-2)
+    if b_high == b_low:
         return codes
     index = salient_channel_index(channel_mask)
-    high = unpack_fields(key_high, width, dim=-2).to(torch.int32) << b_low
+    high = unpack_fields(key_high, b_high - b_low, dim=-2).to(torch.int32) << b_low
     full_index = index.unsqueeze(-2).expand(*codes.shape[:-1], index.shape[-1])
     upper = torch.zeros(codes.shape, dtype=torch.int32, device=codes.device).scatter(-1, full_index, high)
     return (codes.to(torch.int32) | upper).to(torch.uint8)
 
 
 def pack_value_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Value codes [B, H_kv, T_q, d] -> [B, H_kv, T_q, d * w / 8], packed along channels."""
-    return pack_fields(codes, field_width(bits), dim=-1)
+    """Value codes [B, H_kv, T_q, d] -> [B, H_kv, T_q, d * bits / 8], packed along channels."""
+    return pack_fields(codes, bits, dim=-1)
 
 
 def unpack_value_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of `pack_value_codes`."""
-    return unpack_fields(packed, field_width(bits), dim=-1)
+    return unpack_fields(packed, bits, dim=-1)
 
 
 def pack_mask(pair_mask: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.config import field_width
+from reference.config import bit_planes
 from reference.layout import CacheLayout, TokenLayout
 
 from .. import _runtime
@@ -31,8 +31,7 @@ def _load_tile(
     sink_ptr, res_ptr, low_ptr, high_ptr, slot, scale_ptr, zero_ptr, dense_ptr,
     d, lo_row, hi_row, v_row, v_groups, rank_ptr, n_boost,
     IS_KEY: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, VG: tl.constexpr,
-    W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, W_HI: tl.constexpr, B_HI: tl.constexpr,
-    PAGE_RANKS: tl.constexpr,
+    B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, B_HI: tl.constexpr, PAGE_RANKS: tl.constexpr,
 ):  # fmt: skip
     """A [BLOCK_N, BLOCK_D] float32 tile of keys or values at positions pos (-1 = none).
 
@@ -49,7 +48,7 @@ def _load_tile(
     qp = tl.where(in_q, p - n_sink, 0)
     if QUANT:
         if IS_KEY:  # packed along tokens; per-channel groups of G tokens
-            code = unpack_field(low_ptr, qp, c, lo_row, in_q, W_LO, B_LO)
+            code = unpack_field(low_ptr, qp, c, lo_row, in_q, B_LO)
             if HAS_HIGH:
                 if PAGE_RANKS:
                     rank = tl.load(rank_ptr + (qp // G) * d + c, mask=in_q, other=255).to(tl.int32)
@@ -57,10 +56,10 @@ def _load_tile(
                 else:
                     col = slot[None, :]
                 hi_ok = in_q & (col >= 0)
-                code = code | (unpack_field(high_ptr, qp, col, hi_row, hi_ok, W_HI, B_HI) << B_LO)
+                code = code | (unpack_field(high_ptr, qp, col, hi_row, hi_ok, B_HI) << B_LO)
             p_off = (qp // G) * d + c
         else:  # packed along channels; per-token groups of VG channels
-            code = unpack_field(low_ptr, c, qp * v_row, 1, in_q, W_LO, B_LO)
+            code = unpack_field(low_ptr, c, qp * v_row, 1, in_q, B_LO)
             p_off = qp * v_groups + c // VG
         s = tl.load(scale_ptr + p_off, mask=in_q, other=0.0).to(tl.float32)
         z = tl.load(zero_ptr + p_off, mask=in_q, other=0.0).to(tl.float32)
@@ -153,8 +152,8 @@ def _split_kernel(
     t_new, n_rep, n_kv, d, qk_scale, n_splits,
     s_sink, s_res, s_vres, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
     ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr,
-    G: tl.constexpr, VG: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
-    W_HI: tl.constexpr, B_HI: tl.constexpr, V_QUANT: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
+    G: tl.constexpr, VG: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, B_HI: tl.constexpr,
+    V_QUANT: tl.constexpr, V_FIELDS: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
     SLIDING: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
@@ -167,7 +166,8 @@ def _split_kernel(
     (p * s).code + p.z for values (per token). Other configurations (groups smaller than a
     tile, value groups smaller than the head) dequantize per element.
 
-    With per-token value groups over the whole head (V_FIELDS), the value columns are kept in
+    With per-token value groups over the whole head and values in one bit plane of W_V bits
+    (V_FIELDS), the value columns are kept in
     field-major order, column c holding channel vchan[c] = (c % V_DP) * per + c // V_DP: the
     packed value bytes of adjacent columns are then adjacent in memory (vector loads, no
     interleave of fields in registers), and the dense value tiles and the final store use the
@@ -187,7 +187,6 @@ def _split_kernel(
     j = rows % t_new
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < d
-    V_FIELDS: tl.constexpr = V_QUANT and VG == BLOCK_D
     V_DP: tl.constexpr = BLOCK_D // (8 // W_V)  # value bytes per token (columns of one field)
     if V_FIELDS:
         vchan = (cols % V_DP) * (8 // W_V) + cols // V_DP
@@ -253,7 +252,7 @@ def _split_kernel(
             z_k = tl.load(kz + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
             # Each byte is read once per field it holds (the repeats hit L1), 16 bytes of
             # adjacent channels at a time, and shifted down per token: no register shuffles.
-            codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], W_LO, B_LO)
+            codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], B_LO)
             logits = _dot_wide(q * s_k[None, :], _code_to(codes, DOT), q_top * tl.max(s_k, axis=0), DOT)
             logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
             if HAS_HIGH:
@@ -263,13 +262,13 @@ def _split_kernel(
                 q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :],
                                other=0.0).to(tl.float32) * qk_scale  # fmt: skip
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
-                high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], W_HI, B_HI)
+                high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
                 logits += _dot_wide(q_hi * s_hi[None, :], _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
                 pos, cols, col_ok[None, :], 0, n_q, klo, klo, klo, khi, slot, ks, kz, klo, d, d, n_boost, 0, 0,
-                meta, n_boost, True, True, G, VG, W_LO, B_LO, HAS_HIGH, W_HI, B_HI, PAGE_RANKS,
+                meta, n_boost, True, True, G, VG, B_LO, HAS_HIGH, B_HI, PAGE_RANKS,
             )  # fmt: skip
             e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
             logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
@@ -290,7 +289,7 @@ def _split_kernel(
             pos = tl.where(t < v_hi, t, -1)
             v = _load_tile(
                 pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
-                vp, 0, False, True, G, VG, W_V, B_V, False, 1, 1, False,
+                vp, 0, False, True, G, VG, B_V, False, 1, False,
             )  # fmt: skip
             e = _headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)  # dequantized values may pass 65504
             pv = _dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
@@ -436,6 +435,7 @@ def decode_attention(
     v_quant = cfg.values_quantized
     value_group = cfg.value_group(d)
     has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
+    v_fields = v_quant and value_group == block_d and len(bit_planes(cfg.value_bits)) == 1
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
     _runtime.launch(
         _split_kernel, (batch * n_kv, splits),
@@ -449,9 +449,9 @@ def decode_attention(
         r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
         ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
         CAUSAL=t_new > 1, FAST=cfg.group_size % block_n == 0,
-        G=cfg.group_size, VG=value_group, W_LO=field_width(cfg.b_low), B_LO=cfg.b_low, HAS_HIGH=has_high,
-        W_HI=field_width(cfg.b_high - cfg.b_low) if has_high else 1, B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
-        V_QUANT=v_quant, W_V=field_width(cfg.value_bits) if v_quant else 8, B_V=cfg.value_bits if v_quant else 8,
+        G=cfg.group_size, VG=value_group, B_LO=cfg.b_low, HAS_HIGH=has_high,
+        B_HI=(cfg.b_high - cfg.b_low) if has_high else 1, V_QUANT=v_quant, V_FIELDS=v_fields,
+        W_V=cfg.value_bits if v_fields else 8, B_V=cfg.value_bits if v_quant else 8,
         SLIDING=cfg.value_residual == "sliding", DOT=dot,
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),

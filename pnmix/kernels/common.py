@@ -33,14 +33,39 @@ def encode(x, scale, zero, bits):
 
 
 @triton.jit
-def unpack_field(packed_ptr, pos, col, row_stride, mask, WIDTH: tl.constexpr, BITS: tl.constexpr):
-    """The BITS-bit code at (pos, col) of a plane packed along pos, 8 // WIDTH fields per byte.
+def _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS: tl.constexpr, W: tl.constexpr):
+    """The bits a code keeps in its W-bit plane, in place (0 where BITS has no such plane)."""
+    if BITS & W:
+        BLOCK: tl.constexpr = 8 if BITS % 2 == 1 else 4
+        LOW: tl.constexpr = BITS - BITS % (2 * W)  # bits held by the wider planes, stored before this one
+        PER: tl.constexpr = 8 // W
+        row = block_row + BLOCK * LOW // 8 + within // PER
+        byte = tl.load(packed_ptr + row * row_stride + col, mask=mask, other=0).to(tl.int32)
+        return ((byte >> ((within % PER) * W)) & ((1 << W) - 1)) << LOW
+    else:
+        return (block_row + col) * 0
+
+
+@triton.jit
+def unpack_field(packed_ptr, pos, col, row_stride, mask, BITS: tl.constexpr):
+    """The BITS-bit code at (pos, col) of a field packed along pos in bit planes (`reference.packing`).
 
     pos: [R, 1] or [R, C] positions along the packed axis; col: column offsets (elements).
     """
-    per: tl.constexpr = 8 // WIDTH
-    byte = tl.load(packed_ptr + (pos // per) * row_stride + col, mask=mask, other=0).to(tl.int32)
-    return (byte >> ((pos % per) * WIDTH)) & ((1 << BITS) - 1)
+    if BITS == 1 or BITS == 2 or BITS == 4 or BITS == 8:  # one plane: 8 // BITS codes per byte
+        per: tl.constexpr = 8 // BITS
+        byte = tl.load(packed_ptr + (pos // per) * row_stride + col, mask=mask, other=0).to(tl.int32)
+        code = (byte >> ((pos % per) * BITS)) & ((1 << BITS) - 1)
+    else:
+        # Blocks of BLOCK positions (`reference.config.block_positions`), BLOCK * BITS / 8 bytes each:
+        # the planes one after the other, widest first, the widest holding the lowest bits.
+        BLOCK: tl.constexpr = 8 if BITS % 2 == 1 else 4
+        block_row = (pos // BLOCK) * (BLOCK * BITS // 8)
+        within = pos % BLOCK
+        code = _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 4)
+        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 2)
+        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 1)
+    return code
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.config import field_width
+from reference.config import bit_planes, block_positions
 
 from .. import _runtime  # sets TRITON_INTERPRET before the kernels below are decorated
 from .common import encode, eq2_eq7_params, round_to, unpack_field
@@ -49,7 +49,8 @@ def _group_params_kernel(
 def _encode_pack_kernel(
     x_ptr, scale_ptr, zero_ptr, bits_ptr, colmap_ptr, out_ptr,
     n_rows, n_cols, sx_bh, sx_pos, sx_col, sp_bh, sp_grp, sp_col, sb_bh, sm_bh, so_bh, so_row, so_col,
-    GROUP: tl.constexpr, WIDTH: tl.constexpr, FIELD_BITS: tl.constexpr, SHIFT: tl.constexpr,
+    GROUP: tl.constexpr, WIDTH: tl.constexpr, SHIFT: tl.constexpr, PLANE_ROWS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, PLANE_START: tl.constexpr,
     BITS: tl.constexpr, USE_COLMAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     bh, rb, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -74,26 +75,28 @@ def _encode_pack_kernel(
         s = tl.load(scale_ptr + p_off, mask=ok, other=0.0).to(tl.float32)
         z = tl.load(zero_ptr + p_off, mask=ok, other=0.0).to(tl.float32)
         code = encode(x.to(tl.float32), s, z, bits[None, :])
-        byte = byte | (((code >> SHIFT) & ((1 << FIELD_BITS) - 1)) << (i * WIDTH))
-    tl.store(out_ptr + bh * so_bh + rows[:, None] * so_row + cols[None, :] * so_col, byte.to(tl.uint8), mask=ok)
+        byte = byte | (((code >> SHIFT) & ((1 << WIDTH) - 1)) << (i * WIDTH))
+    # Row `rows` of this plane sits in block rows // PLANE_ROWS of the field, after the wider planes.
+    out_row = (rows // PLANE_ROWS) * BLOCK_ROWS + PLANE_START + rows % PLANE_ROWS
+    tl.store(out_ptr + bh * so_bh + out_row[:, None] * so_row + cols[None, :] * so_col, byte.to(tl.uint8), mask=ok)
 
 
 @triton.jit
 def _dequantize_kernel(
     low_ptr, high_ptr, slot_ptr, scale_ptr, zero_ptr, out_ptr,
     n_pos, n_cols, sl_bh, sl_row, sl_col, sh_bh, sh_row, ss_bh, sp_bh, sp_grp, sp_col, so_bh, so_pos, so_col,
-    GROUP: tl.constexpr, W_LO: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
-    W_HI: tl.constexpr, B_HI: tl.constexpr, CODES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    GROUP: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
+    B_HI: tl.constexpr, CODES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     bh, pb, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = (pb * BLOCK_P + tl.arange(0, BLOCK_P))[:, None]
     cols = (cb * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
     ok = (pos < n_pos) & (cols < n_cols)
-    code = unpack_field(low_ptr + bh * sl_bh, pos, cols * sl_col, sl_row, ok, W_LO, B_LO)
+    code = unpack_field(low_ptr + bh * sl_bh, pos, cols * sl_col, sl_row, ok, B_LO)
     if HAS_HIGH:
         slot = tl.load(slot_ptr + bh * ss_bh + cols, mask=cols < n_cols, other=-1)
         hi_ok = ok & (slot >= 0)
-        code = code | (unpack_field(high_ptr + bh * sh_bh, pos, slot, sh_row, hi_ok, W_HI, B_HI) << B_LO)
+        code = code | (unpack_field(high_ptr + bh * sh_bh, pos, slot, sh_row, hi_ok, B_HI) << B_LO)
     out = out_ptr + bh * so_bh + pos * so_pos + cols * so_col
     if CODES:
         tl.store(out, code.to(tl.uint8), mask=ok)
@@ -170,31 +173,39 @@ def encode_pack(
 ) -> None:
     """Encode x with its stored scale/zero and pack bits [shift, shift + field_bits) of each code.
 
-    out: [B, H, rows, cols] uint8 with rows = n_pos * width / 8 along `along`; with colmap
-    (int32 [B, H, n]) column j of out holds x's column colmap[..., j] (the key high plane).
+    out: [B, H, rows, cols] uint8 with rows = n_pos * field_bits / 8 along `along`, in the bit-plane
+    layout of `reference.packing` (one launch per plane); with colmap (int32 [B, H, n]) column j of
+    out holds x's column colmap[..., j] (the key high plane).
     """
     pos_dim, col_dim = _PLANE[along]
-    width = field_width(field_bits)
-    n_rows = x.shape[pos_dim] * width // 8
+    n_pos = x.shape[pos_dim]
     n_cols = colmap.shape[-1] if colmap is not None else x.shape[col_dim]
-    if n_rows == 0 or n_cols == 0 or width == 0:
+    if n_pos == 0 or n_cols == 0 or field_bits == 0:
         return
+    block = block_positions(field_bits)
+    if n_pos % block:
+        raise ValueError(f"{n_pos} positions do not fill whole blocks of {block} for {field_bits}-bit fields")
     per_channel = isinstance(bits, torch.Tensor)
     grp_dim, pcol_dim = (2, 3) if along == "tokens" else (3, 2)
     orow_dim, ocol_dim = (2, 3) if along == "tokens" else (3, 2)
     block_c = min(_pow2(n_cols), 64)
-    block_r = min(_pow2(n_rows), 32)
-    grid = (x.shape[0] * x.shape[1], triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
-    _runtime.launch(
-        _encode_pack_kernel, grid,
-        x, scale, zero, bits if per_channel else x, colmap if colmap is not None else x, out,
-        n_rows, n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
-        _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
-        bits.stride(1) if per_channel else 0, colmap.stride(1) if colmap is not None else 0,
-        _bh_stride(out), out.stride(orow_dim), out.stride(ocol_dim),
-        GROUP=group, WIDTH=width, FIELD_BITS=field_bits, SHIFT=shift, BITS=0 if per_channel else int(bits),
-        USE_COLMAP=colmap is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8,  # 4 warps spill at 8 fields
-    )  # fmt: skip
+    low = 0
+    for width in bit_planes(field_bits):
+        n_rows = n_pos * width // 8
+        block_r = min(_pow2(n_rows), 32)
+        grid = (x.shape[0] * x.shape[1], triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
+        _runtime.launch(
+            _encode_pack_kernel, grid,
+            x, scale, zero, bits if per_channel else x, colmap if colmap is not None else x, out,
+            n_rows, n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
+            _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
+            bits.stride(1) if per_channel else 0, colmap.stride(1) if colmap is not None else 0,
+            _bh_stride(out), out.stride(orow_dim), out.stride(ocol_dim),
+            GROUP=group, WIDTH=width, SHIFT=shift + low, PLANE_ROWS=block * width // 8,
+            BLOCK_ROWS=block * field_bits // 8, PLANE_START=block * low // 8, BITS=0 if per_channel else int(bits),
+            USE_COLMAP=colmap is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8,  # 4 warps spill at 8 fields
+        )  # fmt: skip
+        low += width
 
 
 def dequantize_plane(
@@ -234,8 +245,7 @@ def dequantize_plane(
         slot.stride(1) if has_high else 0,
         _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
         _bh_stride(out), out.stride(pos_dim), out.stride(col_dim),
-        GROUP=group, W_LO=field_width(low_bits), B_LO=low_bits, HAS_HIGH=has_high,
-        W_HI=field_width(high_bits) if has_high else 1, B_HI=high_bits if has_high else 1,
+        GROUP=group, B_LO=low_bits, HAS_HIGH=has_high, B_HI=high_bits if has_high else 1,
         CODES=codes, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
     )  # fmt: skip
 

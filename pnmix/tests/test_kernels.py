@@ -71,7 +71,7 @@ def test_value_quantize_pack_is_bit_identical(bits, head_dim, group, scale_dtype
     zero = torch.empty_like(scale)
     group_params(v, group, "channels", bits, scale, zero)
     assert torch.equal(scale.cpu(), ref.scale) and torch.equal(zero.cpu(), ref.zero)
-    packed = torch.empty(b, h, t, head_dim * R.field_width(bits) // 8, dtype=torch.uint8, device=DEV)
+    packed = torch.empty(b, h, t, head_dim * bits // 8, dtype=torch.uint8, device=DEV)
     encode_pack(v, group, "channels", bits, scale, zero, packed, field_bits=bits)
     assert torch.equal(packed.cpu(), R.pack_value_codes(ref.codes, bits))
     out = torch.empty(b, h, t, head_dim, device=DEV)
@@ -105,10 +105,23 @@ def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, sp
     check_decode_attention(cfg, 16, batch, n_kv, n_rep, length, t_new, splits, dtype)
 
 
+@pytest.mark.parametrize(("b_high", "b_low", "value_bits"), [(4, 1, 3), (8, 3, 1), (7, 1, 6)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_per_element_path_reads_every_bit_plane(b_high, b_low, value_bits, dtype):
+    """Fields of several bit planes (3, 5, 6, 7 bits) on the per-element path: key groups under a tile,
+    value groups under the head."""
+    cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, value_group_size=8, group_size=8,
+                        residual_length=16, n_sink=3)  # fmt: skip
+    check_decode_attention(cfg, 16, 2, 2, 3, 61, 2, 2, dtype)
+
+
 @pytest.mark.parametrize(
     ("batch", "n_kv", "n_rep", "length", "t_new", "splits"), [(1, 1, 1, 97, 1, 1), (2, 2, 3, 133, 3, 3)]
 )
-@pytest.mark.parametrize(("b_high", "b_low", "value_bits", "d"), [(3, 1, 2, 16), (4, 2, 4, 32), (2, 1, 1, 16)])
+@pytest.mark.parametrize(
+    ("b_high", "b_low", "value_bits", "d"),
+    [(3, 1, 2, 16), (4, 2, 4, 32), (2, 1, 1, 16), (4, 1, 3, 16), (8, 3, 2, 16)],  # 3 and 5 bits: several planes
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_attention_fast_path_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, b_high, b_low,
                                                      value_bits, d, dtype):  # fmt: skip

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from reference import (
+    bit_planes,
+    block_positions,
     pack_fields,
     pack_key_codes,
     pack_mask,
@@ -25,6 +27,28 @@ def test_golden_bytes_from_the_module_docstring():
     assert pack_fields(u8([3, 0, 1, 2]), 2, dim=0).tolist() == [0x93]
     assert pack_fields(u8([0xA, 0x5]), 4, dim=0).tolist() == [0x5A]
     assert pack_fields(u8([7, 200]), 8, dim=0).tolist() == [7, 200]
+    assert pack_fields(u8([0, 1, 2, 3, 4, 5, 6, 7]), 3, dim=0).tolist() == [0xE4, 0xE4, 0xF0]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_every_width_costs_exactly_its_bits_and_each_plane_is_numpy_packbits(bits):
+    # Independent oracle: bit j of every code, packed 8 to a byte by numpy, is what the planes hold
+    # once each plane's fields are split into their single bits.
+    gen = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (3, 16, 5), generator=gen, dtype=torch.uint8)
+    packed = pack_fields(codes, bits, dim=1)
+    assert packed.shape == (3, 16 * bits // 8, 5)
+    block = block_positions(bits)
+    rebuilt = torch.zeros_like(codes, dtype=torch.int32)
+    first = 0
+    for low, width in zip(np.cumsum((0, *bit_planes(bits)))[:-1], bit_planes(bits), strict=True):
+        n = block * width // 8
+        plane = packed.unflatten(1, (-1, block * bits // 8))[:, :, first : first + n].flatten(1, 2)
+        first += n
+        for j in range(width):  # the j-th bit of each w-bit field of this plane
+            fields = np.unpackbits(plane.numpy(), axis=1, bitorder="little").reshape(3, -1, width, 5)[:, :, j]
+            rebuilt |= torch.from_numpy(fields.astype(np.int32)) << int(low + j)
+    assert torch.equal(rebuilt.to(torch.uint8), codes)
 
 
 def test_one_bit_packing_equals_numpy_packbits_little():
@@ -34,14 +58,24 @@ def test_one_bit_packing_equals_numpy_packbits_little():
     assert torch.equal(pack_fields(bits, 1, dim=1), torch.from_numpy(expected))
 
 
-@pytest.mark.parametrize("width", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("dim", [0, 1, -1])
-def test_unpack_inverts_pack(width, dim):
-    gen = torch.Generator().manual_seed(width)
-    codes = torch.randint(0, 1 << width, (8, 16, 24), generator=gen, dtype=torch.uint8)
-    packed = pack_fields(codes, width, dim)
-    assert packed.shape[dim] == codes.shape[dim] * width // 8
-    assert torch.equal(unpack_fields(packed, width, dim), codes)
+def test_unpack_inverts_pack(bits, dim):
+    gen = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (8, 16, 24), generator=gen, dtype=torch.uint8)
+    packed = pack_fields(codes, bits, dim)
+    assert packed.shape[dim] == codes.shape[dim] * bits // 8
+    assert torch.equal(unpack_fields(packed, bits, dim), codes)
+
+
+def test_one_plane_layouts_are_plain_packing_and_blocks_append():
+    # A prefix of whole blocks packs to a prefix of the bytes: appended pages never move earlier ones.
+    gen = torch.Generator().manual_seed(1)
+    for bits in range(1, 9):
+        codes = torch.randint(0, 1 << bits, (32,), generator=gen, dtype=torch.uint8)
+        block = block_positions(bits)
+        assert torch.equal(pack_fields(codes[:block], bits, 0), pack_fields(codes, bits, 0)[: block * bits // 8])
+    assert [block_positions(b) for b in range(1, 9)] == [8, 4, 8, 2, 8, 4, 8, 1]
 
 
 def test_pack_rejects_codes_wider_than_the_field_and_ragged_lengths():
@@ -49,6 +83,8 @@ def test_pack_rejects_codes_wider_than_the_field_and_ragged_lengths():
         pack_fields(u8([4, 0, 0, 0]), 2, dim=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         pack_fields(u8([1, 0, 1]), 1, dim=0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_fields(u8([1, 0, 1, 2]), 3, dim=0)  # a 1-bit plane needs 8 codes to fill a byte
 
 
 def test_key_planes_golden_h3l1():

@@ -22,10 +22,13 @@ def test_value_bits_of_the_main_config_and_unquantized_values():
     assert bit_widths(PNMixConfig(value_bits=16), 128).value_effective == pytest.approx(16.0)
 
 
-def test_stored_field_widths_count_what_is_stored():
-    # H4(50%)L1 stores a 1-bit low plane and a 3-bit high field in 4 bits: 1 + 0.5 * 4 = 3 payload bits.
+def test_a_b_bit_field_costs_b_bits():
+    # H4(50%)L1: a 1-bit low plane and 3 high bits (a 2-bit and a 1-bit plane) for half the channels:
+    # 1 + 0.5 * 3 = 2.5 payload bits, plus FP16 scale and zero per 128 tokens, below H4(50%)L2.
     bw = bit_widths(PNMixConfig(b_high=4, b_low=1, n_sink=0), 128)
-    assert bw.key_effective == pytest.approx(3.0 + 0.25)
+    assert bw.key_effective == pytest.approx(2.5 + 0.25)
+    assert bit_widths(PNMixConfig(b_high=4, b_low=2, n_sink=0), 128).key_effective == pytest.approx(3.0 + 0.25)
+    assert bit_widths(PNMixConfig(value_bits=3, n_sink=0), 128).value_effective == pytest.approx(3.0 + 0.25)
 
 
 @pytest.mark.parametrize(

@@ -65,9 +65,9 @@ def render() -> Section:
             "the FP16 residual excluded (the paper's convention; with KIVI's sliding value window, its R exact "
             'values too). "key bits" is the effective cost (payload, '
             "scales and zeros, FP16 sinks); \"mask bits\" the selection metadata (PN-Mix's pair mask, Kitty's "
-            'per-page channel indices); "key bits total" their sum. Bits are counted as stored: packed fields are '
-            "1, 2, 4 or 8 bits wide and never straddle a byte, so a 3-bit plane (the upper plane of H4L1) occupies "
-            "4-bit fields (`reference.config.field_width`), where the paper's formula would count 3.\n",
+            'per-page channel indices); "key bits total" their sum. Bits are counted as stored, and a b-bit code '
+            "is stored in exactly b bits: split into bit planes of 4, 2 and 1 bits (`reference.config.bit_planes`; "
+            "the 3 upper bits of H4L1 in a 2-bit and a 1-bit plane), as the paper's formula counts.\n",
             table(
                 bits,
                 ["config", "key bits", "mask bits", "key bits total", "value bits", "bytes/token/KV head"],
