@@ -34,15 +34,24 @@ class ModelSource:
         kind = f"GGUF {self.gguf_file}, dequantized to float32" if self.gguf_file else "transformers folder"
         return f"{self.name} ({kind}; --model {self.origin})"
 
+    def tokenizer(self):
+        """The model's tokenizer (with its chat template), offline."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder, **self._kwargs())
+
     def load(self, attn_implementation: str):
         """(model in eval mode, tokenizer), offline."""
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tokenizer = self.tokenizer()
+        from transformers import AutoModelForCausalLM
 
-        kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(self.folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(self.folder, attn_implementation=attn_implementation, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(self.folder, attn_implementation=attn_implementation,
+                                                     **self._kwargs())  # fmt: skip
         return model.eval(), tokenizer
+
+    def _kwargs(self) -> dict:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
 def _sha256(path: Path) -> str:
