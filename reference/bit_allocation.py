@@ -24,6 +24,7 @@ import torch
 #: The most assignments the exhaustive search enumerates (22 tags at two precisions).
 EXHAUSTIVE_LIMIT = 1 << 22
 _CHUNK = 1 << 16
+_TIE = 1e-12  # relative: distortion sums that differ by rounding alone are equal
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,16 @@ def _exhaustive(distortion: torch.Tensor, tokens: torch.Tensor, costs: torch.Ten
         if not bool(fits.any()):
             continue
         total = torch.where(fits, total, math.inf)
-        low = total.min()
-        # the least distortion; of equals, the fewest bits, then the first
-        tied = torch.nonzero((total == low) & fits).flatten()
+        low = float(total.min())
+        # the least distortion; of equals (up to rounding of the sums), the fewest bits, then the first
+        tied = torch.nonzero(total <= low + _TIE * abs(low)).flatten()
         j = tied[torch.argmin(bits[tied])]
-        cand = (float(low), float(bits[j]), int(index[j]))
-        if best is None or cand[:2] < best[:2]:
+        cand = (low, float(bits[j]), int(index[j]))
+        if (
+            best is None
+            or cand[0] < best[0] - _TIE * abs(best[0])
+            or (cand[0] <= best[0] + _TIE * abs(best[0]) and cand[1] < best[1])
+        ):
             best = cand
     return tuple(int(v) for v in (best[2] // place) % m)
 

@@ -33,6 +33,7 @@ TAGS = {
     "fidelity": "pnmix-fidelity",
     "gpu-check": "pnmix-gpu-check",
     "long-output": "pnmix-long-output",
+    "role-calibration": "pnmix-role-calibration",
 }
 BENCHMARK = "pytest-benchmark"  # `pytest --benchmark-json`: no tag of ours, its keys tell it
 KINDS = (*TAGS, BENCHMARK)

@@ -122,6 +122,20 @@ LONG_OUTPUT = {
     },
 }
 
+ROLE_CALIBRATION = {
+    "model": {"name": str, "fingerprint": str},
+    "command": str,
+    "layers": ListOf(int, nonempty=True),
+    "group_size": int,
+    "calibration": {
+        "tags": ListOf(str, nonempty=True),
+        "tokens": ListOf(int, nonempty=True),
+        "distortion": ListOf(ListOf(NUM, nonempty=True), nonempty=True),
+        "requests": int,
+    },
+    "allocations": ListOf({"budget": NUM, "bits": ListOf(int), "average_bits": NUM, "distortion": NUM, "search": str}),
+}
+
 GPU_CHECK = {
     "device?": TEXT,
     "date_utc?": TEXT,
@@ -140,6 +154,7 @@ SCHEMAS = {
     "conformance": CONFORMANCE,
     "fidelity": FIDELITY,
     "long-output": LONG_OUTPUT,
+    "role-calibration": ROLE_CALIBRATION,
     "gpu-check": GPU_CHECK,
     BENCHMARK: PYTEST_BENCHMARK,
 }

