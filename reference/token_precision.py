@@ -94,10 +94,9 @@ def quantize_tokens(
         raise ValueError(f"group_size ({group_size}) must divide head_dim ({d})")
     if not (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
         raise ValueError("k and v must be finite (no NaN or Inf)")
-    low = torch.nonzero(bits == 2).flatten()
+    low, high = torch.nonzero(bits == 2).flatten(), torch.nonzero(bits == 4).flatten()
     grouped = low[: len(low) // group_size * group_size]
-    key4 = torch.sort(torch.cat([torch.nonzero(bits == 4).flatten(), low[len(grouped) :]])).values
-    high = torch.nonzero(bits == 4).flatten()
+    key4 = torch.sort(torch.cat([high, low[len(grouped) :]])).values  # the leftover keys join the 4-bit path
 
     def per_token(x, positions, b):
         return quantize(x[:, positions], b, group_size, dim=-1, scale_dtype=scale_dtype, midpoint=False)

@@ -33,10 +33,11 @@ def encode(x, scale, zero, bits):
 
 
 @triton.jit
-def _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS: tl.constexpr, W: tl.constexpr):
+def _plane_bits(
+    packed_ptr, block_row, within, col, row_stride, mask, BITS: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr
+):  # fmt: skip
     """The bits a code keeps in its W-bit plane, in place (0 where BITS has no such plane)."""
     if BITS & W:
-        BLOCK: tl.constexpr = 8 if BITS % 2 == 1 else 4
         LOW: tl.constexpr = BITS - BITS % (2 * W)  # bits held by the wider planes, stored before this one
         PER: tl.constexpr = 8 // W
         row = block_row + BLOCK * LOW // 8 + within // PER
@@ -62,9 +63,9 @@ def unpack_field(packed_ptr, pos, col, row_stride, mask, BITS: tl.constexpr):
         BLOCK: tl.constexpr = 8 if BITS % 2 == 1 else 4
         block_row = (pos // BLOCK) * (BLOCK * BITS // 8)
         within = pos % BLOCK
-        code = _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 4)
-        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 2)
-        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, 1)
+        code = _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, BLOCK, 4)
+        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, BLOCK, 2)
+        code = code | _plane_bits(packed_ptr, block_row, within, col, row_stride, mask, BITS, BLOCK, 1)
     return code
 
 
