@@ -138,5 +138,5 @@ def changed(before: dict, after: dict) -> list[str]:
 
 def assert_unchanged(before: dict, after: dict, why: str = "a rejected call changed the cache's") -> None:
     """`observe` gave the same before and after (bit for bit); `why` starts the failure message."""
-    for key in changed(before, after)[:1]:
-        raise AssertionError(f"{why} {key}")
+    differ = changed(before, after)
+    assert not differ, f"{why} {differ[0]}"

@@ -57,10 +57,14 @@ def _check(distortion: torch.Tensor, tokens: torch.Tensor, costs: torch.Tensor, 
         raise ValueError(f"budget must be a positive finite number of bits per element, got {budget!r}")
 
 
+def _pick(table: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
+    """table[k, choice[..., k]]: each tag's entry at its chosen precision, for assignments [..., K]."""
+    return table.T.gather(0, choice.reshape(-1, table.shape[0])).reshape(choice.shape)
+
+
 def _average(tokens: torch.Tensor, costs: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
     """Average bits per element of assignments choice [..., K]."""
-    picked = costs.gather(1, choice.T).T if choice.dim() == 2 else costs[torch.arange(len(choice)), choice]
-    return (picked * tokens).sum(-1) / tokens.sum()
+    return (_pick(costs, choice) * tokens).sum(-1) / tokens.sum()
 
 
 def _exhaustive(distortion: torch.Tensor, tokens: torch.Tensor, costs: torch.Tensor, budget: float):
@@ -71,7 +75,7 @@ def _exhaustive(distortion: torch.Tensor, tokens: torch.Tensor, costs: torch.Ten
         index = torch.arange(first, min(first + _CHUNK, m**k), dtype=torch.int64)
         choice = (index[:, None] // place) % m  # [n, K]: the precision of each tag
         bits = _average(tokens, costs, choice)
-        total = distortion.gather(1, choice.T).T.sum(-1)
+        total = _pick(distortion, choice).sum(-1)
         fits = bits <= budget * (1 + 1e-12)
         if not bool(fits.any()):
             continue
@@ -146,7 +150,7 @@ def allocate(
     return Allocation(
         choice,
         float(_average(tokens, costs, index)),
-        float(distortion[torch.arange(k), index].sum()),
+        float(_pick(distortion, index).sum()),
         "exhaustive" if exhaustive else "greedy",
     )
 

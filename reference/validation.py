@@ -47,10 +47,11 @@ def quantizable_limit(config: PNMixConfig, bits: int) -> float:
 def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
     """|t| within `quantizable_limit`, or the stored scale or zero would overflow."""
     limit = quantizable_limit(config, bits)
-    if t.numel() and float(t.float().abs().max()) > limit:
+    top = float(t.float().abs().max()) if t.numel() else 0.0
+    if top > limit:
         hint = "; use a wider scale_dtype" if config.scale_dtype == torch.float16 else ""
         raise ValueError(
-            f"{name} has magnitude {float(t.float().abs().max()):.4g}, above {limit:.4g}, the most a "
+            f"{name} has magnitude {top:.4g}, above {limit:.4g}, the most a "
             f"{bits}-bit group with {config.scale_dtype} scale/zero can hold{hint}"
         )
 
