@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from reference import ReferenceCache
+from reference import ReferenceCache, attention_ref
 from reference.contract import Capabilities
+from reference.tolerances import attention_bound
 
 from . import strategies as cs
 
@@ -140,3 +141,12 @@ def assert_unchanged(before: dict, after: dict, why: str = "a rejected call chan
     """`observe` gave the same before and after (bit for bit); `why` starts the failure message."""
     differ = changed(before, after)
     assert not differ, f"{why} {differ[0]}"
+
+
+def judge(out: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor) -> tuple[float, float, float]:
+    """(error against the float64 oracle over k_hat, v_hat; its bound; the spec computation's own error)."""
+    oracle = attention_ref(q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = attention_ref(q, k_hat.to(q.dtype), v_hat.to(q.dtype), causal=True, upcast=True)
+    assert bool(torch.isfinite(low).all()), "strategy error: these inputs overflow attention in the dtype"
+    err = (out.double() - oracle).abs().max().item()
+    return err, attention_bound(oracle, low, q.dtype), (low.double() - oracle).abs().max().item()

@@ -139,6 +139,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if callspec is None or "impl" not in callspec.params:
         return
     impl = callspec.params["impl"]
+    per_token = item.get_closest_marker("token_precision") is not None
+    if not per_token and not impl.capabilities.channel_precision:
+        pytest.skip(f"{impl.name} does not claim the per-channel cache family (PNMixConfig); it is per-token")
+    if per_token and not impl.capabilities.token_precision:
+        pytest.skip(f"{impl.name} does not claim per-token precision")
     for mark in item.iter_markers("requires"):
         capability, what = mark.args
         if not getattr(impl.capabilities, capability):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from reference import PNMixConfig
 from reference.config import CRITERIA, check_head_dim
 from reference.contract import Capabilities
+from reference.token_precision import TokenPrecisionConfig
 from reference.validation import quantizable_limit
 
 MAX_BATCH = 3
@@ -335,3 +336,114 @@ BAD_QUERIES = (
     ("wrong_head_dim", ValueError, "head_dim"),
     ("wrong_dtype", TypeError, "dtype"),
 )
+
+
+# -- per-token precision (property 11) ------------------------------------------------------------
+
+TOKEN_GROUP_SIZES = (8, 16, 32)
+TOKEN_BITS = ((2, 4), (1, 4), (2, 3), (3, 8))
+TOKEN_KINDS = ("normal", "constant", "near_constant", "wide_range")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCase:
+    """A per-token precision scenario: config, shapes, calls, and the share of low tokens."""
+
+    config: TokenPrecisionConfig
+    batch: int
+    kv_heads: int
+    n_rep: int
+    head_dim: int
+    dtype: torch.dtype
+    prompt: int
+    appends: tuple[int, ...]
+    low_share: float  # chance that a token is low (each token drawn from the seed)
+    seed: int
+    kind: str = "normal"
+
+    @property
+    def heads(self) -> int:
+        return self.kv_heads * self.n_rep
+
+    @property
+    def calls(self) -> tuple[int, ...]:
+        return (self.prompt, *self.appends)
+
+    def fit(self, caps: Capabilities) -> TokenCase:
+        """The nearest case within `caps`; DoesNotFit says what cannot be met."""
+        if not caps.token_precision:
+            raise DoesNotFit("it claims no per-token precision")
+        cfg = self.config
+        low_keys = cfg.low_keys if cfg.low_keys in caps.token_precision else sorted(caps.token_precision)[0]
+        group = cfg.group_size
+        while group > caps.max_head_dim and group > 8:
+            group //= 2
+        if group > caps.max_head_dim:
+            raise DoesNotFit(f"max_head_dim {caps.max_head_dim} holds no group of 8 channels")
+        head_dim = max(group, min(self.head_dim, caps.max_head_dim) // group * group)
+        low = cfg.low_bits if low_keys == "channels" else max(cfg.low_bits, 2)
+        high = max(cfg.high_bits, low + 1)
+        if caps.scales_in_input_dtype:
+            scale_dtype = self.dtype
+        else:
+            scale_dtype = cfg.scale_dtype if cfg.scale_dtype in caps.scale_dtypes else caps.scale_dtypes[0]
+        cfg = dataclasses.replace(cfg, low_keys=low_keys, group_size=group, low_bits=low, high_bits=high,
+                                  scale_dtype=scale_dtype,
+                                  pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts
+                                  else caps.pair_layouts[0])  # fmt: skip
+        prompt = min(self.prompt, caps.max_tokens)
+        appends, room = [], caps.max_tokens - prompt
+        for n in self.appends:
+            if min(n, room) <= 0:
+                break
+            appends.append(min(n, room))
+            room -= appends[-1]
+        dtype = self.dtype if self.dtype in caps.dtypes else caps.dtypes[0]
+        return dataclasses.replace(self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends),
+                                   dtype=dtype)  # fmt: skip
+
+
+@st.composite
+def token_cases(draw, *, max_prompt: int = 120, max_appends: int = 8) -> TokenCase:
+    low, high = draw(st.sampled_from(TOKEN_BITS))
+    low_keys = draw(st.sampled_from(("channels", "pairs") if low >= 2 else ("channels",)))
+    group = draw(st.sampled_from(TOKEN_GROUP_SIZES))
+    cfg = TokenPrecisionConfig(
+        low_bits=low,
+        high_bits=high,
+        group_size=group,
+        scale_dtype=draw(st.sampled_from((torch.float16, torch.float32, torch.bfloat16))),
+        low_keys=low_keys,
+        ratio=draw(st.sampled_from((0.25, 0.5, 1.0))),
+        pair_layout=draw(st.sampled_from(("split", "adjacent"))),
+    )
+    return TokenCase(
+        config=cfg,
+        batch=draw(st.integers(1, 2)),
+        kv_heads=draw(st.integers(1, 2)),
+        n_rep=draw(st.integers(1, 3)),
+        head_dim=group * draw(st.integers(1, 2)),
+        dtype=draw(st.sampled_from((torch.float16, torch.bfloat16, torch.float32))),
+        prompt=draw(st.integers(1, max_prompt)),
+        appends=tuple(draw(st.lists(st.integers(1, 2 * group + 3), max_size=max_appends))),
+        low_share=draw(st.sampled_from((0.0, 0.5, 0.8, 1.0))),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        kind=draw(st.sampled_from(TOKEN_KINDS)),
+    )
+
+
+def token_bits(case: TokenCase, call: int) -> torch.Tensor:
+    """The bits of the tokens of call `call` (0: the prompt), each low with chance case.low_share."""
+    gen = torch.Generator().manual_seed(case.seed + 31 * call)
+    low = torch.rand(case.calls[call], generator=gen) < case.low_share
+    return torch.where(low, case.config.low_bits, case.config.high_bits)
+
+
+def token_tensors(case: TokenCase, call: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v) of call `call`: q [B, H, n, d] (the prompt's queries; decode queries after), k, v [B, H_kv, n, d]."""
+    n, seed = case.calls[call], case.seed + 1000 * call
+    q = values((case.batch, case.heads, n, case.head_dim), case.dtype, "unit", seed)
+    shape = (case.batch, case.kv_heads, n, case.head_dim)
+    k = values(shape, case.dtype, case.kind, seed + 1)
+    v = values(shape, case.dtype, case.kind, seed + 2)
+    return q.to(device), k.to(device), v.to(device)

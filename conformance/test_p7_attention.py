@@ -13,20 +13,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conformance import strategies as cs
-from conformance.harness import final_state, fitted
+from conformance.harness import final_state, fitted, judge
 from reference import PNMixConfig, attention_ref
-from reference.tolerances import attention_bound
 
 CFG = PNMixConfig(group_size=8, residual_length=16, n_sink=4)
-
-
-def judge(out: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor) -> tuple[float, float, float]:
-    """(error against the float64 oracle over k_hat, v_hat; its bound; the spec computation's own error)."""
-    oracle = attention_ref(q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
-    low = attention_ref(q, k_hat.to(q.dtype), v_hat.to(q.dtype), causal=True, upcast=True)
-    assert bool(torch.isfinite(low).all()), "strategy error: these inputs overflow attention in the dtype"
-    err = (out.double() - oracle).abs().max().item()
-    return err, attention_bound(oracle, low, q.dtype), (low.double() - oracle).abs().max().item()
 
 
 # record_property only collects one number per example: sharing it across examples is harmless.

@@ -36,6 +36,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
 from reference import PNMixConfig, ReferenceCache, attention_ref
+from reference.token_cache import TokenPrecisionCache
+from reference.token_precision import TokenPrecisionConfig
 
 ATTENTION = "pnmix"
 
@@ -44,6 +46,22 @@ ATTENTION = "pnmix"
 IGNORABLE = frozenset(
     {"position_ids", "cache_position", "use_cache", "is_causal", "output_attentions", "sliding_window"}
 )
+
+
+class TokenBitsSchedule:
+    """The precision of each token position of a per-token precision cache: `known` for the first
+    positions (the prompt's tags, and any continuation fed teacher-forced), `generated` past them
+    (TriAxialKV's tag of newly generated text: current turn, answer)."""
+
+    def __init__(self, config: TokenPrecisionConfig, known, generated: int | None) -> None:
+        self.generated = config.high_bits if generated is None else generated
+        config.check_token_bits([self.generated], 1, name="generated_bits")
+        known = [] if known is None else known
+        self.known = config.check_token_bits(known, len(known))
+
+    def __call__(self, start: int, n: int) -> torch.Tensor:
+        part = self.known[start : start + n]
+        return torch.cat([part, torch.full((n - len(part),), self.generated, dtype=torch.int64)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +162,11 @@ class PNMixLayer(CacheLayerMixin):
         check_finite: bool = True,
         window: int | None = None,
         stepwise: bool = False,
+        schedule: TokenBitsSchedule | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.schedule = schedule  # a per-token precision cache: each new token's bits
         self.backend = backend
         self.max_cache_len = max_cache_len
         self.check_finite = check_finite
@@ -201,6 +221,10 @@ class PNMixLayer(CacheLayerMixin):
                 raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a prefill "
                                    "update (its attention bypasses transformers' attention interface)")  # fmt: skip
             self._pending = (key_states, value_states)
+        elif self.schedule is not None:
+            if self.stepwise:  # what a token-by-token decode would read from the leftover (`attend_stepwise`)
+                self._tail = self.cache.leftover_keys(), key_states
+            self.cache.append(key_states, value_states, self.schedule(self.cache.length, key_states.shape[2]))
         else:
             if self.stepwise:
                 res_k, res_v = self.cache.residual()
@@ -221,6 +245,11 @@ class PNMixLayer(CacheLayerMixin):
         k, v = self._pending
         if self.window is not None:
             self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
+            return
+        if self.schedule is not None:
+            cache = TokenPrecisionCache(self.config)
+            cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
+            self.cache, self._pending = cache, None
             return
         if self.backend == "triton":
             from .cache import PNMixCache
@@ -278,6 +307,11 @@ class PNMixHFCache(Cache):
     stepwise: each of several new tokens fed in one forward (teacher forcing over chunks) attends
     as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`;
     reference backend): long-output fidelity at the cost of one forward per chunk.
+
+    config may instead be a `reference.token_precision.TokenPrecisionConfig` (TriAxialKV, role-aware
+    PN-Mix: per-token precision, reference backend): token_bits then gives the bits of the first
+    positions (the prompt's, from its role tags: `reference.roles`, `reference.bit_allocation`) and
+    generated_bits those of every later token (default: config.high_bits).
     """
 
     def __init__(
@@ -290,10 +324,22 @@ class PNMixHFCache(Cache):
         max_cache_len: int | None = None,
         check_finite: bool = True,
         stepwise: bool = False,
+        token_bits=None,
+        generated_bits: int | None = None,
     ) -> None:
         config = PNMixConfig() if config is None else config
-        if not isinstance(config, PNMixConfig):
-            raise TypeError(f"config must be a PNMixConfig, got {type(config).__name__}")
+        if not isinstance(config, (PNMixConfig, TokenPrecisionConfig)):
+            raise TypeError(f"config must be a PNMixConfig or a TokenPrecisionConfig, got {type(config).__name__}")
+        per_token = isinstance(config, TokenPrecisionConfig)
+        if not per_token and (token_bits is not None or generated_bits is not None):
+            raise ValueError(
+                "token_bits and generated_bits are for a per-token precision config (TokenPrecisionConfig)"
+            )
+        if per_token:
+            if backend == "triton":
+                raise ValueError("per-token precision (TokenPrecisionConfig) has no Triton decode yet: use "
+                                 "backend='reference' (or 'auto')")  # fmt: skip
+            backend = "reference"
         detected = detect_pair_layout(model_config)
         expected = pair_layout or detected
         if expected is None:
@@ -323,8 +369,9 @@ class PNMixHFCache(Cache):
             raise ValueError(f"stepwise=True needs backend='reference', got backend={backend!r}")
         self.config = config
         self.check_finite = check_finite
+        schedule = TokenBitsSchedule(config, token_bits, generated_bits) if per_token else None
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule)
             for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)

@@ -7,6 +7,9 @@ Cache-layout plan (which token goes where, what is stored): `CacheLayout`, `toke
 Channel selection rules: `reference.selection`. Online cache (Fig. 1): `ReferenceCache`.
 Storage accounting: `storage_model` (sums the layout's table), `measure`, `bit_widths`.
 Attention oracle: `attention_ref`.
+Per-token precision (TriAxialKV, role-aware PN-Mix): `TokenPrecisionConfig` (its storage plan,
+`reference.token_precision`) and `TokenPrecisionCache`; role tags `reference.roles`, calibration
+`reference.tag_distortion`, allocation `reference.bit_allocation`.
 """
 
 from .attention import attention_ref
@@ -45,6 +48,8 @@ from .saliency import (
 )
 from .selection import SELECTIONS, Selection
 from .storage import COMPONENTS, BitWidths, StorageReport, bit_widths, measure, storage_model
+from .token_cache import TokenPrecisionCache
+from .token_precision import TokenPrecisionConfig
 
 __version__ = "0.1.0"
 
@@ -63,6 +68,8 @@ __all__ = [
     "Selection",
     "StorageReport",
     "TokenLayout",
+    "TokenPrecisionCache",
+    "TokenPrecisionConfig",
     "allocation",
     "asymmetric_params",
     "attention_ref",

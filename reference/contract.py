@@ -64,6 +64,12 @@ class Capabilities:
     the dtype of the keys and values. prefill_selection: PN-Mix's pair mask, chosen once at
     prefill (the mask properties, `pair_mask` and `pack_mask` are needed only then).
 
+    Two cache families: channel_precision (a `PNMixConfig` cache, every property but 11; False
+    for an implementation of per-token precision alone) and token_precision, the `low_keys` kinds
+    of `reference.token_precision.TokenPrecisionConfig` it stores ("channels": TriAxialKV,
+    "pairs": role-aware PN-Mix; property 11): `create` then also takes that config and returns a
+    `TokenCache`.
+
     Opt-in, bit for bit: reference_layout (packed bytes are `reference.packing`'s) and
     reference_numerics (codes, scales and zeros follow `reference.quant`'s numerics rules).
     Without them an implementation is judged on its own format and its own dequantized values.
@@ -82,6 +88,8 @@ class Capabilities:
     max_tokens: int = 320
     max_head_dim: int = 32
     prefill_selection: bool = True
+    channel_precision: bool = True
+    token_precision: frozenset[str] = frozenset()
     preset: Callable[[PNMixConfig], PNMixConfig] | None = None
     residual: str = "shared"
     key_groups: str = "tokens"
@@ -101,6 +109,11 @@ class Capabilities:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        unknown = set(self.token_precision) - {"channels", "pairs"}
+        if unknown or not isinstance(self.token_precision, frozenset):
+            raise ValueError(
+                f"token_precision must be a frozenset of 'channels' and 'pairs', got {self.token_precision!r}"
+            )
         if self.pack_word_bits % 8:
             raise ValueError(f"pack_word_bits must be a multiple of 8, got {self.pack_word_bits}")
         for name in ("dtypes", "devices", "key_bits", "value_bits", "scale_dtypes", "pair_layouts"):
@@ -152,6 +165,28 @@ class Cache(Protocol):
 
     # Every tensor these methods return is the caller's: editing it leaves the cache unchanged
     # (property 9); a cache hands out views of its own storage only under other names.
+
+
+@runtime_checkable
+class TokenCache(Protocol):
+    """One layer's per-token precision cache (`reference.token_cache.TokenPrecisionCache` is the spec):
+    token_bits gives each new token's precision, config.low_bits or config.high_bits, shared by the
+    batch's sequences."""
+
+    length: int
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_bits) -> None: ...
+    def append(self, k: torch.Tensor, v: torch.Tensor, token_bits) -> None: ...
+    def attend(self, q: torch.Tensor) -> torch.Tensor: ...
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All cached keys and values, float32 [B, H_kv, T, d], in token order."""
+
+    def token_bits(self) -> torch.Tensor:
+        """The precision of every token held, in order: int [T]."""
+
+    def storage(self) -> dict[str, int]:
+        """Persistent bytes by stored tensor (any names: only the total is compared, unless the
+        implementation claims reference_layout, when they are `reference.token_precision.PARTS`)."""
 
 
 @runtime_checkable

@@ -8,16 +8,21 @@ from . import __version__, packing
 from .cache import ReferenceCache
 from .config import PNMixConfig
 from .contract import BIT_EXACT, Capabilities, variant
-from .methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS
+from .methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
+from .token_cache import TokenPrecisionCache
+from .token_precision import TokenPrecisionConfig
 
 
 class ReferenceImplementation:
     name = "reference"
     version = __version__
-    capabilities = Capabilities(**BIT_EXACT)
+    capabilities = Capabilities(token_precision=frozenset({"channels", "pairs"}), **BIT_EXACT)
     cache_class = ReferenceCache
+    token_cache_class = TokenPrecisionCache
 
-    def create(self, config: PNMixConfig) -> ReferenceCache:
+    def create(self, config: PNMixConfig | TokenPrecisionConfig) -> ReferenceCache | TokenPrecisionCache:
+        if isinstance(config, TokenPrecisionConfig):
+            return self.token_cache_class(config)
         return self.cache_class(config)
 
     def pack_keys(self, codes, channel_mask, config):
@@ -57,3 +62,11 @@ def make_kitty() -> ReferenceImplementation:
 
 def make_fp16() -> ReferenceImplementation:
     return _baseline("fp16", FP16_CLAIMS)
+
+
+def make_triaxialkv() -> ReferenceImplementation:
+    return _baseline("triaxialkv", TRIAXIAL_CLAIMS)
+
+
+def make_role_aware() -> ReferenceImplementation:
+    return _baseline("role-aware-pnmix", ROLE_AWARE_CLAIMS)

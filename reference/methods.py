@@ -123,3 +123,5 @@ KIVI_CLAIMS = {
 }
 KITTY_CLAIMS = {"prefill_selection": False, "preset": kitty_preset, "key_bits": frozenset({(4, 2), (4, 1), (2, 1)})}
 FP16_CLAIMS = {"prefill_selection": False, "preset": fp16_preset, "midpoint_one_bit": False}
+TRIAXIAL_CLAIMS = {"channel_precision": False, "token_precision": frozenset({"channels"}), "prefill_selection": False}
+ROLE_AWARE_CLAIMS = {"channel_precision": False, "token_precision": frozenset({"pairs"}), "prefill_selection": False}

@@ -30,6 +30,7 @@ KIND = "kind"
 #: Tag written under KIND, by kind: a reader decides from the content, never from the file name.
 TAGS = {
     "conformance": "pnmix-conformance",
+    "equal-bits": "pnmix-equal-bits",
     "fidelity": "pnmix-fidelity",
     "gpu-check": "pnmix-gpu-check",
     "long-output": "pnmix-long-output",

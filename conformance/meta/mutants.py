@@ -22,6 +22,8 @@ import torch
 from reference import ReferenceCache, quant, validation
 from reference import cache as cache_module
 from reference.implementation import ReferenceImplementation
+from reference.token_cache import TokenPrecisionCache
+from reference.token_precision import TokenPrecisionConfig
 
 
 def _mutant(name: str, cache_class: type = ReferenceCache, **overrides):
@@ -205,6 +207,72 @@ class _SharesItsResidual(ReferenceCache):
     def residual(self):
         self._require_prefill()
         return self._t["residual_key"], self._t["residual_value"]
+
+
+class _EveryTokenLow(TokenPrecisionCache):
+    """Quantizes every token's per-token groups at the low precision (packed at the width of its
+    class, so its bytes and its class map look right)."""
+
+    def _store(self, k, v, bits):
+        with mock.patch.object(quant, "quantize", _with_argument(quant.quantize, "bits", self.config.low_bits)):
+            super()._store(k, v, bits)
+
+
+class _StorageHidesClassMap(TokenPrecisionCache):
+    """Leaves the per-token class map out of its storage report."""
+
+    def storage(self):
+        return {name: n for name, n in super().storage().items() if name != "token_bits"}
+
+
+_CHECK_TOKEN_BITS = TokenPrecisionConfig.check_token_bits
+
+
+def _shape_only(config, token_bits, n, name="token_bits"):
+    bits = torch.as_tensor(token_bits)
+    if bits.shape != (n,) or bits.is_floating_point():
+        return _CHECK_TOKEN_BITS(config, token_bits, n, name)
+    return bits.long()
+
+
+class _TokenBitsUnchecked(TokenPrecisionCache):
+    """Takes token bits of the right shape whatever they hold: a precision it does not have is stored
+    as no token at all."""
+
+    def append(self, k, v, token_bits):
+        with mock.patch.object(TokenPrecisionConfig, "check_token_bits", _shape_only):
+            super().append(k, v, token_bits)
+
+
+class _NoRollback(TokenPrecisionCache):
+    """Keeps whatever a failed append had changed (no checkpoint, no roll back)."""
+
+    def _checkpoint(self):
+        return None
+
+    def _rollback(self, saved):
+        pass
+
+
+def _token_mutant(name: str, cache_class: type, **claims):
+    caps = dataclasses.replace(ReferenceImplementation.capabilities, **claims)
+    return _mutant(name, token_cache_class=cache_class, capabilities=caps)
+
+
+def every_token_low():
+    return _token_mutant("every_token_low", _EveryTokenLow, reference_numerics=False, reference_layout=False)
+
+
+def storage_hides_class_map():
+    return _token_mutant("storage_hides_class_map", _StorageHidesClassMap)
+
+
+def token_bits_unchecked():
+    return _token_mutant("token_bits_unchecked", _TokenBitsUnchecked)
+
+
+def no_rollback():
+    return _token_mutant("no_rollback", _NoRollback)
 
 
 def one_bit_group_ends():

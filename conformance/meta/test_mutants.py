@@ -44,6 +44,10 @@ MUTANTS = [
     ("attention_without_upcast", "test_p7_attention.py", "test_attention_is_finite_wherever_the_spec_is"),
     ("shares_its_residual", "test_p9_bad_input.py", "test_editing_what_it_returns_changes_nothing"),
     ("values_flushed_with_keys", "test_p6_residual.py", "test_residual_holds_the_newest_tokens_and_flushes_at_n"),
+    ("every_token_low", "test_p11_token_precision.py", "test_every_token_is_held_at_its_precision"),
+    ("storage_hides_class_map", "test_p11_token_precision.py", "test_storage_is_the_accounting"),
+    ("token_bits_unchecked", "test_p11_token_precision.py", "test_bad_token_bits_are_refused_and_change_nothing"),
+    ("no_rollback", "test_p11_token_precision.py", "test_a_fault_leaves_the_cache_as_it_was"),
     # The common workload's measurements keep the verdicts of the properties they belong to.
     ("wrong_gqa", "test_p7_attention.py", "test_the_common_workload_attention"),
     ("unscaled_attention", "test_p7_attention.py", "test_the_common_workload_attention"),

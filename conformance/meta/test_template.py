@@ -16,6 +16,17 @@ OPT_IN = {
     "test_mask_never_changes_after_prefill": "selection made once at prefill",
     "test_codes_and_scales_are_the_reference_numerics": "reference's numerics",
     "test_storage_report_is_exact": "reference's storage layout",
+    **dict.fromkeys(
+        (
+            "test_every_token_is_held_at_its_precision",
+            "test_token_bits_are_the_ones_given",
+            "test_storage_is_the_accounting",
+            "test_attention_over_its_own_cache_within_the_low_precision_error",
+            "test_bad_token_bits_are_refused_and_change_nothing",
+            "test_a_fault_leaves_the_cache_as_it_was",
+        ),
+        "per-token precision",
+    ),
 }
 
 

@@ -273,3 +273,43 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused_by_name():
         with pytest.raises(RuntimeError, match="PN-Mix: the model did not run attn_implementation='pnmix'"):
             _logits(model, ids, cache)
         assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
+
+
+@pytest.mark.parametrize("low_keys", ["channels", "pairs"])
+def test_per_token_precision_generates_and_its_stepwise_chunks_are_token_by_token(low_keys):
+    from reference.token_precision import TokenPrecisionConfig, token_classes
+
+    model, _ = build("llama")
+    model.set_attn_implementation("pnmix")
+    d = model.config.hidden_size // model.config.num_attention_heads
+    config = TokenPrecisionConfig(group_size=8 if d % 16 else 16, low_keys=low_keys)
+    ids = torch.randint(3, 128, (1, 70), generator=torch.Generator().manual_seed(5))
+    bits = torch.where(torch.rand(70, generator=torch.Generator().manual_seed(6)) < 0.75, 2, 4)
+    arg = hf.cache_argument(model)
+
+    def cache(**kw):
+        return hf.PNMixHFCache(model.config, config, backend="reference", token_bits=bits, **kw)
+
+    one, chunked, plain = cache(), cache(stepwise=True), cache()
+    with torch.no_grad():
+        for c in (one, chunked, plain):
+            model(input_ids=ids[:, :12], **{arg: c})
+        expected = torch.cat([model(input_ids=ids[:, t : t + 1], **{arg: one}).logits for t in range(12, 70)], 1)
+        got = torch.cat([model(input_ids=ids[:, a : a + 20], **{arg: chunked}).logits for a in range(12, 70, 20)], 1)
+        wrong = torch.cat([model(input_ids=ids[:, a : a + 20], **{arg: plain}).logits for a in range(12, 70, 20)], 1)
+    torch.testing.assert_close(got, expected)  # float32 model: equal up to the order of float32 sums
+    assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
+    layer = one.layers[0].cache
+    assert torch.equal(layer.token_bits(), bits) and token_classes(config, bits).n_grouped > 0
+    # generate(): the prompt's bits from token_bits, every generated token at generated_bits
+    gen = hf.PNMixHFCache(model.config, config, token_bits=bits[:20], generated_bits=2)
+    out = model.generate(input_ids=ids[:, :20], max_new_tokens=10, do_sample=False, **{arg: gen})
+    assert out.shape == (1, 30)
+    held = gen.layers[0].cache.token_bits()
+    assert torch.equal(held[:20], bits[:20]) and bool((held[20:] == 2).all()) and len(held) == 29
+    with pytest.raises(ValueError, match="no Triton decode yet"):
+        hf.PNMixHFCache(model.config, config, backend="triton")
+    with pytest.raises(ValueError, match=r"generated_bits must hold only \(2, 4\)"):
+        hf.PNMixHFCache(model.config, config, generated_bits=3)
+    with pytest.raises(ValueError, match="token_bits and generated_bits are for a per-token precision config"):
+        hf.PNMixHFCache(model.config, METHODS["PN-Mix"](), token_bits=bits)
