@@ -61,7 +61,7 @@ from reference.saliency import (
 )
 
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import resolve as resolve_model
+from .model_source import for_command
 
 DATA = Path(__file__).parent / "data"
 TRACE = "pnmix-trace"
@@ -726,10 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the model's RoPE pairs, where they cannot be probed from its rotary function",
     )
     args = parser.parse_args(argv)
-    try:
-        source = resolve_model(args.model)
-    except ValueError as error:
-        parser.error(str(error))
+    source = for_command(parser, args.model)
     torch.manual_seed(args.seed)
     new_tokens = args.new_tokens or (24 if args.smoke else 200)
     e2e_prompts = args.e2e_prompts if args.e2e_prompts is not None else (1 if args.smoke else 2)

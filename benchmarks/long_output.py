@@ -34,7 +34,7 @@ from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.storage import bit_widths
 
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import resolve as resolve_model
+from .model_source import for_command
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_METHODS = ("KIVI-2 +32 sinks", "Kitty", "PN-Mix")  # about 2.3 key bits each
@@ -56,8 +56,9 @@ def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, c
 
     from pnmix.hf import PNMixHFCache
 
-    caches = {"FP16": DynamicCache()}
-    caches |= {n: PNMixHFCache(model.config, c, backend="reference", stepwise=True) for n, c in configs.items()}
+    caches = {"FP16": DynamicCache()}  # a config, or a function that returns a cache (per-token precision)
+    caches |= {n: c() if callable(c) else PNMixHFCache(model.config, c, backend="reference", stepwise=True)
+               for n, c in configs.items()}  # fmt: skip
     attn = {n: "sdpa" if n == "FP16" else "pnmix" for n in caches}
     out = {n: {m: [] for m in METRICS} for n in configs} | {"FP16": {"nll": []}}
     bounds = [(0, prompt_len)] + [
@@ -96,13 +97,14 @@ class _Progress:
 
 
 @torch.no_grad()
-def greedy_outputs(model, tokenizer, prompts: list[str], tokens: int, context: float) -> list[tuple[torch.Tensor, int]]:
-    """The FP16 model's greedy continuation of each prompt (as a one-turn chat), `tokens` long or up to
+def greedy_outputs(model, tokenizer, prompts: list, tokens: int, context: float) -> list[tuple[torch.Tensor, int]]:
+    """The FP16 model's greedy continuation of each prompt (a string: a one-turn chat; or a list of chat
+    messages), `tokens` long or up to
     the context: (ids [1, prompt + output], prompt length) per prompt. All prompts decode as one
     left-padded batch: on a CPU a decode step reads every weight whatever the batch, so this costs
     about one prompt's time. Padding can flip a near-tie of the greedy choice; that changes which
     sequence is teacher-forced, not the comparison, which reads every method on the same tokens."""
-    chats = [[{"role": "user", "content": p}] for p in prompts]
+    chats = [[{"role": "user", "content": p}] if isinstance(p, str) else list(p) for p in prompts]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -263,10 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in METHODS or n == "FP16"]
     if unknown or not names:
         parser.error(f"--methods: unknown {unknown}; choose from {[n for n in METHODS if n != 'FP16']}")
-    try:
-        source = resolve_model(args.model)
-    except ValueError as error:
-        parser.error(str(error))
+    source = for_command(parser, args.model)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokens, prompts_n, pages = args.tokens, args.prompts, {}

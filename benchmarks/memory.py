@@ -153,12 +153,14 @@ def point(
     budget_gib: float = DEFAULT_BUDGET_GIB,
     workspace: Workspace | None = None,
     dense_attention: bool = False,
+    cache_fn=None,
 ) -> MemoryPoint:
-    """Peak memory of one (method, batch, generation length) under the static protocol."""
+    """Peak memory of one (method, batch, generation length) under the static protocol. cache_fn(batch,
+    capacity): the cache's bytes, for a method outside `reference.methods` (then `method` only names it)."""
     for name, value in (("batch", batch), ("generation", generation), ("prompt", prompt)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if method not in METHODS:
+    if cache_fn is None and method not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
     if not budget_gib > 0:
         raise ValueError(f"budget_gib must be positive, got {budget_gib!r}")
@@ -172,7 +174,7 @@ def point(
         prompt,
         generation,
         arch.weight_bytes(),
-        cache_bytes(arch, method, batch, capacity),
+        cache_bytes(arch, method, batch, capacity) if cache_fn is None else cache_fn(batch, capacity),
         workspace,
         budget_gib,
     )

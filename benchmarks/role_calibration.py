@@ -6,11 +6,11 @@ Runs the prefill of every conversation of the calibration split (`benchmarks.con
 through the model, captures the queries, keys and values (after RoPE) of `--layers` layers spread
 across depth, tags every token (`reference.roles`, the model's own chat template), and measures
 for every tag and precision D_k(b) = the sum over layers of the mean over the requests that hold
-the tag of the worst query head's attention-output MSE (`reference.token_precision.tag_distortion`:
-the tag's tokens at b bits, the rest exact). Then `reference.bit_allocation.allocate` picks INT2
-or INT4 per tag at each budget, in bits per element with everything stored counted (payload,
-scales and zeros: at G = 32 and float16 scales INT2 costs 3 bits and INT4 5). Writes JSON and
-markdown atomically to new files.
+the tag of the worst query head's attention-output MSE (`reference.tag_distortion`: the tag's
+tokens at b bits, the rest exact), for TriAxialKV's storage (`CONFIGS` has role-aware PN-Mix's too).
+Then `reference.bit_allocation.allocate` picks INT2 or INT4 per tag at each budget, in bits per
+element with everything stored counted (payload, scales and zeros: at G = 32 and float16 scales
+INT2 costs 3 bits and INT4 5). Writes JSON and markdown atomically to new files.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from reference.bit_allocation import allocate
 from reference.cli import positive_int
 from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.roles import tag_conversation, tag_table
-from reference.token_precision import GROUP, PRECISIONS, tag_distortion
+from reference.tag_distortion import tag_distortion
+from reference.token_precision import TokenPrecisionConfig, precision_cost
 
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import resolve as resolve_model
+from .model_source import for_command
 
 CAPTURE = "pnmix_capture"
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
@@ -43,10 +44,8 @@ def spread_layers(n_layers: int, count: int) -> list[int]:
     return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
 
 
-def precision_cost(bits: int, group_size: int, scale_bits: int = 16) -> float:
-    """Key and value bits per element of a token at `bits`: payload plus a scale and a zero per
-    group of `group_size` (the 2-bit keys' groups run over tokens, the rest over channels)."""
-    return bits + 2 * scale_bits / group_size
+#: The stores calibrated: TriAxialKV's, and role-aware PN-Mix's (PN-Mix's pairs in the low tokens' keys).
+CONFIGS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 
 
 class _Capture:
@@ -72,34 +71,43 @@ def _register(capture: _Capture) -> None:
 
 
 @torch.no_grad()
-def calibrate(model, tokenizer, conversations, layers: list[int], group_size: int = GROUP) -> dict:
-    """Tags, token counts and D[tag, precision] (module doc) over `conversations` (rows with
-    `messages`)."""
+def capture(model, tokenizer, conversations, layers: list[int]) -> list[tuple[list, list, dict]]:
+    """(input ids, tags, {layer: (q, k, v, scaling)}) of each conversation's prefill (rows with `messages`)."""
     capture = _Capture(layers)
     _register(capture)
     previous = model.config._attn_implementation
     model.set_attn_implementation(CAPTURE)
-    per_request = []
+    out = []
     try:
-        for row in tqdm(conversations, desc="calibration", unit="conversation"):
+        for row in tqdm(conversations, desc="capture q, k, v", unit="conversation"):
             ids, tags = tag_conversation(tokenizer, row["messages"])
             capture.seen = {}
             model(input_ids=torch.tensor([ids]))
             if set(capture.seen) != set(layers):
                 raise RuntimeError(f"the model did not attend through layers {sorted(set(layers) - set(capture.seen))}")
-            per_request.append((tags, dict(capture.seen)))
+            out.append((ids, tags, dict(capture.seen)))
     finally:
         model.set_attn_implementation(previous)
-    table = tag_table([t for tags, _ in per_request for t in tags])
-    total = torch.zeros(len(table), len(PRECISIONS), dtype=torch.float64)
+    return out
+
+
+def calibrate(model, tokenizer, conversations, layers: list[int], config: TokenPrecisionConfig | None = None,
+              captured=None) -> dict:  # fmt: skip
+    """Tags, token counts and D[tag, precision] (module doc) over `conversations` (rows with
+    `messages`), for the store of `config` (TriAxialKV's by default); `captured`: `capture`'s result, if
+    already taken."""
+    config = TokenPrecisionConfig() if config is None else config
+    per_request = capture(model, tokenizer, conversations, layers) if captured is None else captured
+    table = tag_table([t for _, tags, _ in per_request for t in tags])
+    total = torch.zeros(len(table), len(config.precisions), dtype=torch.float64)
     for layer in layers:
         runs = []
-        for tags, seen in per_request:
+        for _, tags, seen in per_request:
             q, k, v, scale = seen[layer]
-            runs.append(tag_distortion(q, k, v, tags, table, scale=scale, group_size=group_size))
+            runs.append(tag_distortion(q, k, v, tags, table, config, scale=scale))
         runs = torch.stack(runs)
         total += torch.nanmean(runs, dim=0)  # the mean over the requests that hold the tag
-    counts = [sum(t == tag for tags, _ in per_request for t in tags) for tag in table]
+    counts = [sum(t == tag for _, tags, _ in per_request for t in tags) for tag in table]
     return {
         "tags": [str(t) for t in table],
         "tokens": counts,
@@ -108,12 +116,15 @@ def calibrate(model, tokenizer, conversations, layers: list[int], group_size: in
     }
 
 
-def allocations(calibration: dict, budgets, group_size: int = GROUP) -> list[dict]:
-    costs = torch.tensor([precision_cost(b, group_size) for b in PRECISIONS])
+def allocations(calibration: dict, budgets, config: TokenPrecisionConfig | None = None) -> list[dict]:
+    """The allocator's choice of bits per tag at each budget (average key + value bits per element,
+    payload, scales and zeros counted: `reference.token_precision.precision_cost`)."""
+    config = TokenPrecisionConfig() if config is None else config
+    costs = torch.tensor([precision_cost(config, b) for b in config.precisions])
     out = []
     for budget in budgets:
         result = allocate(torch.tensor(calibration["distortion"]), torch.tensor(calibration["tokens"]), costs, budget)
-        bits = [PRECISIONS[c] for c in result.choice]
+        bits = [config.precisions[c] for c in result.choice]
         out.append({"budget": budget, "bits": bits, "average_bits": result.average_bits,
                     "distortion": result.distortion, "search": result.search})  # fmt: skip
     return out
@@ -126,14 +137,19 @@ def render(result: dict) -> str:
         [tag, n, *d] + [a["bits"][i] for a in allocated]
         for i, (tag, n, d) in enumerate(zip(cal["tags"], cal["tokens"], cal["distortion"], strict=True))
     ]
-    head = ["tag", "tokens", *(f"D(INT{b})" for b in PRECISIONS), *(f"bits @ {a['budget']}" for a in allocated)]
+    head = [
+        "tag",
+        "tokens",
+        *(f"D(INT{b})" for b in TokenPrecisionConfig().precisions),
+        *(f"bits @ {a['budget']}" for a in allocated),
+    ]
     return "\n".join(
         [
             f"# TriAxialKV calibration: {result['model']['name']}",
             "",
             f"Command `{result['command']}`, {cal['requests']} conversations, layers {result['layers']}, "
             f"G = {result['group_size']}. D: attention-output MSE of the worst head, mean over the requests that "
-            "hold the tag, summed over the layers (`reference.token_precision.tag_distortion`).",
+            "hold the tag, summed over the layers (`reference.tag_distortion`).",
             "",
             tabulate(rows, head, tablefmt="github", floatfmt=".3e"),
             "",
@@ -154,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
     parser.add_argument("--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS),
                         help="average key+value bits per element, everything stored counted")  # fmt: skip
-    parser.add_argument("--group-size", type=positive_int, default=GROUP)
+    parser.add_argument("--group-size", type=positive_int, default=TokenPrecisionConfig().group_size)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     for budget in args.budgets:
@@ -162,10 +178,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--budgets must be positive finite numbers, got {budget}")
     from . import conversations
 
-    source = resolve_model(args.model)
+    source = for_command(parser, args.model)
     model, tokenizer = source.load("sdpa")
     layers = spread_layers(model.config.num_hidden_layers, args.layers)
-    cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, args.group_size)
+    try:
+        config = TokenPrecisionConfig(group_size=args.group_size)
+    except ValueError as err:
+        parser.error(f"--group-size: {err}")
+    cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, config)
     result = record(
         "role-calibration",
         command=shlex.join(["python", "-m", "benchmarks.role_calibration", *(sys.argv[1:] if argv is None else argv)]),
@@ -173,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         layers=layers,
         group_size=args.group_size,
         calibration=cal,
-        allocations=allocations(cal, args.budgets, args.group_size),
+        allocations=allocations(cal, args.budgets, config),
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

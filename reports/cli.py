@@ -31,7 +31,7 @@ from . import environment, files, inputs, interrupts, steps
 from .document import assemble
 from .provenance import ROOT, display_path
 from .sections import claims as claims_section
-from .sections import conformance, fidelity, memory, performance, storage
+from .sections import conformance, equal_bits, fidelity, memory, performance, storage
 from .sections import environment as environment_section
 
 DEFAULT_OUT = Path(__file__).resolve().parent
@@ -185,6 +185,7 @@ def render_report(name: str, command: str, git: dict, started: str, outcomes, so
         lambda: fidelity.render(
             inputs.of_kind(sources, "fidelity"), note["fidelity"], inputs.of_kind(sources, "long-output")
         ),
+        lambda: equal_bits.render(inputs.of_kind(sources, "equal-bits")),
     ]
     sections = [render() for render in tqdm(renders, desc="rendering", unit="section", file=sys.stderr)]
     claims = [c for s in sections for c in s.claims]

@@ -136,6 +136,36 @@ ROLE_CALIBRATION = {
     "allocations": ListOf({"budget": NUM, "bits": ListOf(int), "average_bits": NUM, "distortion": NUM, "search": str}),
 }
 
+_EQUAL_BITS_METHOD = {"bits": NUM, "config": str, "stored_bits": NUM, "attention_kl": NUM, "output_mse": NUM,
+                      "e2e_kl?": NUM, "e2e_top1?": NUM, "e2e_nll": NUM, "low_share?": NUM}  # fmt: skip
+EQUAL_BITS = {
+    "model": str,
+    "device": str,
+    "date_utc": str,
+    "command": str,  # its "--smoke" tells a smoke run
+    "model_fingerprint?": TEXT,
+    "layers": ListOf(int, nonempty=True),
+    "conversations": {"calibration": ListOf(str), "evaluation": ListOf(str), "evaluation_tokens": ListOf(int)},
+    "results": ListOf(
+        {
+            "budget": NUM,
+            "methods": {"*": _EQUAL_BITS_METHOD},
+            "long_output": {"*": {"kl?": _CURVE, "top1?": _CURVE, "nll?": _CURVE}},
+            "long_positions": int,
+            "memory": ListOf(
+                {
+                    "method": str,
+                    "fig6a_longest_generation": (int, NONE),
+                    "fig6b_max_batch": int,
+                    "cache_gib_at_b32_8k": NUM,
+                }
+            ),
+        },
+        nonempty=True,
+    ),
+    "claims": ListOf({"claim": str, "holds": bool, "source": str, "evidence": str}),
+}
+
 GPU_CHECK = {
     "device?": TEXT,
     "date_utc?": TEXT,
@@ -155,6 +185,7 @@ SCHEMAS = {
     "fidelity": FIDELITY,
     "long-output": LONG_OUTPUT,
     "role-calibration": ROLE_CALIBRATION,
+    "equal-bits": EQUAL_BITS,
     "gpu-check": GPU_CHECK,
     BENCHMARK: PYTEST_BENCHMARK,
 }

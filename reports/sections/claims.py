@@ -1,4 +1,4 @@
-"""Section 7: the paper's claims, each confirmed, not confirmed or not measured here, with evidence."""
+"""Section 8: the paper's claims, each confirmed, not confirmed or not measured here, with evidence."""
 
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
         "`benchmarks.fidelity.markdown`; the paper's claims are quoted next to what was measured. "
         + (
-            f"The claims of section 7 are judged on the {_label(main)}."
+            f"The claims of section 8 are judged on the {_label(main)}."
             if main
             else "Only smoke runs are present: they check the harness, not the claims."
         )

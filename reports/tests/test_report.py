@@ -19,7 +19,7 @@ ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 SECTIONS = ("## 1. Environment and provenance", "## 2. Conformance matrix", "## 3. Storage and bit widths",
             "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
-            "## 7. The paper's claims")  # fmt: skip
+            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. The paper's claims")  # fmt: skip
 NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
 
 

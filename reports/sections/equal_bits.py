@@ -1,0 +1,112 @@
+"""The section on channels against token roles at equal bits: TriAxialKV, role-aware PN-Mix and the
+channel methods on `benchmarks.equal_bits` results, with TriAxialKV's stated trade-offs checked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks import equal_bits
+
+from .. import figures
+from ..inputs import Source
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Section, demote, figure, sources_under_tables, table
+from ..provenance import computed, measured, quoted
+
+TITLE = "Channels or token roles at equal bits (TriAxialKV)"
+FIGURE = "equal-bits-long-output.png"
+#: TriAxialKV's numbers (arXiv 2605.17170) that need a GPU decode kernel to check.
+THROUGHPUT = "1.26-1.52x the BF16 throughput"
+CONCURRENCY = (3.4, 4.0)  # x BF16 concurrency
+
+
+def _provenance(s: Source) -> str:
+    d = s.data
+    workload = f"{d.get('model')}, {len(d['conversations']['evaluation'])} evaluation conversations"
+    return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, workload)
+
+
+def primary(sources: Sequence[Source]) -> Source | None:
+    """The newest full (non-smoke) result: what the section states."""
+    full = [s for s in sources if "--smoke" not in s.data.get("command", "")]
+    return max(full, key=lambda s: s.data.get("date_utc", ""), default=None)
+
+
+def _draw(data: dict):
+    results = data["results"]
+
+    def draw(*axes):
+        for ax, r in zip(axes, results, strict=True):
+            for name, curves in r["long_output"].items():
+                if "kl" in curves:
+                    ax.plot(range(1, len(curves["kl"]) + 1), curves["kl"], marker="o", ms=3, label=name)
+            ax.set_title(f"{r['budget']} bits: KL(FP16 || method)")
+            ax.set_xlabel(f"span of output positions (of {r['long_positions']})")
+            ax.set_yscale("log")
+
+    return draw
+
+
+def trade_offs(s: Source) -> list[list[str]]:
+    """TriAxialKV's stated trade-offs, and the question of the comparison, with what this result says."""
+    d = s.data
+    rows = [[c["claim"], CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
+             computed("benchmarks.equal_bits.claims") if "computed" in c["source"] else _provenance(s)]
+            for c in d["claims"]]  # fmt: skip
+    ratios = []
+    for r in d["results"]:
+        batch = {m["method"]: m["fig6b_max_batch"] for m in r["memory"]}
+        if batch.get("FP16"):
+            ratios.append((r["budget"], batch["TriAxialKV"] / batch["FP16"]))
+    lo, hi = CONCURRENCY
+    rows.append([
+        f"TriAxialKV serves {lo}-{hi}x the concurrency of BF16, at least {lo}x (arXiv 2605.17170)",
+        CONFIRMED if ratios and all(lo <= x for _, x in ratios) else NOT_CONFIRMED,
+        "computed from the storage formula (Fig. 6b model: Qwen3-8B, A100-40GB, 8K generated)",
+        "; ".join(f"{b} bits: {x:.2f}x FP16's largest batch" for b, x in ratios) + " (weights and workspace "
+        "included: the cache alone would give more)",
+        computed("benchmarks.memory.max_batch with each method's storage model"),
+    ])  # fmt: skip
+    rows.append([f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)", NOT_MEASURED, "-",
+                 "no GPU here and no Triton decode for per-token precision yet (bitwidth-homogeneous splits merged "
+                 "by log-sum-exp): the decode runs the reference attention", quoted("arXiv 2605.17170")])  # fmt: skip
+    return rows
+
+
+def render(sources: Sequence[Source]) -> Section:
+    intro = (
+        "PN-Mix spends bits per channel (salient RoPE pairs); TriAxialKV (arXiv 2605.17170) per token, by a role "
+        "tag on three axes (recency to the current turn, modality, semantic role; `reference.roles`), INT2 or INT4 "
+        "per tag chosen by an allocator from calibrated attention-output distortion (`reference.bit_allocation`, "
+        "`benchmarks.role_calibration`), stored as `reference.token_precision` plans (INT2 keys per channel in "
+        "groups of 32 INT2 tokens, the leftover on the INT4 per-token path, no exact residual). Role-aware PN-Mix, "
+        "the combination neither paper has, keeps TriAxialKV's per-tag budget and spends its INT2 keys as PN-Mix "
+        "does: H3(50%)L1 on the pairs Eq. 6 picks at prefill, the same 2 bits. Each channel method takes the "
+        "configuration of its family nearest each budget (`benchmarks.equal_bits.candidates`). The bits column "
+        "counts payload, scales, zeros, sinks and metadata (the channel methods' exact residual excluded, as the "
+        "paper counts); the stored column counts everything a cache holds for the evaluated conversations: at "
+        "these lengths (under 1K tokens) the channel methods' exact residual and sinks are a large share of it "
+        "and of their fidelity, which matters less over long outputs. Role-aware PN-Mix and TriAxialKV store the "
+        "same bits, so their rows compare the axis alone.\n"
+    )
+    if not sources:
+        return Section(TITLE, intro + "No equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
+    s = primary(sources)
+    if s is None:
+        return Section(TITLE, intro + "Only smoke runs of `benchmarks.equal_bits` were given (harness checks).\n")
+    body = equal_bits.markdown(s.data).split("\n", 1)[1]
+    body = body.split("## Claims", 1)[0]
+    parts = [intro, sources_under_tables(demote(body, 1), _provenance(s))]
+    if s.data.get("model_fingerprint"):
+        parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
+    figs = {}
+    png = figures.png(_draw(s.data), ncols=len(s.data["results"]), size=(4.6, 3.6))
+    if png is None:
+        parts.append(figures.MISSING + "\n")
+    else:
+        figs[FIGURE] = png
+        parts.append(figure(FIGURE, "KL(FP16 || method) over long outputs at each budget (measured, source above)"))
+    parts += [
+        "### TriAxialKV's trade-offs and the combination, checked\n",
+        table(trade_offs(s), ["claim", "status", "basis", "evidence", "provenance"], "the provenance column"),
+    ]
+    return Section(TITLE, "\n".join(parts), figs)
