@@ -58,6 +58,7 @@ SUITES = {
 SHORT_PROPERTIES = (
     "test_decode_attention_within_the_low_precision_error",
     "test_codes_and_scales_are_the_reference_numerics",
+    "test_attention_over_its_own_cache_within_the_low_precision_error",  # per-token precision's decode
 )
 TINY_PROPERTIES = ("test_key_codes_roundtrip",)
 #: Seconds each --short step may take (see the module docstring), and all of them with room for
@@ -109,6 +110,7 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
     fig7_id = point_id(SUITES["latency"], "test_fig7_step_latency", fig7_latency, scale, **fig7)
     fig6c_id = point_id(SUITES["throughput"], "test_fig6c_throughput", fig6c_throughput, scale, **fig6c)
     conformance = ("conformance", "--ignore=conformance/meta", "--impl", "triton", "--device", dev,
+                   "--impl", "triaxialkv-triton", "--impl", "role-aware-pnmix-triton",
                    "--hypothesis-profile", "ci", "-k", " or ".join(properties),
                    "--conformance-json", str(conformance_json))  # fmt: skip
     what = {
@@ -225,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         steps = result["steps"]
         if cuda and not args.skip_conformance:
             steps["conformance"] = run_pytest(
-                ["conformance", "pnmix", "--impl", "triton", "--device", "cuda", "--ignore=conformance/meta",
+                ["conformance", "pnmix", "--impl", "triton", "--impl", "triaxialkv-triton", "--impl",
+                 "role-aware-pnmix-triton", "--device", "cuda", "--ignore=conformance/meta",
                  "--conformance-json", str(out / f"conformance-triton-{stamp}.json")]
             )  # fmt: skip
         bench_json = out / f"bench-{safe}-{stamp}.json"

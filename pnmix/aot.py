@@ -35,6 +35,7 @@ import torch
 
 from reference.layout import CacheLayout
 from reference.methods import METHODS
+from reference.token_precision import TokenPrecisionConfig
 
 from . import _runtime
 from .gpus import ARCHS, GPUS, REQUIRED_CEILING, ceiling, smem_limit
@@ -44,6 +45,8 @@ HEAD_DIMS = (64, 128, 256)
 GQA = (4, 8)
 DEFAULT_METHOD = "PN-Mix"
 DECODE_KERNEL = "_split_kernel"
+#: Per-token precision methods (their own decode kernel, `pnmix.kernels.token_attention`): --all compiles them too.
+TOKEN_METHODS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 #: 32-bit registers of one SM (sm_80, sm_90): a block whose threads need more cannot launch.
 REGISTER_FILE = 65536
 
@@ -64,17 +67,29 @@ class Case:
 
 
 def cases(scope: str) -> list[Case]:
-    methods = list(METHODS) if scope == "all" else [DEFAULT_METHOD]
+    methods = [*METHODS, *TOKEN_METHODS] if scope == "all" else [DEFAULT_METHOD]
     dims = HEAD_DIMS if scope == "all" else (128,)
     return [Case(m, t, d, g) for m in methods for t in DTYPES for d in dims for g in GQA]
 
 
-def record_launches(case: Case, gpu: _runtime.Target) -> tuple[list[_runtime.Launch], CacheLayout]:
-    """Every launch of a prefill (with page flushes), a one-token append, decode and dequantize."""
+def record_launches(case: Case, gpu: _runtime.Target) -> tuple[list[_runtime.Launch], CacheLayout | None]:
+    """Every launch of a prefill (with page flushes), a one-token append, decode and dequantize (a per-token
+    precision method: its decode, of a prompt with every kind of store; no layout)."""
     from .cache import PNMixCache
 
-    config = METHODS[case.method]()
     dtype, d, kv = DTYPES[case.dtype], case.head_dim, 2
+    if case.method in TOKEN_METHODS:
+        from .token_cache import TritonTokenPrecisionCache
+
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, heads, 200, d, generator=gen).to(dtype) for heads in (kv * case.gqa, kv, kv))
+        bits = torch.where(torch.rand(200, generator=gen) < 0.7, 2, 4)
+        with _runtime.recording(gpu) as launches:
+            cache = TritonTokenPrecisionCache(TOKEN_METHODS[case.method])
+            cache.prefill(q, k, v, bits)
+            cache.attend(q[:, :, -1:])
+        return launches, None
+    config = METHODS[case.method]()
     prompt = min(config.n_sink, 64) + 2 * config.residual_length + 3
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, kv * case.gqa, prompt, d, generator=gen).to(dtype)

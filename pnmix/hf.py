@@ -247,7 +247,12 @@ class PNMixLayer(CacheLayerMixin):
             self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
             return
         if self.schedule is not None:
-            cache = TokenPrecisionCache(self.config)
+            if self.backend == "triton":
+                from .token_cache import TritonTokenPrecisionCache
+
+                cache = TritonTokenPrecisionCache(self.config)
+            else:
+                cache = TokenPrecisionCache(self.config)
             cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
             self.cache, self._pending = cache, None
             return
@@ -309,7 +314,8 @@ class PNMixHFCache(Cache):
     reference backend): long-output fidelity at the cost of one forward per chunk.
 
     config may instead be a `reference.token_precision.TokenPrecisionConfig` (TriAxialKV, role-aware
-    PN-Mix: per-token precision, reference backend): token_bits then gives the bits of the first
+    PN-Mix: per-token precision; its Triton backend decodes with `pnmix.kernels.token_attention`, the
+    stores quantized by the spec's code): token_bits then gives the bits of the first
     positions (the prompt's, from its role tags: `reference.roles`, `reference.bit_allocation`) and
     generated_bits those of every later token (default: config.high_bits).
     """
@@ -335,11 +341,9 @@ class PNMixHFCache(Cache):
             raise ValueError(
                 "token_bits and generated_bits are for a per-token precision config (TokenPrecisionConfig)"
             )
-        if per_token:
-            if backend == "triton":
-                raise ValueError("per-token precision (TokenPrecisionConfig) has no Triton decode yet: use "
-                                 "backend='reference' (or 'auto')")  # fmt: skip
-            backend = "reference"
+        if per_token and max_cache_len is not None:
+            raise ValueError("max_cache_len: a per-token precision cache (TokenPrecisionConfig) grows exactly; "
+                             "static preallocation is not supported for it")  # fmt: skip
         detected = detect_pair_layout(model_config)
         expected = pair_layout or detected
         if expected is None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from reference import PNMixConfig, packing
+from reference import PNMixConfig, TokenPrecisionConfig, packing
 from reference.contract import BIT_EXACT, Capabilities, variant
-from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS
+from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
 
 from . import __version__, _runtime
 from .cache import BOOKKEEPING_BYTES, PNMixCache
 from .kernels import dequantize_plane, encode_pack
+from .token_cache import TritonTokenPrecisionCache
 
 
 def _identity_params(b: int, h: int, rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,9 +27,7 @@ def claims(tokens: int = 96, **method) -> Capabilities:
         devices=("cpu",) if _runtime.INTERPRETED else ("cuda",),
         max_tokens=tokens if _runtime.INTERPRETED else 320,
         max_head_dim=16 if _runtime.INTERPRETED else 32,
-        bookkeeping_bytes=BOOKKEEPING_BYTES,
-        **BIT_EXACT,
-        **method,
+        **{"bookkeeping_bytes": BOOKKEEPING_BYTES, **BIT_EXACT, **method},
     )
 
 
@@ -37,7 +36,9 @@ class TritonImplementation:
     version = __version__
     capabilities = claims()
 
-    def create(self, config: PNMixConfig) -> PNMixCache:
+    def create(self, config: PNMixConfig | TokenPrecisionConfig) -> PNMixCache | TritonTokenPrecisionCache:
+        if isinstance(config, TokenPrecisionConfig):
+            return TritonTokenPrecisionCache(config)
         return PNMixCache(config)
 
     def pack_keys(self, codes, channel_mask, config):
@@ -102,3 +103,13 @@ def make_kivi() -> TritonImplementation:
 def make_kitty() -> TritonImplementation:
     """Kitty on the same kernels (per-page channel ranks read by the decode kernel)."""
     return variant(TritonImplementation(), "kitty-triton", claims(tokens=48, **KITTY_CLAIMS))
+
+
+def make_triaxialkv() -> TritonImplementation:
+    """TriAxialKV: the spec's per-token stores, read by the Triton decode (`pnmix.kernels.token_attention`)."""
+    return variant(TritonImplementation(), "triaxialkv-triton", claims(bookkeeping_bytes=0, **TRIAXIAL_CLAIMS))
+
+
+def make_role_aware() -> TritonImplementation:
+    """Role-aware PN-Mix on the same decode (its low keys' pairs in the high plane)."""
+    return variant(TritonImplementation(), "role-aware-pnmix-triton", claims(bookkeeping_bytes=0, **ROLE_AWARE_CLAIMS))

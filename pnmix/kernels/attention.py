@@ -138,6 +138,15 @@ def _online_softmax(logits, pos, last_visible, m_i, l_i, CAUSAL: tl.constexpr, D
 
 
 @triton.jit
+def pair_slots(meta, cols, col_ok, d, ADJACENT: tl.constexpr, HAS_HIGH: tl.constexpr):
+    """The high-plane column of each channel from the bit-packed pair mask `meta` (-1: none)."""
+    pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
+    byte = tl.load(meta + pair // 8, mask=col_ok & HAS_HIGH, other=0).to(tl.int32)
+    salient = ((byte >> (pair % 8)) & 1) * col_ok.to(tl.int32)
+    return tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
+
+
+@triton.jit
 def _chunk(split, n_splits, n, BLOCK_N: tl.constexpr):
     """This split's share [lo, hi) of a segment of n tokens, in whole tiles."""
     size = tl.cdiv(tl.cdiv(n, n_splits), BLOCK_N) * BLOCK_N
@@ -236,10 +245,7 @@ def _split_kernel(
     hcol_ok = hcol < n_boost
     if not PAGE_RANKS:
         # High-plane column of each salient channel, from the bit-packed pair mask alone, and its inverse.
-        pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
-        byte = tl.load(meta + pair // 8, mask=col_ok & HAS_HIGH, other=0).to(tl.int32)
-        salient = ((byte >> (pair % 8)) & 1) * col_ok.to(tl.int32)
-        slot = tl.where(salient == 1, tl.cumsum(salient, axis=0) - 1, -1)
+        slot = pair_slots(meta, cols, col_ok, d, ADJACENT, HAS_HIGH)
         channel = tl.sum(tl.where(slot[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
     else:
         slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table

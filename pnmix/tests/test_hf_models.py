@@ -307,9 +307,38 @@ def test_per_token_precision_generates_and_its_stepwise_chunks_are_token_by_toke
     assert out.shape == (1, 30)
     held = gen.layers[0].cache.token_bits()
     assert torch.equal(held[:20], bits[:20]) and bool((held[20:] == 2).all()) and len(held) == 29
-    with pytest.raises(ValueError, match="no Triton decode yet"):
-        hf.PNMixHFCache(model.config, config, backend="triton")
+    with pytest.raises(ValueError, match="static preallocation is not supported"):
+        hf.PNMixHFCache(model.config, config, backend="triton", max_cache_len=128)
     with pytest.raises(ValueError, match=r"generated_bits must hold only \(2, 4\)"):
         hf.PNMixHFCache(model.config, config, generated_bits=3)
     with pytest.raises(ValueError, match="token_bits and generated_bits are for a per-token precision config"):
         hf.PNMixHFCache(model.config, METHODS["PN-Mix"](), token_bits=bits)
+
+
+@pytest.mark.interpreter
+def test_per_token_precision_decodes_through_the_triton_kernel_as_through_the_spec():
+    from reference.token_precision import TokenPrecisionConfig
+
+    model, _ = build("llama")
+    model = model.to(torch.float16)
+    model.set_attn_implementation("pnmix")
+    d = model.config.hidden_size // model.config.num_attention_heads
+    config = TokenPrecisionConfig(group_size=8 if d % 16 else 16, low_keys="pairs")
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(7))
+    bits = torch.where(torch.rand(40, generator=torch.Generator().manual_seed(8)) < 0.75, 2, 4)
+    arg = hf.cache_argument(model)
+    logits = {}
+    for backend in ("reference", "triton"):
+        cache = hf.PNMixHFCache(model.config, config, backend=backend, token_bits=bits)
+        with torch.no_grad():
+            model(input_ids=ids[:, :30], **{arg: cache})
+            logits[backend] = torch.cat([model(input_ids=ids[:, t : t + 1], **{arg: cache}).logits
+                                         for t in range(30, 40)], 1).float()  # fmt: skip
+        assert type(cache.layers[0].cache).__name__ == ("TritonTokenPrecisionCache" if backend == "triton"
+                                                        else "TokenPrecisionCache")  # fmt: skip
+    # float16 model: the kernel rounds dequantized keys and values to float16 (property 7's bound allows it),
+    # which moves the logits by a few float16 roundings at their scale (0.4e-3 of 0.5 when written)
+    ref = logits["reference"]
+    torch.testing.assert_close(
+        logits["triton"], ref, rtol=0, atol=4 * torch.finfo(torch.float16).eps * float(ref.abs().max())
+    )
