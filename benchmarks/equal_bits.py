@@ -99,12 +99,26 @@ def channel_bits(config, head_dim: int) -> float:
     return (w.key_total + w.value_effective) / 2
 
 
-def matched(method: str, budget: float, head_dim: int, pair_layout: str):
-    """(config, bits) of the method's candidate nearest to `budget` (the cheaper one on a tie)."""
-    scored = [(abs(channel_bits(c, head_dim) - budget), channel_bits(c, head_dim), i, c)
-              for i, c in enumerate(candidates(method, pair_layout))]  # fmt: skip
-    _, bits, _, config = min(scored)
-    return config, bits
+#: How a channel method's bits are matched to a budget: "asymptotic" (`channel_bits`, exact residual
+#: excluded, the papers' convention) or "stored" (everything its cache holds for the evaluated
+#: conversations, exact residual and sinks included: equal memory on this workload).
+MATCHES = ("asymptotic", "stored")
+
+
+def matched(method: str, budget: float, head_dim: int, pair_layout: str, stored_at: tuple | None = None):
+    """(config, bits) of the method's candidate nearest to `budget` (the cheaper one on a tie): by
+    `channel_bits`, or with stored_at = (kv_heads, head_dim, lengths) by the mean `stored_bits` over
+    sequences of those lengths."""
+
+    def bits(c) -> float:
+        if stored_at is None:
+            return channel_bits(c, head_dim)
+        kv_heads, d, lengths = stored_at
+        return statistics.fmean(stored_bits(method, c, kv_heads, d, n, None) for n in lengths)
+
+    scored = [(abs(bits(c) - budget), bits(c), i, c) for i, c in enumerate(candidates(method, pair_layout))]
+    config = min(scored)[3]
+    return config, channel_bits(config, head_dim)
 
 
 def describe(config) -> str:
@@ -219,7 +233,7 @@ def _mean(xs) -> float:
 
 
 def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers, long_tokens, chunk, bins,
-        pair_layout, budget_gib=40.0) -> dict:  # fmt: skip
+        pair_layout, budget_gib=40.0, match: str = "asymptotic") -> dict:  # fmt: skip
     from pnmix.hf import head_dim
 
     d = head_dim(model.config)
@@ -245,7 +259,8 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
         settings = {"FP16": fp16(pair_layout=pair_layout)}
         rows = {"FP16": {"bits": 16.0, "config": "exact"}}
         for m in CHANNEL_METHODS:
-            settings[m], bits = matched(m, budget, d, pair_layout)
+            at = (kv_heads, d, [len(ids) for ids, _, _ in evaluation]) if match == "stored" else None
+            settings[m], bits = matched(m, budget, d, pair_layout, at)
             rows[m] = {"bits": bits, "config": describe(settings[m])}
         alloc = {}
         for m, cfg in token_configs.items():
@@ -301,6 +316,7 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
                         "long_positions": min((len(p["FP16"]["nll"]) for p in long), default=0),
                         "memory": memory_rows(settings, low_share, budget_gib)})  # fmt: skip
     return {
+        "match": match,
         "budgets": list(budgets),
         "layers": layers,
         "head_dim": d,
@@ -356,6 +372,46 @@ def claims(results: list[dict]) -> list[dict]:
     return out
 
 
+def _long_kl(r: dict, method: str) -> float | None:
+    curve = r["long_output"].get(method, {}).get("kl")
+    return statistics.fmean(curve) if curve else None
+
+
+def findings(result: dict) -> list[str]:
+    """What the numbers show, stated from them: the axis alone (role-aware PN-Mix against TriAxialKV,
+    the same bits), the combination against PN-Mix, the lowest error at each budget, and how much more
+    the channel methods store on these conversations."""
+
+    def change(a: float, b: float) -> str:
+        return f"{(1 - a / b) * 100:.0f}% lower" if a < b else f"{(a / b - 1) * 100:.0f}% higher"
+
+    out = []
+    for r in result["results"]:
+        m = r["methods"]
+        tri, combo, pn = m["TriAxialKV"], m["role-aware PN-Mix"], m["PN-Mix"]
+        parts = [f"attention KL {change(combo['attention_kl'], tri['attention_kl'])}",
+                 f"next-token KL {change(combo['e2e_kl'], tri['e2e_kl'])}"]  # fmt: skip
+        if _long_kl(r, "TriAxialKV"):
+            parts.append(f"long-output KL {change(_long_kl(r, 'role-aware PN-Mix'), _long_kl(r, 'TriAxialKV'))}")
+        quantized = [n for n in m if n != "FP16"]
+        best = {k: min(quantized, key=lambda n, k=k: m[n][k]) for k in ("attention_kl", "e2e_kl")}
+        extra = [m[n]["stored_bits"] - tri["stored_bits"] for n in CHANNEL_METHODS]
+        out.append(
+            f"At {r['budget']} bits: role-aware PN-Mix against TriAxialKV (the same bits; what PN-Mix's pairs add "
+            "to token roles): "
+            + ", ".join(parts)
+            + f". Against PN-Mix: attention KL {change(combo['attention_kl'], pn['attention_kl'])}, next-token KL "
+            f"{change(combo['e2e_kl'], pn['e2e_kl'])}. Lowest attention KL: {best['attention_kl']}; lowest "
+            f"next-token KL: {best['e2e_kl']}. On these conversations the channel methods store {min(extra):+.2f} "
+            f"to {max(extra):+.2f} bits per element against TriAxialKV (exact residual and sinks included)."
+        )
+    return out
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def markdown(result: dict) -> str:
     lines = [f"# Channels or token roles, at equal bits: {result['model']}\n",
              f"Measured on {result['device']}, {result['date_utc']}, `{result['command']}`. Calibration on "
@@ -363,11 +419,12 @@ def markdown(result: dict) -> str:
              f"{len(result['conversations']['evaluation'])} ({result['conversations']['evaluation_tokens']} tokens); "
              f"attention at layers {result['layers']}. Bits: average key + value bits per element, scales, zeros, "
              "sinks and metadata counted (see the tool's doc); 'stored' counts everything held for the evaluated "
-             "sequences, exact residual included.\n"]  # fmt: skip
+             f"sequences, exact residual included. Channel methods matched on "
+             f"{'stored' if result.get('match') == 'stored' else 'bits'}.\n"]  # fmt: skip
     for r in result["results"]:
         head = ["method", "config", "bits", "stored", "attn KL", "out MSE", "e2e KL", "top-1", "NLL"]
         rows = [[n, m["config"], f"{m['bits']:.3f}", f"{m['stored_bits']:.3f}", f"{m['attention_kl']:.3g}",
-                 f"{m['output_mse']:.3g}", f"{m.get('e2e_kl', math.nan):.3g}", f"{m.get('e2e_top1', math.nan):.3f}",
+                 f"{m['output_mse']:.3g}", _fmt(m.get("e2e_kl"), ".3g"), _fmt(m.get("e2e_top1"), ".3f"),
                  f"{m['e2e_nll']:.4g}"] for n, m in r["methods"].items()]  # fmt: skip
         lines += [f"## Budget {r['budget']} bits\n", tabulate(rows, head, tablefmt="github"), ""]
         if r["long_output"]:
@@ -379,6 +436,7 @@ def markdown(result: dict) -> str:
         lines += ["Memory (computed from each storage model; Qwen3-8B, A100-40GB budget, prompt 141)\n",
                   tabulate(mem, ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K",
                                  "cache GiB at B=32, 8K"], tablefmt="github"), ""]  # fmt: skip
+    lines += ["## What it shows\n", *(f"- {x}" for x in findings(result)), ""]
     lines += ["## Claims\n", tabulate([[c["claim"], {True: "holds", False: "does not hold"}[c["holds"]], c["source"],
                                         c["evidence"]] for c in result["claims"]],
                                       ["claim", "verdict", "source", "evidence"], tablefmt="github"), ""]  # fmt: skip
@@ -395,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-tokens", type=int, default=512, help="greedy tokens per long output (0: none)")
     parser.add_argument("--chunk", type=positive_int, default=128, help="tokens per teacher-forced forward")
     parser.add_argument("--bins", type=positive_int, default=8, help="spans of output positions in the curves")
+    parser.add_argument("--match", choices=MATCHES, default="asymptotic",
+                        help="match the channel methods' bits without their exact residual (the papers' count) or as "
+                        "stored for the evaluated conversations (equal memory on this workload)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="one budget, two conversations each, 32 long tokens")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -422,9 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     out = run(model, tokenizer, cal_rows, eval_rows, budgets=budgets,
               layers=spread_layers(model.config.num_hidden_layers, args.layers), long_tokens=long_tokens,
-              chunk=args.chunk, bins=args.bins, pair_layout=layout)  # fmt: skip
+              chunk=args.chunk, bins=args.bins, pair_layout=layout, match=args.match)  # fmt: skip
     given = {"model": args.model, "layers": args.layers, "long-tokens": args.long_tokens, "chunk": args.chunk,
-             "bins": args.bins}  # fmt: skip
+             "bins": args.bins, "match": args.match}  # fmt: skip
     options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k.replace("-", "_"))))
     if list(args.budgets) != list(DEFAULT_BUDGETS):
         options += " --budgets " + " ".join(f"{b:g}" for b in args.budgets)

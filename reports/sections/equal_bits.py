@@ -25,9 +25,10 @@ def _provenance(s: Source) -> str:
     return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, workload)
 
 
-def primary(sources: Sequence[Source]) -> Source | None:
-    """The newest full (non-smoke) result: what the section states."""
-    full = [s for s in sources if "--smoke" not in s.data.get("command", "")]
+def primary(sources: Sequence[Source], match: str = "asymptotic") -> Source | None:
+    """The newest full (non-smoke) result whose channel methods were matched by `match`: what the section states."""
+    full = [s for s in sources if "--smoke" not in s.data.get("command", "")
+            and s.data.get("match", "asymptotic") == match]  # fmt: skip
     return max(full, key=lambda s: s.data.get("date_utc", ""), default=None)
 
 
@@ -46,12 +47,19 @@ def _draw(data: dict):
     return draw
 
 
-def trade_offs(s: Source) -> list[list[str]]:
-    """TriAxialKV's stated trade-offs, and the question of the comparison, with what this result says."""
-    d = s.data
-    rows = [[c["claim"], CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
+def _claim_rows(s: Source, only_combination: bool = False, suffix: str = "") -> list[list[str]]:
+    return [[c["claim"] + suffix, CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
              computed("benchmarks.equal_bits.claims") if "computed" in c["source"] else _provenance(s)]
-            for c in d["claims"]]  # fmt: skip
+            for c in s.data["claims"] if not only_combination or "combination" in c["claim"]]  # fmt: skip
+
+
+def trade_offs(s: Source, stored: Source | None = None) -> list[list[str]]:
+    """TriAxialKV's stated trade-offs, and the question of the comparison, with what the results say
+    (`stored`: the run matched on stored memory, whose combination claims are added)."""
+    d = s.data
+    rows = _claim_rows(s)
+    if stored is not None:
+        rows += _claim_rows(stored, only_combination=True, suffix=" (equal stored memory)")
     ratios = []
     for r in d["results"]:
         batch = {m["method"]: m["fig6b_max_batch"] for m in r["memory"]}
@@ -67,8 +75,9 @@ def trade_offs(s: Source) -> list[list[str]]:
         computed("benchmarks.memory.max_batch with each method's storage model"),
     ])  # fmt: skip
     rows.append([f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)", NOT_MEASURED, "-",
-                 "no GPU here and no Triton decode for per-token precision yet (bitwidth-homogeneous splits merged "
-                 "by log-sum-exp): the decode runs the reference attention", quoted("arXiv 2605.17170")])  # fmt: skip
+                 "no GPU here: the Triton decode of per-token precision (bitwidth-homogeneous splits merged by "
+                 "log-sum-exp, pnmix/kernels/token_attention.py) is checked on the interpreter and compiled for "
+                 "sm_80/sm_90, but has not run on a GPU", quoted("arXiv 2605.17170")])  # fmt: skip
     return rows
 
 
@@ -86,16 +95,18 @@ def render(sources: Sequence[Source]) -> Section:
         "paper counts); the stored column counts everything a cache holds for the evaluated conversations: at "
         "these lengths (under 1K tokens) the channel methods' exact residual and sinks are a large share of it "
         "and of their fidelity, which matters less over long outputs. Role-aware PN-Mix and TriAxialKV store the "
-        "same bits, so their rows compare the axis alone.\n"
+        "same bits, so their rows isolate what PN-Mix's pairs add to token roles.\n"
     )
     if not sources:
         return Section(TITLE, intro + "No equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
-    s = primary(sources)
+    s, stored = primary(sources), primary(sources, "stored")
     if s is None:
         return Section(TITLE, intro + "Only smoke runs of `benchmarks.equal_bits` were given (harness checks).\n")
-    body = equal_bits.markdown(s.data).split("\n", 1)[1]
-    body = body.split("## Claims", 1)[0]
-    parts = [intro, sources_under_tables(demote(body, 1), _provenance(s))]
+    shows = [f"- {x}" for x in equal_bits.findings(s.data)]
+    if stored is not None:
+        shows += [f"- Equal stored memory: {x}" for x in equal_bits.findings(stored.data)]
+    parts = [intro, "### What it shows\n", *shows, ""]
+    parts.append(sources_under_tables(demote(_tables(s.data), 1), _provenance(s)))
     if s.data.get("model_fingerprint"):
         parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
     figs = {}
@@ -105,8 +116,22 @@ def render(sources: Sequence[Source]) -> Section:
     else:
         figs[FIGURE] = png
         parts.append(figure(FIGURE, "KL(FP16 || method) over long outputs at each budget (measured, source above)"))
+    if stored is not None:
+        parts += [
+            "### At equal stored memory on these conversations\n",
+            "The same measurements with each channel method's configuration matched on what its cache stores for "
+            "the evaluated conversations, exact residual and sinks included (`--match stored`): at under 1K tokens "
+            "none of them stores less than about 3.9 bits per element, so this is run at 4 bits only.\n",
+            sources_under_tables(demote(_tables(stored.data), 2), _provenance(stored)),
+        ]
     parts += [
         "### TriAxialKV's trade-offs and the combination, checked\n",
-        table(trade_offs(s), ["claim", "status", "basis", "evidence", "provenance"], "the provenance column"),
+        table(trade_offs(s, stored), ["claim", "status", "basis", "evidence", "provenance"], "the provenance column"),
     ]
     return Section(TITLE, "\n".join(parts), figs)
+
+
+def _tables(data: dict) -> str:
+    """The tool's markdown without its title, findings and claims (the section states those)."""
+    body = equal_bits.markdown(data).split("\n", 1)[1]
+    return body.split("## What it shows", 1)[0]
