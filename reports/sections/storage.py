@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from reference import PNMixConfig, bit_widths, paper
+import torch
+
+from reference import PNMixConfig, TokenPrecisionConfig, bit_widths, paper
 from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows
 from reference.methods import EVERY_TOKEN, METHODS
 from reference.models import MODEL_SHAPES
+from reference.token_precision import bits_per_element
 
 from ..markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
 from ..provenance import computed
@@ -30,6 +33,23 @@ def configs() -> dict[str, PNMixConfig]:
             if cfg not in out.values():  # the main config is PN-Mix's default, listed already
                 out[label(cfg)] = cfg
     return out
+
+
+TOKEN_LENGTH = 32768
+TOKEN_CONFIGS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
+
+
+def token_rows(kv_heads: int) -> list[list]:
+    """Bits per element of the per-token methods at shares of low tokens 0, 25, 50, 75 and 100%."""
+    rows = []
+    for name, cfg in TOKEN_CONFIGS.items():
+        for share in (0.0, 0.25, 0.5, 0.75, 1.0):
+            i = torch.arange(TOKEN_LENGTH, dtype=torch.float64)
+            low = torch.floor((i + 1) * share) > torch.floor(i * share)  # floor(T * share) low tokens, spread evenly
+            bits = torch.where(low, cfg.low_bits, cfg.high_bits)
+            b = bits_per_element(cfg, HEAD_DIM, bits, kv_heads)
+            rows.append([name, f"{share:.0%}", b.key, b.key_metadata, b.value, b.average])
+    return rows
 
 
 def _show(value: object) -> str:
@@ -89,6 +109,20 @@ def render() -> Section:
                     f"{shape.kv_heads}, {shape.head_dim}, {LENGTH}) x {shape.layers} layers"
                 ),
                 floatfmt=".3f",
+            ),
+            "### Per-token precision (TriAxialKV, role-aware PN-Mix)\n",
+            "Their cost depends on the share of low (INT2) tokens their allocation gives; every stored byte counted: "
+            f"payload, scales and zeros (G = 32, float16), the leftover's high-bit keys, the class map (1 byte per "
+            f"token and layer, here over {shape.kv_heads} KV heads) and role-aware PN-Mix's pair mask; "
+            f"{TOKEN_LENGTH} tokens with the low ones spread evenly, head_dim {HEAD_DIM}.\n",
+            table(
+                token_rows(shape.kv_heads),
+                ["method", "low tokens", "key bits", "metadata bits", "value bits", "average"],
+                computed(
+                    f"reference.token_precision.bits_per_element(config, {HEAD_DIM}, token_bits, "
+                    f"kv_heads={shape.kv_heads})"
+                ),
+                floatfmt=("", "", ".4f", ".4f", ".4f", ".4f"),
             ),
             "<details><summary>Configurations</summary>\n",
             table(details, ["config", *fields], computed("reference.methods.METHODS and reference.config.PNMixConfig")),
