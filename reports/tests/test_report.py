@@ -85,7 +85,15 @@ def test_quick_report_numbers_match_their_sources(quick):
         assert "### CPU tiny harness" in md and ("**No GPU results.**" in md) != committed_gpu
     else:
         assert ran["benchmark suites"]["status"].startswith("not available")
-    claims = table_after(md, "## 7.")
+    # channels or token roles: the committed equal-bits result (bits matched as counted), as written
+    equal = [json.loads(p.read_text()) for p in (ROOT / "benchmarks" / "results").glob("equal-bits-*.json")]
+    equal = max((d for d in equal if d.get("match", "asymptotic") == "asymptotic" and "--smoke" not in d["command"]),
+                key=lambda d: d["date_utc"])  # fmt: skip
+    first = equal["results"][0]
+    rows = {r["method"]: r for r in table_after(md, f"### Budget {first['budget']} bits")}
+    got = rows["role-aware PN-Mix"]["attn KL"]
+    assert got == f"{first['methods']['role-aware PN-Mix']['attention_kl']:.3g}"
+    claims = table_after(md, "## 8.")
     assert len(claims) >= 14 and {r["status"] for r in claims} <= {
         "**confirmed**", "**not confirmed**", "**not measured here**"}  # fmt: skip
 
