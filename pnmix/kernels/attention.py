@@ -400,6 +400,37 @@ def launch_config(layout: CacheLayout) -> dict:
     return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1, "maxnreg": 255}
 
 
+def partials(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split kernels' outputs, merged by `merge`: maxima and sums [rows], accumulators [rows, d]."""
+    m = torch.empty(rows, device=device, dtype=torch.float32)
+    return m, torch.empty_like(m), torch.empty(rows, d, device=device, dtype=torch.float32)
+
+
+def dot_dtype(dtype: torch.dtype):
+    """The tl.dot operand dtype for queries of `dtype`."""
+    dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+    if dot is tl.bfloat16 and _runtime.INTERPRETED:
+        dot = tl.float32  # the interpreter's bfloat16 tl.dot is wrong; float32 is exact there
+    return dot
+
+
+def merge(
+    m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, q: torch.Tensor, n_kv: int, splits: int
+) -> torch.Tensor:
+    """Every split's partial attention merged by log-sum-exp: [B, H, T_new, d] in q's dtype (the partials
+    in the split kernels' order: sequence x KV head, split, query head of the group x new position)."""
+    batch, n_heads, t_new, d = q.shape
+    n_rep, rows = n_heads // n_kv, n_heads // n_kv * t_new
+    out = torch.empty_like(q)
+    _runtime.launch(
+        _merge_kernel, (batch * n_kv, rows),
+        m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CHUNK=min(16, triton.next_power_of_2(splits)), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
 def counts_tensor(tokens: TokenLayout, device: torch.device) -> torch.Tensor:
     return torch.tensor(tokens[:4], dtype=torch.int32, device=device)
 
@@ -430,13 +461,9 @@ def decode_attention(
     block_d = max(16, triton.next_power_of_2(d))
     splits = num_splits or default_splits(batch * n_kv, region.capacity or t.length, block_n)
     counts = region.counts if region.counts is not None else counts_tensor(t, q.device)
-    dev, rows = q.device, n_rep * t_new
-    m = torch.empty(batch * n_kv * splits * rows, device=dev, dtype=torch.float32)
-    l_sum = torch.empty_like(m)
-    acc = torch.empty(batch * n_kv * splits * rows, d, device=dev, dtype=torch.float32)
-    dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
-    if dot is tl.bfloat16 and _runtime.INTERPRETED:
-        dot = tl.float32  # the interpreter's bfloat16 tl.dot is wrong; float32 is exact there
+    rows = n_rep * t_new
+    m, l_sum, acc = partials(batch * n_kv * splits * rows, d, q.device)
+    dot = dot_dtype(q.dtype)
     r = region.tensors
     v_quant = cfg.values_quantized
     value_group = cfg.value_group(d)
@@ -463,11 +490,4 @@ def decode_attention(
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
         num_warps=tune["num_warps"], num_stages=tune["num_stages"], maxnreg=tune["maxnreg"],
     )  # fmt: skip
-    out = torch.empty_like(q)
-    _runtime.launch(
-        _merge_kernel, (batch * n_kv, rows),
-        m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, CHUNK=min(16, triton.next_power_of_2(splits)),
-        num_warps=4,
-    )  # fmt: skip
-    return out
+    return merge(m, l_sum, acc, q, n_kv, splits)

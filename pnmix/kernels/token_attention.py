@@ -25,10 +25,12 @@ from .attention import (
     _dot_f32,
     _headroom,
     _load_tile,
-    _merge_kernel,
     _online_softmax,
     default_splits,
+    dot_dtype,
+    merge,
     pair_slots,
+    partials,
 )
 
 #: The stores in split order: (key store, value store, offset of its first value row in the value store).
@@ -166,13 +168,8 @@ def token_decode_attention(
     q = q.contiguous()
     n_sub = num_splits or default_splits(batch * n_kv * SEGMENTS.value, max(counts), block_n)
     splits = SEGMENTS.value * n_sub
-    dev = q.device
-    m = torch.empty(batch * n_kv * splits * rows, device=dev, dtype=torch.float32)
-    l_sum = torch.empty_like(m)
-    acc = torch.empty(batch * n_kv * splits * rows, d, device=dev, dtype=torch.float32)
-    dot = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[q.dtype]
-    if dot is tl.bfloat16 and _runtime.INTERPRETED:
-        dot = tl.float32  # the interpreter's bfloat16 tl.dot is wrong; float32 is exact there
+    m, l_sum, acc = partials(batch * n_kv * splits * rows, d, q.device)
+    dot = dot_dtype(q.dtype)
     s = {name: t.contiguous() for name, t in stored.items()}
     block_d = max(16, triton.next_power_of_2(d))
     _runtime.launch(
@@ -193,14 +190,7 @@ def token_decode_attention(
         CAUSAL=t_new > 1, DOT=dot, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
         BLOCK_D=block_d, num_warps=4, num_stages=1,
     )  # fmt: skip
-    out = torch.empty_like(q)
-    _runtime.launch(
-        _merge_kernel, (batch * n_kv, rows),
-        m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, CHUNK=min(16, triton.next_power_of_2(splits)),
-        num_warps=4,
-    )  # fmt: skip
-    return out
+    return merge(m, l_sum, acc, q, n_kv, splits)
 
 
 __all__ = ["token_decode_attention"]
