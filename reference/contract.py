@@ -1,7 +1,8 @@
 """The implementation contract: the one protocol an implementation of PN-Mix satisfies.
 
 An implementation is an object with a name, a version, its `Capabilities`, a `create(config)`
-that returns an empty `Cache`, and the pack/unpack functions of the storage format. The
+that returns an empty `Cache` (a `TokenCache` for a `reference.token_precision.TokenPrecisionConfig`,
+where it claims per-token precision), and the pack/unpack functions of the storage format. The
 conformance suite never reaches past these names; everything it compares against comes from
 `reference`. It lives in the spec layer so that implementations (`pnmix`, third parties)
 depend on it without depending on the test suite. Implementations register under the
