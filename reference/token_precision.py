@@ -8,11 +8,13 @@ groups of G = 32, everything stored counted:
 - low tokens: values per token in groups of G channels; keys per channel over groups of G low
   tokens taken in order of position (the paper's INT2 pages, which its decode reads before the INT4
   pages: attention does not depend on the order of keys once RoPE is applied);
-- leftover: the low tokens past the last whole group of G keep their keys on the high-bit per-token
-  path instead of a full-precision residual; their values stay low (per token, values need no group
-  of tokens). When later low tokens complete a group, the leftover keys join it, quantized from
-  what they stored (no exact copy is kept): this project's reading of the rule for decoding, where
-  the paper states it for the prefill.
+- leftover: the prompt's low tokens past its last whole group of G keep their keys on the high-bit
+  per-token path instead of a full-precision residual; their values stay low (per token, values
+  need no group of tokens). Every low token appended later joins the leftover the same way, and
+  each time the leftover reaches G keys they form a group, quantized from what they stored (no
+  exact copy is kept): this project's reading of the rule for decoding, where the paper states it
+  for the prefill. What is stored then depends on the prompt and the bits alone, however later
+  tokens are split into appends.
 - role-aware PN-Mix (`low_keys="pairs"`): the low tokens' key groups spend the same bits as
   PN-Mix does, b + 1 on the salient RoPE pairs chosen once at prefill (Eq. 6, fraction `ratio`)
   and b - 1 on the rest (Eq. 7 at 1 bit): H3(50%)L1 in place of uniform INT2, the same 2 bits.
