@@ -51,7 +51,9 @@ from tqdm import tqdm
 from reference import ReferenceCache, bit_widths, storage_model
 from reference.attention import attention_logits_ref, attention_ref
 from reference.cli import positive_int
+from reference.methods import TOKEN_METHODS as TOKEN_CONFIGS
 from reference.methods import fp16, kitty, kivi, pnmix
+from reference.paper import FIG6A_BATCH, FIG6B_GENERATION
 from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.roles import ANSWER, Tag, tag_conversation
 from reference.token_cache import TokenPrecisionCache
@@ -62,11 +64,11 @@ from . import memory
 from .long_output import binned, greedy_outputs, measure_sequence, quarter_means
 from .model_source import DEFAULT as DEFAULT_MODEL
 from .model_source import for_command
-from .role_calibration import CONFIGS, allocations, calibrate, capture, spread_layers
+from .role_calibration import allocations, calibrate, capture, spread_layers
 
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
 CHANNEL_METHODS = ("KIVI", "Kitty", "PN-Mix")
-TOKEN_METHODS = tuple(CONFIGS)  # "TriAxialKV", "role-aware PN-Mix"
+TOKEN_METHODS = tuple(TOKEN_CONFIGS)  # "TriAxialKV", "role-aware PN-Mix"
 METHODS = ("FP16", *CHANNEL_METHODS, *TOKEN_METHODS)
 GENERATED = Tag(0, 0, ANSWER)  # what newly generated text is: current turn, text, answer
 METRICS = ("kl", "top1", "nll")
@@ -175,8 +177,6 @@ def stored_bits(method: str, setting, kv_heads: int, head_dim: int, length: int,
 def memory_rows(settings: dict, low_share: dict, budget_gib: float, arch_name: str = "Qwen3-8B") -> list[dict]:
     """Fig. 6a (longest generation at B = 32) and Fig. 6b (largest batch at 8K) of every method, from each
     one's exact storage model (a token method: its low tokens at the share measured on the evaluation split)."""
-    from reference.paper import FIG6A_BATCH, FIG6B_GENERATION
-
     arch = memory.ARCHITECTURES[arch_name]
     s = arch.shape
     rows = []
@@ -238,7 +238,7 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
 
     d = head_dim(model.config)
     kv_heads = model.config.num_key_value_heads
-    token_configs = {name: dataclasses.replace(cfg, pair_layout=pair_layout) for name, cfg in CONFIGS.items()}
+    token_configs = {name: dataclasses.replace(cfg, pair_layout=pair_layout) for name, cfg in TOKEN_CONFIGS.items()}
     cal_captured = capture(model, tokenizer, calibration_rows, layers)
     calibrations = {n: calibrate(model, tokenizer, calibration_rows, layers, c, captured=cal_captured)
                     for n, c in token_configs.items()}  # fmt: skip

@@ -7,7 +7,8 @@ through the model, captures the queries, keys and values (after RoPE) of `--laye
 across depth, tags every token (`reference.roles`, the model's own chat template), and measures
 for every tag and precision D_k(b) = the sum over layers of the mean over the requests that hold
 the tag of the worst query head's attention-output MSE (`reference.tag_distortion`: the tag's
-tokens at b bits, the rest exact), for TriAxialKV's storage (`CONFIGS` has role-aware PN-Mix's too).
+tokens at b bits, the rest exact), for TriAxialKV's storage (or, by `calibrate`'s config, role-aware
+PN-Mix's: `reference.methods.TOKEN_METHODS`).
 Then `reference.bit_allocation.allocate` picks INT2 or INT4 per tag at each budget, in bits per
 element with everything stored counted (payload, scales and zeros: at G = 32 and float16 scales
 INT2 costs 3 bits and INT4 5). Writes JSON and markdown atomically to new files.
@@ -42,10 +43,6 @@ def spread_layers(n_layers: int, count: int) -> list[int]:
     """`count` layer indices spread evenly from the first to the last."""
     count = min(count, n_layers)
     return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
-
-
-#: The stores calibrated: TriAxialKV's, and role-aware PN-Mix's (PN-Mix's pairs in the low tokens' keys).
-CONFIGS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 
 
 class _Capture:

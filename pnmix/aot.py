@@ -34,8 +34,7 @@ from pathlib import Path
 import torch
 
 from reference.layout import CacheLayout
-from reference.methods import METHODS
-from reference.token_precision import TokenPrecisionConfig
+from reference.methods import METHODS, TOKEN_METHODS
 
 from . import _runtime
 from .gpus import ARCHS, GPUS, REQUIRED_CEILING, ceiling, smem_limit
@@ -45,8 +44,7 @@ HEAD_DIMS = (64, 128, 256)
 GQA = (4, 8)
 DEFAULT_METHOD = "PN-Mix"
 DECODE_KERNEL = "_split_kernel"
-#: Per-token precision methods (their own decode kernel, `pnmix.kernels.token_attention`): --all compiles them too.
-TOKEN_METHODS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
+#: Per-token precision methods (`reference.methods.TOKEN_METHODS`, their own decode kernel) are in --all too.
 #: 32-bit registers of one SM (sm_80, sm_90): a block whose threads need more cannot launch.
 REGISTER_FILE = 65536
 

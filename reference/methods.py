@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from .config import KEY_BITS, PNMixConfig
 from .selection import PAGE_CHANNELS, UNIFORM
+from .token_precision import TokenPrecisionConfig
 
 EVERY_TOKEN = 2**62  # an exact region longer than any sequence
 #: How each baseline treats keys, whatever its bits, group and sinks.
@@ -95,6 +96,10 @@ METHODS: dict[str, Callable[..., PNMixConfig]] = {
 
 #: Every method's name in the order tables and figures list them (a figure's colors follow it too).
 NAMES = tuple(METHODS)
+
+#: The per-token precision methods (`reference.token_precision`): TriAxialKV, and role-aware PN-Mix
+#: (its per-tag budget with PN-Mix's pairs in the low tokens' keys), by the names tables use.
+TOKEN_METHODS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 
 
 # What each baseline claims in the conformance suite, whichever implementation runs it

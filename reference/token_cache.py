@@ -15,9 +15,8 @@ from .cache import all_or_nothing
 from .saliency import channel_mask_from_pairs, prefill_pair_mask
 from .token_precision import CLASS_MAP, TokenPrecisionConfig, components, part_shape, token_classes
 
-#: The per-token stores: (name, bits attribute of the config).
-PER_TOKEN = (("leftover_key", "high_bits"), ("high_key", "high_bits"), ("low_value", "low_bits"),
-             ("high_value", "high_bits"))  # fmt: skip
+#: The per-token stores, and the config attribute that gives their bits.
+PER_TOKEN = {"leftover_key": "high_bits", "high_key": "high_bits", "low_value": "low_bits", "high_value": "high_bits"}
 
 
 def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -123,7 +122,7 @@ class TokenPrecisionCache:
     def _put(self, name: str, x: torch.Tensor) -> None:
         """Quantize x per token (groups of G channels) at the bits of store `name` and add it."""
         cfg, t = self.config, self._t
-        bits = getattr(cfg, dict(PER_TOKEN)[name])
+        bits = getattr(cfg, PER_TOKEN[name])
         q = quant.quantize(x, bits, cfg.group_size, dim=-1, scale_dtype=cfg.scale_dtype, midpoint=False)
         parts = {name: packing.pack_fields(q.codes, bits, dim=-1), name + "_scale": q.scale, name + "_zero": q.zero}
         for part, value in parts.items():
@@ -155,7 +154,7 @@ class TokenPrecisionCache:
             codes = packing.unpack_key_codes(t["low_key_low"], t["low_key_high"], self._channel_mask(), low.b_high,
                                              low.b_low)  # fmt: skip
             return quant.dequantize(quant.Quantized(codes, t["low_key_scale"], t["low_key_zero"]), cfg.group_size, -2)
-        codes = packing.unpack_fields(t[name], getattr(cfg, dict(PER_TOKEN)[name]), dim=-1)
+        codes = packing.unpack_fields(t[name], getattr(cfg, PER_TOKEN[name]), dim=-1)
         return quant.dequantize(quant.Quantized(codes, t[name + "_scale"], t[name + "_zero"]), cfg.group_size, -1)
 
     # -- reading ----------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 
-from reference import PNMixConfig, TokenPrecisionConfig, bit_widths, paper
+from reference import PNMixConfig, bit_widths, paper
 from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows
-from reference.methods import EVERY_TOKEN, METHODS
+from reference.methods import EVERY_TOKEN, METHODS, TOKEN_METHODS
 from reference.models import MODEL_SHAPES
 from reference.token_precision import bits_per_element
 
@@ -36,13 +36,12 @@ def configs() -> dict[str, PNMixConfig]:
 
 
 TOKEN_LENGTH = 32768
-TOKEN_CONFIGS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 
 
 def token_rows(kv_heads: int) -> list[list]:
     """Bits per element of the per-token methods at shares of low tokens 0, 25, 50, 75 and 100%."""
     rows = []
-    for name, cfg in TOKEN_CONFIGS.items():
+    for name, cfg in TOKEN_METHODS.items():
         for share in (0.0, 0.25, 0.5, 0.75, 1.0):
             i = torch.arange(TOKEN_LENGTH, dtype=torch.float64)
             low = torch.floor((i + 1) * share) > torch.floor(i * share)  # floor(T * share) low tokens, spread evenly
