@@ -88,6 +88,47 @@ class KernelDecode(Workload):
     LABEL: ClassVar[str] = "B{batch}-ctx{context}"
 
 
+@dataclass(frozen=True)
+class KernelLaunch(Workload):
+    """The decode kernel at one launch choice (`pnmix.kernels.decode_attention`'s tile, warps,
+    stages, and splits as a multiple of its default), over one layer's cache of `context` tokens."""
+
+    batch: int
+    context: int
+    layer: tuple[int, int, int]
+    block_n: int
+    warps: int
+    stages: int
+    split_factor: int
+    LABEL: ClassVar[str] = "B{batch}-ctx{context}-n{block_n}-w{warps}-s{stages}-x{split_factor}"
+
+
+#: The launch choices a GPU session compares (block_n, warps, stages, split factor), the default
+#: first: the levers the first GPU run pointed at (pnmix/kernels/NOTES.md): prefetching the next
+#: tile (stages), fewer registers per program (smaller tiles, more warps), more splits.
+LAUNCH_GRID = (
+    (64, 4, 1, 1),
+    (64, 4, 2, 1),
+    (64, 4, 3, 1),
+    (32, 4, 1, 1),
+    (32, 4, 2, 1),
+    (64, 8, 1, 1),
+    (128, 8, 1, 1),
+    (64, 4, 1, 2),
+    (64, 4, 1, 4),
+)
+
+
+def kernel_launch(scale: Scale) -> list[KernelLaunch]:
+    s = scale.arch.shape
+    layer = (s.kv_heads, s.query_heads // s.kv_heads, s.head_dim)
+    if scale.name == "full":
+        batch, context, grid = 1, 32 * K, LAUNCH_GRID
+    else:
+        batch, context, grid = 1, 300, (LAUNCH_GRID[0], (32, 4, 2, 2))
+    return [KernelLaunch(scale.name, "PN-Mix", batch, context, layer, *choice) for choice in grid]
+
+
 def fig6_memory(scale: Scale) -> list[Fig6Memory]:
     if scale.name == "full":
         points = [(FIG6A_BATCH, g) for g in FIG6A_GENERATION] + [(b, FIG6B_GENERATION) for b in FIG6B_BATCHES]
@@ -132,7 +173,7 @@ def kernel_decode(scale: Scale) -> list[KernelDecode]:
 def in_short_sweep(work) -> bool:
     """The subset a time-limited GPU session runs (`--bench-sweep short`): every kernel point,
     the Fig. 6/7 points that decide the paper's claims, FP16 vs PN-Mix (and Kitty for Fig. 7)."""
-    if work.scale != "full" or isinstance(work, KernelDecode):
+    if work.scale != "full" or isinstance(work, (KernelDecode, KernelLaunch)):
         return True
     if isinstance(work, Fig6Memory):
         return work.method in ("FP16", "PN-Mix") and work.batch in (FIG6A_BATCH, FP16_MAX, FP16_MAX + 1, PNMIX_MAX, 128)

@@ -20,9 +20,9 @@ from reference.records import BENCHMARK, KINDS
 from . import schema
 from .provenance import display_path
 
-#: extra_info keys of every benchmark of the suites the report reads, and of each suite (types: `schema`).
+#: extra_info keys every benchmark of the suites the report reads must have, and each suite's (types: `schema`).
 COMMON_KEYS = tuple(schema.EXTRA_INFO_COMMON)
-SUITE_KEYS = {suite: tuple(keys) for suite, keys in schema.EXTRA_INFO.items()}
+SUITE_KEYS = {suite: tuple(k for k in keys if not k.endswith("?")) for suite, keys in schema.EXTRA_INFO.items()}
 SCALES = ("full", "tiny")
 #: Suites whose figures are computed, not measured: the report shows them from their module instead.
 COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), section 4"}

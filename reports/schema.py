@@ -210,6 +210,9 @@ EXTRA_INFO = {
     "fig7-latency": {"batch": NUM, "prompt": NUM, "step": NUM, "step_ms": FIGURE},
     "kernel": {"batch": NUM, "context": NUM, "ms": FIGURE, "bytes": FIGURE, "gbps": FIGURE, "copy_gbps": FIGURE,
                "fraction_of_copy": FIGURE},
+    "kernel-launch": {"batch": NUM, "context": NUM, "block_n": NUM, "warps": NUM, "stages": NUM, "split_factor": NUM,
+                      "fits": (bool, NONE), "ms": FIGURE, "gbps": FIGURE, "copy_gbps": FIGURE,
+                      "fraction_of_copy": FIGURE, "max_error?": FIGURE, "error_bound?": FIGURE, "splits?": NUM},
 }  # fmt: skip
 
 

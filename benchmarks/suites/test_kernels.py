@@ -7,16 +7,25 @@ is preallocated (`max_cache_len`, the static protocol) with finite-value checks 
 `harness.device_ms` (median device time, L2 flushed, host gaps excluded) and the replay of the
 call captured in a CUDA graph (`graph_ms`; graph_note says why there is none). Out of memory
 anywhere in a point is recorded as {"oom": true}.
+
+`test_decode_launch_choice` runs PN-Mix's decode kernel at each launch choice of
+`benchmarks.workloads.LAUNCH_GRID` (tile, warps, stages, splits) over one cache: its time and
+bandwidth, and its error against the float64 oracle over the cache's dequantized keys and
+values, judged by the conformance suite's rule (property 7). A choice that does not fit the
+device (Triton's OutOfResources) is a data point, as out of memory is.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 from benchmarks import harness
 from benchmarks.conftest import points
-from benchmarks.workloads import SCALES, kernel_decode
+from benchmarks.workloads import SCALES, kernel_decode, kernel_launch
+from conformance.harness import judge
 from reference import storage_model
 
 
@@ -82,3 +91,60 @@ def test_decode_attention_bandwidth(work, bench_device, copy_gbps, benchmark, re
     )
     if not result["oom"]:
         assert result["ms"] > 0 and result["allocated_bytes"] > 0
+
+
+@pytest.mark.parametrize("work", points(kernel_launch))
+def test_decode_launch_choice(work, bench_device, copy_gbps, benchmark, record):
+    from triton.runtime.errors import OutOfResources
+
+    from pnmix.kernels import decode_attention
+    from pnmix.kernels.attention import default_splits
+
+    scale = SCALES[work.scale]
+    kv_heads = work.layer[0]
+    nbytes = bytes_read(work)
+
+    def measure() -> dict:
+        cache, q = harness.build_decode_cache(
+            work.method, work.batch, work.context, work.layer, bench_device, scale.prompt
+        )
+        region, layout = cache.region(), cache.cache_layout
+        length = region.capacity or cache.length
+        splits = work.split_factor * default_splits(work.batch * kv_heads, length, work.block_n)
+        choice = {"num_splits": splits, "block_n": work.block_n, "num_warps": work.warps, "num_stages": work.stages}
+        fn = lambda: decode_attention(q, region, layout, **choice)  # noqa: E731
+        start = time.monotonic()
+        try:
+            out = fn()
+        except OutOfResources as error:
+            return {"fits": False, "fit_error": str(error).splitlines()[0][:200], "splits": splits}
+        if bench_device.type == "cuda":
+            torch.cuda.synchronize(bench_device)
+        first_call_s = time.monotonic() - start
+        err, bound, spec_err = judge(out.cpu(), q.cpu(), *(t.cpu() for t in cache.dequantize()))
+        timing = harness.device_ms(fn, bench_device)
+        gbps = nbytes / (timing["ms"] * 1e-3) / 1e9
+        return {
+            "fits": True,
+            "splits": splits,
+            "first_call_s": first_call_s,
+            "max_error": err,
+            "error_bound": bound,
+            "spec_computation_error": spec_err,
+            "ms": timing["ms"],
+            "reps": timing["reps"],
+            "host_gaps_excluded": timing["host_gaps_excluded"],
+            "gbps": gbps,
+            "fraction_of_copy": gbps / copy_gbps,
+        }
+
+    def run() -> dict:
+        return harness.unless_oom(measure, bench_device, fits=None, ms=None, gbps=None, fraction_of_copy=None)
+
+    result = benchmark.pedantic(run, rounds=1, iterations=1)
+    record("kernel-launch", work, scale, **result, bytes=nbytes, copy_gbps=copy_gbps, check_finite=False)
+    if result.get("fits"):
+        assert result["max_error"] <= result["error_bound"], (
+            f"launch {work.id}: attention error {result['max_error']:.3g} above {result['error_bound']:.3g}"
+        )
+        assert result["ms"] > 0

@@ -21,7 +21,9 @@ def test_tiny_run_keeps_the_benchmark_json_and_a_record_of_each_step(tmp_path, c
     assert step["exit_code"] == 0 and "--bench-scale tiny" in step["command"] and "conformance" not in record["steps"]
     bench = json.loads((tmp_path / step["json"].split("/")[-1]).read_text())
     infos = [b["extra_info"] for b in bench["benchmarks"]]
-    assert {i["method"] for i in infos} == {"FP16", "PN-Mix"} and all(i["suite"] == "kernel" for i in infos)
+    kernel = [i for i in infos if i["suite"] == "kernel"]
+    assert {i["method"] for i in kernel} == {"FP16", "PN-Mix"}
+    assert {i["suite"] for i in infos} == {"kernel", "kernel-launch"}
     assert all(i["scale"] == "tiny" and "not predictive" in i["timing"] for i in infos)
     assert "written to" in capsys.readouterr().out
 
@@ -68,7 +70,7 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
     assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
-    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "kernel", "fig7", "fig6c"}
+    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "kernel", "fig7", "fig6c", "launch"}
     assert [timeout for _, timeout in calls] == list(gpu_check.BUDGET_S.values())  # in this order, each its budget
     conformance = calls[0][0]
     assert conformance[:5] == ["conformance", "--ignore=conformance/meta", "--impl", "triton", "--device"]
@@ -86,12 +88,22 @@ def test_short_full_scale_plan_fits_a_15_minute_lease():
     steps = gpu_check.short_steps(False, Path("out"), "stamp", "gpu", 40.0)
     assert [s.name for s in steps] == list(gpu_check.BUDGET_S)
     ids = " ".join(a for s in steps for a in s.args)
-    for point in ("full-PN-Mix-B1-ctx32768", "full-FP16-B1-ctx32768", "full-PN-Mix-step16384", "full-PN-Mix-B20"):
+    for point in (
+        "full-PN-Mix-B1-ctx32768",
+        "full-FP16-B1-ctx32768",
+        "full-PN-Mix-step16384",
+        "full-PN-Mix-B20",
+        "full-PN-Mix-B1-ctx32768-n64-w4-s1-x1",
+        "full-PN-Mix-B1-ctx32768-n64-w4-s2-x1",
+    ):
         assert f"[{point}]" in ids
     assert "--impl triton" in " ".join(steps[0].args) and "--budget-gib 40.0" in " ".join(steps[1].args)
-    # the steps with room for gpu_check itself and interrupted steps' grace stay under 10 minutes
-    assert sum(gpu_check.BUDGET_S.values()) < gpu_check.TIME_BUDGET_S <= 540
-    assert gpu_check.TIME_BUDGET_S + len(steps) * gpu_check.GRACE_S <= 600
+    # the steps with room for gpu_check itself and interrupted steps' grace stay under 10 minutes; the
+    # optional launch sweep only uses what the others leave of that
+    required = [s for s in steps if s.name not in gpu_check.OPTIONAL]
+    assert gpu_check.OPTIONAL == {"launch"} and steps[-1].name == "launch"
+    assert sum(gpu_check.BUDGET_S[s.name] for s in required) < gpu_check.TIME_BUDGET_S <= 540
+    assert gpu_check.TIME_BUDGET_S + len(required) * gpu_check.GRACE_S <= 600
 
 
 def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch, capsys):
@@ -101,9 +113,38 @@ def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
     status = {name: step["status"] for name, step in record["steps"].items()}
     assert status["kernel"] == "passed" and len(calls) == 1  # the only step whose budget fits in 100 s
-    for name in ("conformance", "fig7", "fig6c"):
+    for name in ("conformance", "fig7", "fig6c", "launch"):
         assert status[name].startswith("skipped: would overrun") and record["steps"][name]["exit_code"] is None
+    assert status["launch"].endswith("(optional: no failure)") and not status["fig6c"].endswith("failure)")
     assert "skipped: would overrun" in capsys.readouterr().out
+
+
+def test_short_passes_when_only_the_optional_step_had_no_time_left(tmp_path, monkeypatch):
+    calls, clock = [], [0.0]
+
+    def slow_pytest(args, timeout_s=None) -> dict:  # each required step takes all but 5 s of its budget
+        calls.append(args)
+        clock[0] += timeout_s - 5
+        return {"command": "pytest", "exit_code": 0, "seconds": timeout_s - 5, "timed_out": False}
+
+    monkeypatch.setattr(gpu_check, "run_pytest", slow_pytest)
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
+    assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
+    record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
+    assert record["steps"]["launch"]["status"].startswith("skipped: would overrun") and len(calls) == 4
+    # a required step skipped the same way is a failure
+    clock[0], calls[:] = 0.0, []
+    assert gpu_check.main(["--short", "--tiny", "--time-budget", "400", "--out", str(tmp_path)]) == 1
+
+
+def test_short_launch_step_judges_every_launch_choice(tmp_path):
+    assert gpu_check.main(["--short", "--tiny", "--steps", "launch", "--out", str(tmp_path)]) == 0
+    step = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())["steps"]["launch"]
+    assert step["status"] == "passed"
+    rows = step["results"]
+    assert {(r["block_n"], r["warps"], r["stages"]) for r in rows} == {(64, 4, 1), (32, 4, 2)}
+    for r in rows:
+        assert r["fits"] is True and 0 <= r["max_error"] <= r["error_bound"] and r["gbps"] > 0
 
 
 def test_a_step_past_its_budget_is_interrupted_and_keeps_what_it_wrote(tmp_path):

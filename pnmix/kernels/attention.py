@@ -400,6 +400,23 @@ def launch_config(layout: CacheLayout) -> dict:
     return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1, "maxnreg": 255}
 
 
+def _launch_overrides(num_splits, block_n, num_warps, num_stages) -> dict:
+    """The launch choices given (not None), checked: positive ints; tiles and warps powers of two."""
+    given = {"num_splits": num_splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    rules = {"block_n": (16, 256, True), "num_warps": (1, 32, True), "num_splits": (1, None, False),
+             "num_stages": (1, 8, False)}  # fmt: skip
+    for name, value in given.items():
+        if value is None:
+            continue
+        low, high, power = rules[name]
+        ok = type(value) is int and value >= low and (high is None or value <= high)
+        if not ok or (power and value & (value - 1)):
+            kind = "a power of two" if power else "an int"
+            top = f" and <= {high}" if high is not None else ""
+            raise ValueError(f"{name} must be {kind} >= {low}{top}, or None (the default choice), got {value!r}")
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def partials(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The split kernels' outputs, merged by `merge`: maxima and sums [rows], accumulators [rows, d]."""
     m = torch.empty(rows, device=device, dtype=torch.float32)
@@ -442,24 +459,28 @@ def decode_attention(
     *,
     num_splits: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache.
 
     The layout says how the region is stored (bits, group sizes, pair layout, the selection's
-    metadata format); num_splits and block_n only tune the launch. The grid depends on the
-    region's capacity when it has one, so that one launch serves every length (CUDA graphs).
-    scale: of the logits, 1/sqrt(d) by default.
+    metadata format); num_splits, block_n, num_warps and num_stages only tune the launch (None:
+    `launch_config`'s and `default_splits`' choice; a tile that does not divide the key group
+    size G takes the per-element path). The grid depends on the region's capacity when it has
+    one, so that one launch serves every length (CUDA graphs). scale: of the logits, 1/sqrt(d)
+    by default.
     """
+    tune = launch_config(layout) | _launch_overrides(num_splits, block_n, num_warps, num_stages)
     batch, n_heads, t_new, d = q.shape
     cfg, t = layout.config, region.tokens
     n_kv = layout.kv_heads
     n_rep = n_heads // n_kv
     q = q.contiguous()
-    tune = launch_config(layout)
-    block_n = block_n or tune["block_n"]
+    block_n = tune["block_n"]
     block_d = max(16, triton.next_power_of_2(d))
-    splits = num_splits or default_splits(batch * n_kv, region.capacity or t.length, block_n)
+    splits = tune.get("num_splits") or default_splits(batch * n_kv, region.capacity or t.length, block_n)
     counts = region.counts if region.counts is not None else counts_tensor(t, q.device)
     rows = n_rep * t_new
     m, l_sum, acc = partials(batch * n_kv * splits * rows, d, q.device)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 import reference as R
 from pnmix import PNMixCache, _runtime
-from pnmix.kernels import dequantize_plane, encode_pack, group_params
+from pnmix.kernels import decode_attention, dequantize_plane, encode_pack, group_params
 from pnmix.kernels.attention import _code_to
 from reference import methods
 from reference.tolerances import attention_bound
@@ -236,3 +236,29 @@ def test_every_code_converts_exactly_to_the_dot_dtype(dot):
     out = torch.empty(256, device=DEV)
     _code_probe[(1,)](out, 256, getattr(tl, dot))
     assert torch.equal(out.cpu(), torch.arange(256).float())
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("block_n", 24), ("block_n", 8), ("num_warps", 3), ("num_stages", 0), ("num_splits", 1.5)]
+)
+def test_decode_launch_choices_are_checked_by_name(name, value):
+    cfg = R.PNMixConfig(group_size=16, residual_length=16, n_sink=2)
+    q, k = data((1, 2, 40, 16), torch.float16, 1, 1.0), data((1, 1, 40, 16), torch.float16, 2)
+    cache = PNMixCache.from_prefill(q, k, k, cfg)
+    with pytest.raises(ValueError, match=rf"^{name} must be .*got {value!r}"):
+        decode_attention(q[:, :, -1:], cache.region(), cache.cache_layout, **{name: value})
+
+
+@pytest.mark.parametrize(("block_n", "splits"), [(16, 1), (32, 2), (64, 3)])
+def test_every_launch_choice_computes_the_same_attention(block_n, splits):
+    """Tiles of G = 32 tokens or a part of one (the fast path), or of two groups (per element)."""
+    cfg = R.PNMixConfig(group_size=32, residual_length=32, n_sink=3)
+    q = data((1, 4, 150, 32), torch.float16, 1, 1.0)
+    k, v = data((1, 2, 150, 32), torch.float16, 2), data((1, 2, 150, 32), torch.float16, 3)
+    cache = PNMixCache.from_prefill(q, k, v, cfg)
+    region, layout, new_q = cache.region(), cache.cache_layout, q[:, :, -1:]
+    out = decode_attention(new_q, region, layout, block_n=block_n, num_splits=splits, num_warps=8, num_stages=2)
+    k_hat, v_hat = cache.dequantize()
+    oracle = R.attention_ref(new_q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = R.attention_ref(new_q, k_hat.to(torch.float16), v_hat.to(torch.float16), causal=True, upcast=True)
+    assert (out.double() - oracle).abs().max().item() <= attention_bound(oracle, low, torch.float16)

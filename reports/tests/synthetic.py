@@ -16,6 +16,9 @@ FIG6C = {("FP16", 20): 500.0, ("FP16", 21): None, ("Kitty", 20): 450.0, ("PN-Mix
 #: kernel ms per (method, batch, context)
 KERNEL = {("FP16", 1, 8192): 0.10, ("Kitty", 1, 8192): 0.05, ("PN-Mix", 1, 8192): 0.04}
 COPY_GBPS = 4000.0
+#: kernel launch choices (block_n, warps, stages, split factor): (ms, max error, fits); bound 0.01 everywhere.
+LAUNCH = {(64, 4, 1, 1): (0.10, 0.001, True), (64, 4, 2, 1): (0.08, 0.002, True),
+          (32, 4, 2, 1): (0.05, 0.5, True), (128, 8, 3, 1): (None, None, False)}  # fmt: skip
 #: `reference.records.machine` of the run that wrote a file.
 MACHINE = {"platform": "Linux-6.8-x86_64", "cpu": "x86_64, 16 logical cores", "memory": "128.0 GiB",
            "gpu": DEVICE, "cuda": "12.8", "TRITON_INTERPRET": "unset"}  # fmt: skip
@@ -99,6 +102,29 @@ def gpu_benchmarks() -> dict:
                     fraction_of_copy=nbytes / (ms * 1e-3) / 1e9 / COPY_GBPS,
                     roofline_ms=ms / 2,
                     oom=False,
+                ),
+            )
+        )
+    for (bn, w, st, x), (ms, err, fits) in LAUNCH.items():
+        figures = {"ms": ms, "gbps": None if ms is None else 1.0 / ms, "fraction_of_copy": None if ms is None else 0.1}
+        if fits:
+            figures |= {"max_error": err, "error_bound": 0.01, "splits": 4 * x}
+        benches.append(
+            _bench(
+                f"launch[{bn}-{w}-{st}-{x}]",
+                _info(
+                    "kernel-launch",
+                    "PN-Mix",
+                    batch=1,
+                    context=32768,
+                    block_n=bn,
+                    warps=w,
+                    stages=st,
+                    split_factor=x,
+                    fits=fits,
+                    copy_gbps=COPY_GBPS,
+                    oom=False,
+                    **figures,
                 ),
             )
         )

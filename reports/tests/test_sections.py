@@ -61,6 +61,15 @@ def test_gpu_results_get_slopes_and_ratios_against_fp16_and_kitty(gpu):
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in s.figures.values())
 
 
+def test_launch_choices_are_timed_against_the_default_and_judged(gpu):
+    rows = table_after(performance.render(gpu).body, "#### Decode kernel launch choices")
+    got = {(int(r["block_n"]), int(r["warps"]), int(r["stages"])): r for r in rows}
+    assert next(iter(got)) == (64, 4, 1) and len(got) == len(synthetic.LAUNCH)  # the default first
+    assert float(got[64, 4, 2]["ms / default"]) == pytest.approx(0.08 / 0.10)
+    assert got[64, 4, 2]["error"] == "0.002 (within 0.01)" and got[32, 4, 2]["error"] == "0.5 (ABOVE 0.01)"
+    assert got[128, 8, 3]["fits"] == "no" and got[128, 8, 3]["ms"] == "-" and got[128, 8, 3]["error"] == "-"
+
+
 def test_gpu_claims_follow_the_measured_numbers(gpu, tmp_path):
     claims = {c.claim.split(":")[0] + str(i): c for i, c in enumerate(performance.render(gpu).claims)}
     assert [c.status for c in claims.values()] == [CONFIRMED] * 4
