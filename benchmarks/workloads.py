@@ -120,8 +120,7 @@ LAUNCH_GRID = (
 
 
 def kernel_launch(scale: Scale) -> list[KernelLaunch]:
-    s = scale.arch.shape
-    layer = (s.kv_heads, s.query_heads // s.kv_heads, s.head_dim)
+    layer = _layer(scale)
     if scale.name == "full":
         batch, context, grid = 1, 32 * K, LAUNCH_GRID
     else:
@@ -160,9 +159,14 @@ def fig7_latency(scale: Scale) -> list[Fig7Latency]:
     return [Fig7Latency(scale.name, m, s, generation) for m in scale.methods for s in steps]
 
 
-def kernel_decode(scale: Scale) -> list[KernelDecode]:
+def _layer(scale: Scale) -> tuple[int, int, int]:
+    """One attention layer of the scale's model: (KV heads, query heads per KV head, head_dim)."""
     s = scale.arch.shape
-    layer = (s.kv_heads, s.query_heads // s.kv_heads, s.head_dim)
+    return s.kv_heads, s.query_heads // s.kv_heads, s.head_dim
+
+
+def kernel_decode(scale: Scale) -> list[KernelDecode]:
+    layer = _layer(scale)
     if scale.name == "full":
         points = [(b, c) for b in (1, FIG6A_BATCH, PNMIX_MAX) for c in (K, 8 * K, 32 * K)]
     else:
