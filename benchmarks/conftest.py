@@ -1,11 +1,16 @@
 """Options and fixtures of the benchmark suites (`benchmarks/suites/`).
 
     pytest benchmarks --benchmark-only [--bench-scale full|tiny|all] [--budget-gib 40]
-        [--throughput-protocol sampled|full] [--model-path DIR] [--share-gpu] --benchmark-json PATH
+        [--throughput-protocol sampled|full] [--model-path DIR] [--share-gpu] [--impl NAME ...]
+        --benchmark-json PATH
 
 Full-scale points need CUDA and skip without it; tiny points run wherever the suite runs
 (CUDA if present, else the CPU under the Triton interpreter). The figures are in each
 benchmark's `extra_info`; pytest-benchmark's own statistics time the whole point.
+
+--impl (the conformance suite's option, or its PNMIX_IMPL) adds implementations timed beside the
+built-in methods at the kernel, Fig. 7 and Fig. 6c points (`benchmarks.plugins`); a name that
+does not load stops the run before any test, with the loader's one-line reason.
 
 Before the first test of a session, whichever it is, this process takes its GPU and caps its
 memory (`gpu_session`): results do not depend on which tests ran before. Under pytest-xdist,
@@ -15,13 +20,14 @@ worker gwN takes GPU N; more workers than GPUs is an error unless --share-gpu sa
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 
 import pytest
 import torch
 from tabulate import tabulate
 
-from benchmarks import harness, memory
+from benchmarks import harness, memory, plugins
 from benchmarks.workloads import SCALES, in_short_sweep
 from reference import records
 
@@ -48,8 +54,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     scale, short = config.getoption("--bench-scale"), config.getoption("--bench-sweep") == "short"
+    named = config.stash[_PLUGINS]
 
     def wanted(work) -> bool:
+        if work.method in named:  # a plug-in's sweep is that of the method whose points it takes
+            work = replace(work, method=plugins.BASE_METHOD)
         return (scale in ("all", work.scale)) and (not short or in_short_sweep(work))
 
     keep, drop = [], []
@@ -61,19 +70,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def points(workloads) -> list:
-    """pytest params of both scales; full-scale ones carry the gpu mark (skipped without CUDA)."""
+def points(workloads, plugin_names: Sequence[str] = ()) -> list:
+    """pytest params of both scales; full-scale ones carry the gpu mark (skipped without CUDA).
+    Each plug-in named takes the points of `plugins.BASE_METHOD`, with its name as the method."""
     out = []
     for scale in SCALES.values():
         marks = [pytest.mark.gpu] if scale.name == "full" else []
-        out += [pytest.param(w, id=w.id, marks=marks) for w in workloads(scale)]
+        works = workloads(scale)
+        works += [replace(w, method=name) for name in plugin_names for w in works if w.method == plugins.BASE_METHOD]
+        out += [pytest.param(w, id=w.id, marks=marks) for w in works]
     return out
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    mark = metafunc.definition.get_closest_marker("bench_points")
+    if mark is not None:  # workloads by keyword: a lone function argument would make the mark decorate it
+        workloads = mark.kwargs["workloads"]
+        metafunc.parametrize("work", points(workloads, list(metafunc.config.stash[_PLUGINS])))
+
+
 _GPU_INDEX = pytest.StashKey[int]()
+_PLUGINS = pytest.StashKey[dict]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "bench_points(workloads=fn): the test's `work` is every point of workloads, and of each --impl"
+    )
+    try:  # --impl is the conformance suite's option (root conftest); without its plug-in, PNMIX_IMPL alone
+        config.stash[_PLUGINS] = plugins.load(plugins.requested(config.getoption("--impl", default=None) or []))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
     # Decided at start-up, so that a worker without a GPU of its own stops the run with the reason.
     if torch.cuda.is_available():
         worker, share = os.environ.get("PYTEST_XDIST_WORKER"), config.getoption("--share-gpu")
@@ -124,7 +151,7 @@ class Models:
             self._models.clear()  # never two large models at once
             harness.release(self.device)
             path = self.path if scale.name == "full" else None
-            self._models[scale.name] = harness.build_model(scale.arch, self.device, torch.bfloat16, path)
+            self._models[scale.name] = harness.build_model(scale.arch, self.device, harness.MODEL_DTYPE, path)
         return self._models[scale.name]
 
 
@@ -138,15 +165,62 @@ def copy_gbps(bench_device) -> float:
     return harness.copy_bandwidth_gbps(bench_device, 2**30 if bench_device.type == "cuda" else 2**22)
 
 
+class Implementations:
+    """What each point's results say about the code that ran: its implementation and its
+    fingerprint, each worked out once a session."""
+
+    def __init__(self, named: dict[str, plugins.Plugin]) -> None:
+        self.named, self._described, self._code = named, {}, {}
+
+    def plugin(self, method: str) -> plugins.Plugin | None:
+        return self.named.get(method)
+
+    def describe(self, method: str) -> dict:
+        if method not in self._described:
+            self._described[method] = plugins.describe(method, self.plugin(method))
+        return self._described[method]
+
+    def code(self, method: str, suite_module: str, kernel: bool) -> dict:
+        targets = plugins.code_targets(method, suite_module, kernel=kernel, plugin=self.plugin(method))
+        if targets not in self._code:
+            self._code[targets] = records.code_fingerprint(*targets)
+        return self._code[targets]
+
+
+@pytest.fixture(scope="session")
+def implementations(pytestconfig) -> Implementations:
+    return Implementations(pytestconfig.stash[_PLUGINS])
+
+
 @pytest.fixture
-def record(benchmark, gpu_session):
+def plugin(work, implementations) -> plugins.Plugin | None:
+    """The plug-in a point runs (None for a built-in method)."""
+    return implementations.plugin(work.method)
+
+
+def skip_unclaimed(plugin: plugins.Plugin | None, **point) -> None:
+    """Skip the point, with the reason, when a plug-in does not claim what it needs (`plugins.unclaimed`)."""
+    reason = None if plugin is None else plugins.skip_reason(plugin, **point)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+#: Suites whose points time one layer's decode attention (the rest time the whole model).
+KERNEL_SUITES = ("kernel", "kernel-launch")
+
+
+@pytest.fixture
+def record(request, benchmark, gpu_session, implementations):
     """Fills a benchmark's extra_info with the shared record plus the suite's own figures; each
-    suite says whether finite-value checks were on (`harness.CHECK_FINITE` on this path)."""
+    suite says whether finite-value checks were on (`harness.CHECK_FINITE` on this path; None: a
+    plug-in's own). Every record names the implementation that ran and fingerprints the code
+    measured (`plugins.code_targets`)."""
     bench_device = gpu_session.device
 
-    def fill(suite: str, work, scale, *, check_finite: bool, **figures) -> dict:
+    def fill(suite: str, work, scale, *, check_finite: bool | None, **figures) -> dict:
         cuda = bench_device.type == "cuda"
         coordinates = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(work).items() if k != "scale"}
+        plugin = implementations.plugin(work.method)
         info = {
             **coordinates,
             "prompt": scale.prompt,
@@ -154,8 +228,10 @@ def record(benchmark, gpu_session):
             "scale": scale.name,
             **records.environment(bench_device),
             "model": scale.arch.name,
-            "attention": harness.attention_of(work.method),
-            "method_config": harness.config_record(work.method),
+            **implementations.describe(work.method),
+            "code": implementations.code(work.method, request.module.__name__, suite in KERNEL_SUITES),
+            "attention": harness.attention_of(work.method, plugin),
+            "method_config": harness.config_record(harness.point_config(work.method, plugin)),
             "timing": "cuda events" if cuda else "wall clock (CPU, not predictive of GPU performance)",
             "device_index": bench_device.index,
             "gpu_shared": gpu_session.shared,

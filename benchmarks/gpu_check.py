@@ -33,10 +33,13 @@ step's command, budget, seconds and outcome, and the figures above); nothing is 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,13 +151,39 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
     ]
 
 
+#: Lines of a step's output kept to say why it failed (the output itself is streamed as it comes).
+TAIL_LINES = 60
+
+
+def failure_reason(lines: list[str]) -> str | None:
+    """Why a pytest run failed, from the end of its output: the exception of each traceback ('E   '
+    lines naming an error class, else the last 'E' line) and its 'FAILED'/'ERROR' summary lines
+    (None when there is neither)."""
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    named = [e for e in errors if re.match(r"^[\w.]+(Error|Exception|Exit)\b", e)]
+    summary = [line.strip() for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    parts = list(dict.fromkeys(named or errors[-1:])) + summary
+    return " | ".join(parts)[:1000] if parts else None
+
+
 def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None) -> dict:
-    """Run pytest in a subprocess (output streamed) and say how it ended; past timeout_s it is
-    interrupted (SIGINT: pytest stops and writes its results), then killed after GRACE_S."""
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+    """Run pytest in a subprocess (output streamed, its end kept for `reason`) and say how it ended; past
+    timeout_s it is interrupted (SIGINT: pytest stops and writes its results), then killed after GRACE_S."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", *args]
     start = time.monotonic()
     # A shell that starts us in the background ignores SIGINT, and children inherit that: restore it.
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")  # fmt: skip
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    def pump() -> None:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     timed_out = False
     try:
         exit_code = proc.wait(timeout=timeout_s)
@@ -166,11 +195,13 @@ def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None
         except subprocess.TimeoutExpired:
             proc.kill()
             exit_code = proc.wait()
+    reader.join(timeout=GRACE_S)
     return {
         "command": " ".join(["pytest", *cmd[5:]]),
         "exit_code": exit_code,
         "seconds": round(time.monotonic() - start, 1),
         "timed_out": timed_out,
+        "reason": None if exit_code == 0 else failure_reason(list(tail)),
     }
 
 

@@ -6,7 +6,9 @@ The same code runs the paper's shapes on CUDA and a tiny architecture on the CPU
 interpreter), so the CPU run checks the harness that produces the GPU numbers. Caches:
 - FP16: transformers' `StaticCache` read by SDPA, the baseline a transformers user gets;
 - every quantized method: `pnmix.hf.PNMixHFCache` on the Triton kernels, preallocated to
-  max_cache_len = prompt + generation (`reference.storage.allocation`).
+  max_cache_len = prompt + generation (`reference.storage.allocation`);
+- an implementation named with --impl (`benchmarks.plugins`): `PNMixHFCache(impl=...)`, its own
+  cache through the protocol, not preallocated.
 Cache contents beyond the prompt are synthetic (random post-RoPE keys and values written
 straight into the cache), since decode cost does not depend on what the keys say; the
 prompt itself goes through the model, so PN-Mix selects its pairs from real queries.
@@ -40,6 +42,12 @@ FP16 = "FP16"
 CHECK_FINITE = False
 FP16_ATTENTION = "sdpa over transformers StaticCache (16-bit K/V, preallocated)"
 PACKED_ATTENTION = "pnmix: Triton split-K decode over PNMixHFCache (packed, preallocated)"
+PLUGIN_ATTENTION = "attend(q) of the implementation's own cache (reference.contract protocol, not preallocated)"
+#: The dtype of the models' weights, activations and caches (Fig. 6c, Fig. 7), and of the kernel points.
+MODEL_DTYPE = torch.bfloat16
+KERNEL_DTYPE = torch.float16
+#: Tokens written into a cache per append when filling it with synthetic keys and values.
+FILL_CHUNK = 4096
 
 
 # -- clocks and memory ------------------------------------------------------------------------
@@ -362,12 +370,27 @@ def method_config(method: str) -> PNMixConfig:
     return METHODS[method]()
 
 
-def config_record(method: str) -> dict:
-    return {k: str(v) if isinstance(v, torch.dtype) else v for k, v in asdict(method_config(method)).items()}
+def config_record(config: PNMixConfig) -> dict:
+    return {k: str(v) if isinstance(v, torch.dtype) else v for k, v in asdict(config).items()}
 
 
-def attention_of(method: str) -> str:
+def attention_of(method: str, plugin=None) -> str:
+    if plugin is not None:
+        return PLUGIN_ATTENTION
     return FP16_ATTENTION if method == FP16 else PACKED_ATTENTION
+
+
+def point_config(method: str, plugin=None) -> PNMixConfig:
+    """The configuration a point's cache runs: the plug-in's (`benchmarks.plugins.Plugin.config`) or the method's."""
+    return method_config(method) if plugin is None else plugin.config
+
+
+def modelled_cache_bytes(config: PNMixConfig, batch: int, kv_heads: int, head_dim: int, length: int,
+                         layers: int = 1) -> int:  # fmt: skip
+    """Bytes of `layers` caches of `config` holding `length` tokens, by the storage model (what a decode step reads)."""
+    from reference import storage_model
+
+    return layers * storage_model(config, batch, kv_heads, head_dim, length).total
 
 
 def measured_cache_bytes(cache) -> int:
@@ -382,7 +405,10 @@ def measured_cache_bytes(cache) -> int:
 class Generation:
     """One batch of greedy generation under the static protocol: a cache preallocated to
     `capacity`, the prompt through the model, then synthetic fill and timed decode steps.
-    check_finite: the packed caches' finite-value checks (the FP16 path has none)."""
+    check_finite: the packed caches' finite-value checks (the FP16 path has none).
+    plugin: a `benchmarks.plugins.Plugin` whose caches the model runs instead (`method` is then
+    its name): `PNMixHFCache(impl=)`, not preallocated (the protocol has no capacity; `capacity`
+    still bounds the generation), its input checks its own."""
 
     def __init__(
         self,
@@ -393,6 +419,7 @@ class Generation:
         capacity: int,
         seed: int = 0,
         check_finite: bool = CHECK_FINITE,
+        plugin=None,
     ) -> None:
         from transformers import StaticCache
 
@@ -401,14 +428,18 @@ class Generation:
         if prompt >= capacity:
             raise ValueError(f"capacity ({capacity}) must exceed the prompt ({prompt})")
         self.model, self.method, self.batch, self.capacity = model, method, batch, capacity
+        self.plugin = plugin
+        self.config = point_config(method, plugin)
         self.device, self.dtype = model.device, model.dtype
         cfg = model.config
         self.kv_heads, self.head_dim = cfg.num_key_value_heads, getattr(cfg, "head_dim", None)
         model.set_attn_implementation("sdpa" if method == FP16 else pnmix_attention())
-        if method == FP16:
+        if plugin is not None:
+            self.cache = PNMixHFCache(cfg, self.config, impl=plugin.impl)
+        elif method == FP16:
             self.cache = StaticCache(config=cfg, max_cache_len=capacity)
         else:
-            self.cache = PNMixHFCache(cfg, method_config(method), backend="triton", max_cache_len=capacity,
+            self.cache = PNMixHFCache(cfg, self.config, backend="triton", max_cache_len=capacity,
                                       check_finite=check_finite)  # fmt: skip
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.length = 0
@@ -416,11 +447,23 @@ class Generation:
         self.token = self._forward(prompt_ids)
 
     @property
-    def check_finite(self) -> bool:
-        """Whether finite-value checks are in force on this cache's appends and attends."""
+    def check_finite(self) -> bool | None:
+        """Whether finite-value checks are in force on this cache's appends and attends (None for a
+        plug-in: it checks what it checks, and the protocol has no switch)."""
+        if self.plugin is not None:
+            return None
         if self.method == FP16:
             return False
         return all(layer.cache.check_finite for layer in self.cache.layers)
+
+    def read_bytes(self) -> int:
+        """Bytes of every layer's cache a decode step reads now: the storage model of the method's
+        configuration at the current length, or what a plug-in's caches hold (a format of its own,
+        not preallocated)."""
+        if self.plugin is not None:
+            return measured_cache_bytes(self.cache)
+        layers = len(self.cache.layers)
+        return modelled_cache_bytes(self.config, self.batch, self.kv_heads, self.head_dim, self.length, layers)
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -449,6 +492,10 @@ class Generation:
         """
         if self.device.type != "cuda":
             return {**graph_ms(self.step, self.device), "graph_steps": 0}
+        if self.plugin is not None:
+            return {"graph_ms": None, "graph_steps": 0,
+                    "graph_note": f"not captured: {self.plugin.name}'s cache has no device-side token counts the "
+                                  "protocol exposes, to put back before each replay"}  # fmt: skip
         if self.capacity - self.length < 2:
             return {"graph_ms": None, "graph_note": "no room in the cache for a warm-up and a captured step",
                     "graph_steps": 0}  # fmt: skip
@@ -478,7 +525,7 @@ class Generation:
                                  f"the generation {self.length}")  # fmt: skip
 
     @torch.inference_mode()
-    def fill_to(self, length: int, chunk: int = 4096) -> None:
+    def fill_to(self, length: int, chunk: int = FILL_CHUNK) -> None:
         """Write random post-RoPE keys and values into every layer until the cache holds `length` tokens."""
         if not self.length <= length <= self.capacity:
             raise ValueError(f"length must be within [{self.length}, {self.capacity}], got {length}")
@@ -502,6 +549,14 @@ def pnmix_attention() -> str:
     return ATTENTION
 
 
+def decode_fill_sizes(context: int, prompt: int, chunk: int = FILL_CHUNK) -> list[int]:
+    """Tokens of the prefill and of each append that fill a kernel point's cache to `context`."""
+    sizes = [min(prompt, context)]
+    while sum(sizes) < context:
+        sizes.append(min(chunk, context - sum(sizes)))
+    return sizes
+
+
 def build_decode_cache(
     method: str,
     batch: int,
@@ -509,25 +564,30 @@ def build_decode_cache(
     layer: tuple[int, int, int],
     device,
     prompt: int,
-    chunk: int = 4096,
+    chunk: int = FILL_CHUNK,
     check_finite: bool = CHECK_FINITE,
+    plugin=None,
 ):
     """One attention layer's PNMixCache preallocated to and holding `context` random tokens, and a
     decode query: the kernel microbenchmark's input (layer = (KV heads, query heads per KV head,
-    head_dim))."""
+    head_dim)). plugin: a `benchmarks.plugins.Plugin` whose `create(config)` makes the cache instead
+    (not preallocated, its input checks its own)."""
     from pnmix import PNMixCache
 
     kv_heads, n_rep, head_dim = layer
     gen = torch.Generator(device=device).manual_seed(batch * 7919 + context)
 
     def rand(heads: int, n: int) -> torch.Tensor:
-        return torch.randn(batch, heads, n, head_dim, generator=gen, device=device, dtype=torch.float16)
+        return torch.randn(batch, heads, n, head_dim, generator=gen, device=device, dtype=KERNEL_DTYPE)
 
-    prompt = min(prompt, context)
-    cache = PNMixCache.from_prefill(rand(kv_heads * n_rep, prompt), rand(kv_heads, prompt), rand(kv_heads, prompt),
-                                    method_config(method), max_cache_len=context,
-                                    check_finite=check_finite)  # fmt: skip
-    while cache.length < context:
-        n = min(chunk, context - cache.length)
+    first, *appends = decode_fill_sizes(context, prompt, chunk)
+    q, k, v = rand(kv_heads * n_rep, first), rand(kv_heads, first), rand(kv_heads, first)
+    if plugin is None:
+        cache = PNMixCache.from_prefill(q, k, v, method_config(method), max_cache_len=context,
+                                        check_finite=check_finite)  # fmt: skip
+    else:
+        cache = plugin.impl.create(plugin.config)
+        cache.prefill(q, k, v)
+    for n in appends:
         cache.append(rand(kv_heads, n), rand(kv_heads, n))
     return cache, rand(kv_heads * n_rep, 1)

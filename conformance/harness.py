@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from hypothesis import currently_in_test_context, note
 
 from reference import ReferenceCache, attention_ref
 from reference.contract import Capabilities
@@ -33,30 +34,43 @@ class State:
         return self.all_k.shape[-2]
 
 
-_LAST_FITTED: list[cs.Case] = []
+_LAST_FITTED: list = []
+#: Starts the hypothesis note naming the fitted case of a failing example (`failing_examples` reads it).
+FITTED_NOTE = "Fitted to the claims: "
 
 
-def fitted(impl, case: cs.Case, device: torch.device) -> cs.Case:
-    """The case fitted to the implementation's claims; skips if the device is not claimed or no
-    case of this kind fits the claims (the reason names what does not fit)."""
+def fitted(impl, case, device: torch.device, *, draw_bounds: bool = True):
+    """The case (a `strategies.Case` or `TokenCase`) fitted to the implementation's claims; skips if
+    the device is not claimed or no case of this kind fits the claims (the reason names what does
+    not fit). draw_bounds=False: a fixed workload, not bounded by max_tokens and max_head_dim
+    (`strategies.fit_fixed`)."""
     caps: Capabilities = impl.capabilities
     if device.type not in caps.devices:
         pytest.skip(f"{impl.name} does not claim device {device.type}")
     try:
-        case = case.fit(caps)
+        case = case.fit(caps) if draw_bounds else cs.fit_fixed(case, caps)
     except cs.DoesNotFit as err:
         pytest.skip(f"{impl.name}: {err}")
     _LAST_FITTED[:] = [case]
+    # Notes are kept only on the replay of a failing example: each failure carries its own fitted case.
+    if currently_in_test_context():
+        note(FITTED_NOTE + cs.compact(case))
     return case
 
 
-def last_fitted() -> cs.Case | None:
+def last_fitted():
     """The case the running test fitted last (after a hypothesis failure: the failing example's)."""
     return _LAST_FITTED[0] if _LAST_FITTED else None
 
 
 def forget_fitted() -> None:
     _LAST_FITTED.clear()
+
+
+def failing_examples(exc: BaseException) -> list[str]:
+    """The fitted cases hypothesis noted on a failure (`FITTED_NOTE`), in order, without repeats."""
+    notes = getattr(exc, "__notes__", None) or []
+    return list(dict.fromkeys(n.removeprefix(FITTED_NOTE) for n in notes if n.startswith(FITTED_NOTE)))
 
 
 def states(impl, case: cs.Case, device: torch.device) -> Iterator[State]:

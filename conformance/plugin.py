@@ -3,28 +3,35 @@
 --impl NAME (repeatable, or PNMIX_IMPL=a,b) picks the implementations; every test that takes
 the `impl` fixture runs once per implementation, with its name in the test id. Known failures
 per implementation live in conformance/xfails/<name>.txt (and --xfails FILE): one node id per
-line, '#' starts a reason. Each run writes a JSON result (implementation, property, outcome,
-reason, hypothesis statistics) to --conformance-json, by default a new timestamped file in
-reports/inputs/.
+line, '#' starts a reason. Each run writes a JSON result to --conformance-json, by default a new
+timestamped file in reports/inputs/: the code that judged (`code`: the suite and the spec), each
+implementation with its code and its claims, and per property its outcome, its reason (a failure's
+own message, each distinct one; a skip's reason alone), the failing example fitted to the claims
+(`example`), what it measured and hypothesis' statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
-from reference.records import record, utc_stamp, write_json
+from reference.contract import Capabilities
+from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
 
-from . import harness, loader
+from . import harness, loader, strategies
 
 XFAIL_DIR = Path(__file__).parent / "xfails"
 _IMPLS = pytest.StashKey[list]()
 _RECORDS = pytest.StashKey[list]()
 _ORIGINS = pytest.StashKey[dict]()
+_NAMES = pytest.StashKey[dict]()  # implementation name -> the name it was loaded by
 #: The suite's own tests (its deliberate mutants): they judge the suite, not the implementations chosen.
 META = "conformance/meta/"
 
@@ -55,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
             names = list(loader.builtins())
         except RuntimeError as err:
             raise pytest.UsageError(str(err)) from None
-    impls, origins = [], {}
+    impls, origins, loaded_as = [], {}, {}
     for name in dict.fromkeys(names):
         try:
             impl = loader.load(name)
@@ -63,8 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(err)) from None
         impls.append(impl)
         origins[impl.name] = loader.origin(name)
+        loaded_as[impl.name] = name
     config.stash[_IMPLS] = impls
     config.stash[_ORIGINS] = origins
+    config.stash[_NAMES] = loaded_as
     config.stash[_RECORDS] = []
     path = config.getoption("--conformance-json")
     if path and Path(path).exists():
@@ -161,22 +170,65 @@ def leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _largest(properties: list[tuple[str, object]]) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _measured(properties: list[tuple[str, object]]) -> dict[str, object]:
+    """What a property recorded (record_property, once per example): the largest of each number, the
+    last of each text (a workload's description)."""
+    out: dict[str, object] = {}
     for name, value in properties:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = max(out.get(name, value), value)
+        elif isinstance(value, str):
+            out[name] = value
     return out
 
 
+#: Lines that end a message's own words: pytest's rewritten `assert` explanation, a tensor's dump.
+_EXPLANATION = re.compile(r"^(assert |tensor\(|\[)")
+_FILE_LINE = re.compile(r"^\S+\.py:\d+")
+#: The text hypothesis adds to an exception it reports (its notes), which starts with one of these.
+_HYPOTHESIS_REPORT = ("Failing explicit example", "Failing test case", "Falsifying example")
+
+
+def _own_words(exc: BaseException) -> str:
+    """'Class: message' of one exception: its first lines up to pytest's assertion explanation or a
+    tensor dump (a bare `assert` keeps its first line), no file:line, on one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not _FILE_LINE.match(line.strip())]
+    kept = lines[:1]
+    for line in lines[1:4]:
+        if _EXPLANATION.match(line) or line.startswith(_HYPOTHESIS_REPORT):
+            break
+        kept.append(line)
+    text = "; ".join(line[:300] for line in kept)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def failure_message(excinfo: pytest.ExceptionInfo) -> str:
-    """What a failure says: 'Class: first line of the message' of each distinct exception, joined
-    by ' | ' (a property's assertion message, not the file and line it was raised at)."""
-    parts = []
-    for exc in leaves(excinfo.value):
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        parts.append(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
-    return " | ".join(dict.fromkeys(parts))[:1000]
+    """What a failure says: the message of each distinct exception (hypothesis' distinct failures),
+    joined by ' | ': the property's own words, not the file and line it was raised at."""
+    return " | ".join(dict.fromkeys(_own_words(exc) for exc in leaves(excinfo.value)))[:1000]
+
+
+def failing_example(excinfo: pytest.ExceptionInfo) -> str | None:
+    """The fitted case of each distinct failure (hypothesis' shrunk example, as noted by
+    `harness.fitted`), joined by ' | '; else the case the test fitted last; None if it fitted none."""
+    noted = [case for exc in leaves(excinfo.value) for case in harness.failing_examples(exc)]
+    if noted:
+        return " | ".join(dict.fromkeys(noted))
+    case = harness.last_fitted()
+    return strategies.compact(case) if case is not None else None
+
+
+def skip_reason(report: pytest.TestReport, call: pytest.CallInfo) -> str:
+    """The reason given to pytest.skip, without what hypothesis appends to it (the example's report)."""
+    if call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):
+        return str(call.excinfo.value.msg or "")
+    text = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else ""
+    kept = []
+    for line in text.removeprefix("Skipped: ").splitlines():
+        if line.startswith(_HYPOTHESIS_REPORT):
+            break
+        kept.append(line)
+    return "\n".join(kept).strip()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -186,18 +238,19 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if callspec is None or "impl" not in callspec.params:
         return
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        raised = call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception)
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
             reason = report.wasxfail
         else:
             outcome = report.outcome
-            reason = ""
-            if report.skipped and isinstance(report.longrepr, tuple):
-                reason = str(report.longrepr[2]).removeprefix("Skipped: ")
-            elif report.failed:
-                reason = failure_message(call.excinfo) if call.excinfo is not None else ""
+            if report.skipped:
+                reason = skip_reason(report, call)
+            elif raised:
+                reason = failure_message(call.excinfo)
+            else:  # failed without an exception: a strict xfail that passed
+                reason = str(report.longrepr or "")
         impl = callspec.params["impl"]
-        case = harness.last_fitted() if report.failed else None
         item.config.stash[_RECORDS].append(
             {
                 "implementation": impl.name,
@@ -208,14 +261,46 @@ def pytest_runtest_makereport(item: pytest.Item, call):
                 "nodeid": item.nodeid,
                 "outcome": outcome,
                 "reason": reason,
-                "case": repr(case) if case is not None else None,
-                # what a property measured besides its verdict (record_property, once per example: the
-                # largest is kept), e.g. P7's spec_distance
-                "measured": _largest(item.user_properties),
+                # the failing example, fitted to the claims (and shrunk): also for a known failure
+                "example": failing_example(call.excinfo) if raised else None,
+                # what a property measured besides its verdict, e.g. P7's spec_distance
+                "measured": _measured(item.user_properties),
                 "duration_s": round(report.duration, 4),
                 "hypothesis_statistics": getattr(item, "hypothesis_statistics", None),
             }
         )
+
+
+def claims(caps: Capabilities) -> dict[str, object]:
+    """Every claim of `caps` as JSON: dtypes as their names, sets as sorted lists, the preset by its
+    qualified name."""
+
+    def plain(value: object) -> object:
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        if isinstance(value, (frozenset, set)):
+            return [plain(v) for v in sorted(value)]
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if callable(value):
+            return f"{value.__module__}.{value.__qualname__}"
+        return value
+
+    return {f.name: plain(getattr(caps, f.name)) for f in dataclasses.fields(caps)}
+
+
+def details(impl, config: pytest.Config) -> dict:
+    """What an implementation is, where it came from, the code judged (its factory's package or
+    module, `reference.records.implementation_targets`) and everything it claims."""
+    cls = type(loader.unwrap(impl))
+    return {
+        "name": impl.name,
+        "version": str(impl.version),
+        "origin": config.stash[_ORIGINS].get(impl.name),
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "code": code_fingerprint(*implementation_targets(loader.factory_module(config.stash[_NAMES][impl.name]))),
+        "claims": claims(impl.capabilities),
+    }
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -223,7 +308,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     records = config.stash.get(_RECORDS, [])
     if not records or config.getoption("--no-conformance-json") or hasattr(config, "workerinput"):
         return
-    import torch
     from hypothesis import settings
 
     path = config.getoption("--conformance-json") or (
@@ -235,17 +319,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     data = record(
         "conformance",
         device,
+        # the judge: the suite and the spec it compares with
+        code=code_fingerprint("conformance", "reference"),
         implementations=sorted({r["implementation"] for r in records}),
-        # what each one is and where it came from: a verdict names the code it judged
-        implementation_details=[
-            {
-                "name": impl.name,
-                "version": str(impl.version),
-                "origin": config.stash[_ORIGINS].get(impl.name),
-                "class": f"{type(loader.unwrap(impl)).__module__}.{type(loader.unwrap(impl)).__qualname__}",
-            }
-            for impl in implementations(config)
-        ],
+        implementation_details=[details(impl, config) for impl in implementations(config)],
         hypothesis_profile=settings.get_current_profile_name(),
         exitstatus=int(exitstatus),
         results=records,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conformance import strategies as cs
-from conformance.harness import bits_of, held_bytes, judge
+from conformance.harness import bits_of, fitted, held_bytes, judge
 from reference.faults import FaultAt
 from reference.token_cache import TokenPrecisionCache
 from reference.token_precision import TokenPrecisionConfig
@@ -34,15 +34,6 @@ pytestmark = pytest.mark.token_precision
 
 CFG = TokenPrecisionConfig(group_size=8)
 PAIRS = TokenPrecisionConfig(group_size=8, low_keys="pairs")
-
-
-def fitted(impl, case: cs.TokenCase, device: torch.device) -> cs.TokenCase:
-    if device.type not in impl.capabilities.devices:
-        pytest.skip(f"{impl.name} does not claim device {device.type}")
-    try:
-        return case.fit(impl.capabilities)
-    except cs.DoesNotFit as err:
-        pytest.skip(f"{impl.name}: {err}")
 
 
 def build(impl, case: cs.TokenCase, device: torch.device, calls: int | None = None):

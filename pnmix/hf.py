@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import math
 
 import torch
 from transformers import AttentionInterface
@@ -148,6 +149,18 @@ def layer_windows(model_config) -> list[int | None]:
     return windows
 
 
+@dataclasses.dataclass(frozen=True)
+class _Unrewindable:
+    """The checkpoint of an implementation's cache (`PNMixHFCache(impl=)`): the protocol lets a
+    layer read its length, not save or restore its state."""
+
+    length: int
+
+
+def _name(impl) -> str:
+    return str(getattr(impl, "name", type(impl).__name__))
+
+
 class PNMixLayer(CacheLayerMixin):
     """One attention layer's PN-Mix cache inside a transformers `Cache`."""
 
@@ -163,9 +176,12 @@ class PNMixLayer(CacheLayerMixin):
         window: int | None = None,
         stepwise: bool = False,
         schedule: TokenBitsSchedule | None = None,
+        impl=None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.impl = impl  # an implementation whose create(config) builds this layer's cache (PNMixHFCache(impl=))
+        self.stale: str | None = None  # why this layer's cache cannot be used until reset()
         self.schedule = schedule  # a per-token precision cache: each new token's bits
         self.backend = backend
         self.max_cache_len = max_cache_len
@@ -190,21 +206,35 @@ class PNMixLayer(CacheLayerMixin):
 
     def checkpoint(self) -> tuple:
         """This layer's state now, to return to with `roll_back` (until `release`)."""
-        inner = self.cache._checkpoint() if self.cache is not None else None
+        if self.cache is None:
+            inner = None
+        elif self.impl is not None:  # the protocol has no checkpoints: only its length can be compared
+            inner = _Unrewindable(self.cache.length)
+        else:
+            inner = self.cache._checkpoint()
         return tuple(getattr(self, name, None) for name in self._STATE), inner
 
     def roll_back(self, saved: tuple) -> None:
         fields, inner = saved
-        if inner is not None:  # the packed cache existed: its own state goes back too
+        if isinstance(inner, _Unrewindable):
+            if fields[0].length != inner.length:  # its append went through and cannot be undone
+                self.stale = (
+                    f"PN-Mix: a forward failed after this layer's cache (impl={_name(self.impl)}) had stored its "
+                    f"tokens ({inner.length} -> {fields[0].length}); the implementation protocol has no checkpoints "
+                    "to roll it back: call reset() on the PNMixHFCache, or build a new one"
+                )
+        elif inner is not None:  # the packed cache existed: its own state goes back too
             fields[0]._rollback(inner)
         for name, value in zip(self._STATE, fields, strict=True):
             setattr(self, name, value)
 
     def release(self, saved: tuple) -> None:
-        if saved[1] is not None:
+        if saved[1] is not None and not isinstance(saved[1], _Unrewindable):
             saved[0][0]._release(saved[1])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.stale is not None:
+            raise RuntimeError(self.stale)
         self.attended = False
         if not self.is_initialized:
             if key_states.shape != value_states.shape:
@@ -256,7 +286,9 @@ class PNMixLayer(CacheLayerMixin):
             cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
             self.cache, self._pending = cache, None
             return
-        if self.backend == "triton":
+        if self.impl is not None:
+            cache = self.impl.create(self.config)
+        elif self.backend == "triton":
             from .cache import PNMixCache
 
             cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite)
@@ -287,7 +319,7 @@ class PNMixLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         """Back to a layer that has seen nothing: no tensor of the last sequence is kept."""
-        self.cache, self._pending, self.is_initialized = None, None, False
+        self.cache, self._pending, self.is_initialized, self.stale = None, None, False, None
         self._exact, self._tail, self._values, self._seen, self.attended = None, None, None, 0, False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -318,6 +350,17 @@ class PNMixHFCache(Cache):
     stores quantized by the spec's code): token_bits then gives the bits of the first
     positions (the prompt's, from its role tags: `reference.roles`, `reference.bit_allocation`) and
     generated_bits those of every later token (default: config.high_bits).
+
+    impl: instead of a backend, an implementation of `reference.contract` (anything with
+    `create(config)`, such as a plug-in the conformance suite loads): each quantized layer's cache
+    is then `impl.create(config)`, filled by `prefill(q, k, v)` and `append(k, v)` and read by
+    `attend(q)`, nothing else. What needs more than the protocol is not available and raises:
+    max_cache_len (no preallocation: the protocol has no capacity), check_finite=False (the
+    implementation checks its inputs as it does), stepwise, a per-token precision config, and
+    attention with a scaling other than 1/sqrt(head_dim) or with softcapping (`attend(q)` takes
+    neither). A forward that fails is rolled back only where no layer's cache stored its tokens
+    yet (the protocol has no checkpoints): otherwise the cache refuses every later update, saying
+    why, until `reset()`.
     """
 
     def __init__(
@@ -332,6 +375,7 @@ class PNMixHFCache(Cache):
         stepwise: bool = False,
         token_bits=None,
         generated_bits: int | None = None,
+        impl=None,
     ) -> None:
         config = PNMixConfig() if config is None else config
         if not isinstance(config, (PNMixConfig, TokenPrecisionConfig)):
@@ -361,21 +405,24 @@ class PNMixHFCache(Cache):
             )
         if backend not in ("auto", "reference", "triton"):
             raise ValueError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
-        if backend == "auto":
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
+        if impl is not None:
+            backend = _implementation_backend(impl, backend, per_token, max_cache_len, check_finite, stepwise)
+        elif backend == "auto":
             backend = "triton" if torch.cuda.is_available() else "reference"
         if max_cache_len is not None and backend != "triton":
             raise ValueError(f"max_cache_len (static preallocation) needs backend='triton', got backend={backend!r}")
-        if not isinstance(check_finite, bool):
-            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         if not check_finite and backend != "triton":
             raise ValueError(f"check_finite=False needs backend='triton', got backend={backend!r}")
         if stepwise and backend != "reference":
             raise ValueError(f"stepwise=True needs backend='reference', got backend={backend!r}")
         self.config = config
         self.check_finite = check_finite
+        self.impl = impl
         schedule = TokenBitsSchedule(config, token_bits, generated_bits) if per_token else None
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule, impl)
             for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
@@ -440,6 +487,30 @@ class PNMixHFCache(Cache):
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
 
 
+#: The backend of layers whose caches an implementation object builds (`PNMixHFCache(impl=)`).
+IMPL_BACKEND = "impl"
+
+
+def _implementation_backend(impl, backend: str, per_token: bool, max_cache_len, check_finite: bool,
+                            stepwise: bool) -> str:  # fmt: skip
+    """IMPL_BACKEND once `impl` and the other arguments ask nothing beyond the implementation protocol."""
+    if not callable(getattr(impl, "create", None)):
+        raise TypeError(f"impl must be an implementation with create(config), got {type(impl).__name__}")
+    name = _name(impl)
+    refused = {
+        f"backend={backend!r}": (backend != "auto", "the implementation's own code runs"),
+        "max_cache_len": (max_cache_len is not None, "no preallocation: the static protocol is not claimed"),
+        "check_finite=False": (not check_finite, "the implementation checks its inputs as it does"),
+        "stepwise=True": (stepwise, "it needs the reference backend's attend_stepwise"),
+        "a TokenPrecisionConfig": (per_token, "per-token precision caches take token bits the protocol's "
+                                   "create(config) cache does not"),
+    }  # fmt: skip
+    for what, (asked, why) in refused.items():
+        if asked:
+            raise ValueError(f"{what} cannot be used with impl={name!r}: {why}")
+    return IMPL_BACKEND
+
+
 def _check_arguments(kwargs: dict, dropout: float) -> None:
     if dropout:
         raise ValueError(f"PN-Mix attention is for inference: dropout={dropout} cannot be honoured")
@@ -502,15 +573,29 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
     if not layer.started and layer.window is None and softcap is not None and layer.backend == "triton":
         raise ValueError(f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
                          "(a quantized layer of this model needs it); use backend='reference'")  # fmt: skip
+    if layer.impl is not None and layer.window is None:
+        _check_protocol_attention(layer.impl, d, scaling, softcap)
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
             layer.start(query)
+    elif layer.impl is not None:
+        out = layer.cache.attend(query)
     elif layer.stepwise:
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)
     else:
         out = layer.cache.attend(query, scale=scaling, softcap=softcap)
     return out
+
+
+def _check_protocol_attention(impl, head_dim: int, scaling: float, softcap: float | None) -> None:
+    """`attend(q)` of the implementation protocol scales by 1/sqrt(head_dim) and caps nothing."""
+    if softcap is not None:
+        raise ValueError(f"softcap={softcap}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
+                         "does not apply attention logit softcapping, which this model needs")  # fmt: skip
+    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        raise ValueError(f"scaling={scaling}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
+                         f"scales by 1/sqrt(head_dim) = {head_dim**-0.5:.6g}; this model asks otherwise")  # fmt: skip
 
 
 def _window(mask_function, local_size: int | None) -> int | None:

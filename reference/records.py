@@ -10,11 +10,14 @@ keys (`kind_of`). Files are written atomically and never over an existing file u
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,11 +60,13 @@ def kind_of(data: object) -> str:
 
 
 def record(kind: str, device: torch.device | str | None = None, **fields) -> dict:
-    """A result of `kind` (a key of TAGS): its tag, the environment of `device`, then `fields`
-    (a field named like an environment one, such as `command`, replaces it)."""
+    """A result of `kind` (a key of TAGS): its tag, the environment of `device`, the code it measured
+    (`loaded_code`, unless `fields` give `code`), then `fields` (a field named like an environment one,
+    such as `command`, replaces it)."""
     if kind not in TAGS:
         raise ValueError(f"kind must be one of {sorted(TAGS)}, got {kind!r}")
-    return {KIND: TAGS[kind], **environment(device), **fields}
+    code = fields.pop("code", None) or loaded_code()
+    return {KIND: TAGS[kind], **environment(device), "code": code, **fields}
 
 
 # -- the environment record -------------------------------------------------------------------
@@ -137,6 +142,140 @@ def environment(device: torch.device | str | None = None, command: str | None = 
         "versions": versions(),
         "machine": machine(),
     }
+
+
+# -- the code a result measured ----------------------------------------------------------------
+
+#: The checkout this package runs from: recorded paths of its files are relative to it.
+ROOT = Path(__file__).resolve().parents[1]
+#: Folders whose files are never part of the measured code: the tests of a package, the suite's own
+#: meta tests, caches.
+NOT_CODE = frozenset({"tests", "meta", "__pycache__"})
+SITE = "site:"
+
+
+def git(*args: str) -> str | None:
+    """`git ARGS` in this checkout: its output, None when git fails or is missing."""
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this package runs from (None outside a git checkout)."""
+    return git("rev-parse", "HEAD")
+
+
+def code_files(*targets: str) -> list[Path]:
+    """The source files of `targets`: dotted names of packages (every .py below them, tests left out)
+    or modules (their file), as importable now; ValueError naming a target that is not found."""
+    found: set[Path] = set()
+    for target in targets:
+        try:
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or (spec.origin is None and not spec.submodule_search_locations):
+            raise ValueError(f"code target {target!r} is neither an importable package nor a module")
+        if spec.submodule_search_locations:
+            for folder in spec.submodule_search_locations:
+                found.update(
+                    p.resolve()
+                    for p in Path(folder).rglob("*.py")
+                    if not NOT_CODE & set(p.relative_to(folder).parts[:-1])
+                )
+        else:
+            found.add(Path(spec.origin).resolve())
+    return sorted(found)
+
+
+def code_key(path: Path) -> str:
+    """How a file is named in a fingerprint: relative to this checkout when inside it; an installed
+    file as "site:" + its path below the import path entry that holds it (the same name on every
+    machine that installs the same package); else absolute."""
+    if "site-packages" not in path.parts and path.is_relative_to(ROOT):
+        return path.relative_to(ROOT).as_posix()
+    entries = [Path(e).resolve() for e in sys.path if e and Path(e).is_dir()]
+    holders = [e for e in entries if path.is_relative_to(e) and e != ROOT]
+    if holders:
+        return SITE + path.relative_to(max(holders, key=lambda e: len(e.parts))).as_posix()
+    return str(path)
+
+
+def code_path(key: str) -> Path | None:
+    """The file a fingerprint's key names on this machine (None when it is not here)."""
+    if not key.startswith(SITE):
+        path = Path(key) if Path(key).is_absolute() else ROOT / key
+        return path if path.is_file() else None
+    rel = key.removeprefix(SITE)
+    for entry in sys.path:
+        candidate = Path(entry or ".") / rel
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def file_digest(path: str | os.PathLike) -> str | None:
+    """sha256 of a file's bytes (16 hex digits), None when it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def fingerprint_digest(files: dict[str, str]) -> str:
+    """One digest of a {file: digest} map: equal exactly when every file and its content are."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_fingerprint(*targets: str) -> dict:
+    """What a result measured, so that a reader can tell whether the code in a tree is that code:
+    {"targets", "files": {path: sha256}, "digest", "commit"} (commit: the checkout's HEAD, None
+    outside git; the files say more than the commit, since a tree can differ from its commit)."""
+    files = {code_key(p): file_digest(p) for p in code_files(*targets)}
+    return {"targets": list(targets), "files": files, "digest": fingerprint_digest(files), "commit": git_commit()}
+
+
+#: This repository's packages of implementations: the spec and the Triton package. Code of any other
+#: package here that holds an implementation (the suite's adapters, a test's plug-in) is its module.
+IMPLEMENTATION_PACKAGES = ("reference", "pnmix")
+
+
+#: The packages whose loaded modules are the code a tool's result measured (`loaded_code`).
+MEASURED_PACKAGES = ("reference", "pnmix", "benchmarks")
+#: Modules that describe a result rather than compute it: changing them changes no measurement.
+BOOKKEEPING = frozenset({"reference.records"})
+
+
+def loaded_code() -> dict:
+    """A fingerprint (as `code_fingerprint`'s) of the module files of MEASURED_PACKAGES that this process
+    has imported: exactly the code a tool ran (its own module, the spec, the caches it used)."""
+    paths = set()
+    for name, module in list(sys.modules.items()):
+        top = name.split(".")[0]
+        file = getattr(module, "__file__", None)
+        if top not in MEASURED_PACKAGES or not file or name in BOOKKEEPING or NOT_CODE & set(name.split(".")):
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(ROOT / top) and not path.name.startswith("test_"):
+            paths.add(path)
+    files = {code_key(p): file_digest(p) for p in sorted(paths)}
+    return {"targets": ["modules loaded"], "files": files, "digest": fingerprint_digest(files), "commit": git_commit()}
+
+
+def implementation_targets(module: str) -> tuple[str, ...]:
+    """The code of an implementation whose factory lives in `module`: an installed plug-in's top-level
+    package; here, its package of `IMPLEMENTATION_PACKAGES` or else its module, with the spec
+    (`reference`) that every implementation of this repository builds on."""
+    top = module.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    inside = spec is not None and spec.origin is not None and Path(spec.origin).resolve().is_relative_to(ROOT / top)
+    if not inside:
+        return (top,)
+    own = top if top in IMPLEMENTATION_PACKAGES else module
+    return (own,) if own == "reference" else (own, "reference")
 
 
 # -- files ------------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ from tqdm import tqdm
 from conformance.loader import available_names, load
 from reference import records
 
-from . import environment, files, inputs, interrupts, steps
+from . import currency, environment, files, inputs, interrupts, steps
 from .document import assemble
 from .provenance import ROOT, display_path
 from .sections import claims as claims_section
-from .sections import conformance, equal_bits, fidelity, memory, performance, storage
+from .sections import conformance, equal_bits, fidelity, memory, performance, storage, summary
 from .sections import environment as environment_section
+from .sections import history as history_section
 
 DEFAULT_OUT = Path(__file__).resolve().parent
 COMMITTED = ROOT / "benchmarks" / "results"
@@ -72,8 +73,16 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="implementation for the conformance run (repeatable; default: every built-in, "
-        f"--quick: {', '.join(steps.QUICK_IMPLS)})",
+        help="add an implementation to the default set: an installed plug-in's name or an import path "
+        "'package.module:factory' (repeatable); it is checked by the conformance suite, benchmarked beside the "
+        f"built-ins and compared in the summary (default set: every built-in; --quick: {', '.join(steps.QUICK_IMPLS)})",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="compare exactly these implementations instead of the default set (repeatable; same names as --impl)",
     )
     p.add_argument("--no-conformance", action="store_true", help="do not run the conformance suite")
     p.add_argument(
@@ -99,17 +108,28 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if name is not None and (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\")):
         p.error(f"--name must be a plain folder name (no path separators, not starting with '.'), got {name!r}")
     known = set(available_names())
-    for impl in args.impl:
-        if impl not in known and ":" not in impl:
-            p.error(f"--impl {impl!r}: expected one of {sorted(known)} or an import path 'package.module:factory'")
-    if args.no_conformance and args.impl:
-        p.error("--impl and --no-conformance contradict each other; give one of them")
+    for flag, names in (("--impl", args.impl), ("--only", args.only)):
+        for impl in names:
+            if impl not in known and ":" not in impl:
+                p.error(f"{flag} {impl!r}: expected one of {sorted(known)} or an import path 'package.module:factory'")
+    if args.no_conformance and (args.impl or args.only):
+        p.error("--impl/--only and --no-conformance contradict each other; give one of them")
+    if args.impl and args.only:
+        p.error("--impl adds to the default set and --only replaces it; give one of them")
     # a named implementation that does not load is refused now, not as a failed step minutes later
-    for impl in args.impl:
+    for impl in (*args.impl, *args.only):
         try:
             load(impl)
         except ValueError as err:
             p.error(f"--impl {impl!r}: {err}")
+
+
+def implementations(args: argparse.Namespace) -> list[str]:
+    """The implementations this report compares: --only, or the default set plus --impl, each once."""
+    if args.only:
+        return list(dict.fromkeys(args.only))
+    default = steps.QUICK_IMPLS if args.quick else steps.ALL_IMPLS
+    return list(dict.fromkeys([*default, *args.impl]))
 
 
 def command_line(argv: list[str]) -> str:
@@ -119,11 +139,12 @@ def command_line(argv: list[str]) -> str:
 
 def plan(args: argparse.Namespace, data: Path) -> list[steps.Step | steps.Outcome]:
     todo: list[steps.Step | steps.Outcome] = []
+    impls = implementations(args)
     if not args.no_conformance:
-        impls = args.impl or (steps.QUICK_IMPLS if args.quick else steps.ALL_IMPLS)
         todo += steps.conformance_steps(impls, data, args.hypothesis_profile)
     if not args.no_benchmarks:
-        todo.append(steps.benchmark_step(data))
+        # the built-in methods are benchmarked anyway; other implementations are timed beside them
+        todo.append(steps.benchmark_step(data, [n for n in impls if n not in steps.ALL_IMPLS]))
     mode = args.fidelity or ("off" if args.quick else "smoke")
     if mode != "off":
         todo.append(steps.fidelity_step(mode, data))
@@ -152,7 +173,7 @@ def unique(sources: list[inputs.Source]) -> list[inputs.Source]:
 def said(o: steps.Outcome) -> str:
     if o.status.startswith("not available"):
         return f"{o.name}: not run here, {o.status}"
-    return f"{o.name}: run here ({o.status}, {o.seconds:.0f} s; the command is in section 1)"
+    return f"{o.name}: run here ({o.status}, {o.seconds:.0f} s; its command is under Environment and provenance)"
 
 
 def notes(args: argparse.Namespace, outcomes: list[steps.Outcome]) -> dict[str, str]:
@@ -174,20 +195,43 @@ def given_sources(args: argparse.Namespace) -> list[inputs.Source]:
     return inputs.load_all(committed, "committed") + inputs.load_all(args.input, "--input")
 
 
+#: The kinds of result each section of `render_report` shows, in its order (storage reads none).
+HISTORY_KINDS = (
+    (),
+    ("conformance",),
+    (),
+    (),
+    ("pytest-benchmark", "gpu-check"),
+    ("fidelity", "long-output"),
+    ("equal-bits", "role-calibration"),
+)
+
+
 def render_report(name: str, command: str, git: dict, started: str, outcomes, sources, args) -> tuple[str, dict]:
-    """REPORT.md's text and its figures."""
+    """REPORT.md's text and its figures. Only results of the code in this tree are compared; the others
+    go to History (`reports.currency`)."""
     note = notes(args, outcomes)
+    current, history = currency.split(sources)
+    conformance_sources = inputs.of_kind(current, "conformance")
     renders = [
-        lambda: conformance.render(inputs.of_kind(sources, "conformance"), note.get("conformance", "")),
+        lambda: summary.render(conformance_sources, current, len(history)),
+        lambda: conformance.render(conformance_sources, note.get("conformance", "")),
         storage.render,
-        lambda: memory.render(sources),
-        lambda: performance.render(sources),
+        lambda: memory.render(current),
+        lambda: performance.render(current),
         lambda: fidelity.render(
-            inputs.of_kind(sources, "fidelity"), note["fidelity"], inputs.of_kind(sources, "long-output")
+            inputs.of_kind(current, "fidelity"), note["fidelity"], inputs.of_kind(current, "long-output")
         ),
-        lambda: equal_bits.render(inputs.of_kind(sources, "equal-bits")),
+        lambda: equal_bits.render(inputs.of_kind(current, "equal-bits")),
     ]
     sections = [render() for render in tqdm(renders, desc="rendering", unit="section", file=sys.stderr)]
+    for section, kinds in zip(sections, HISTORY_KINDS, strict=True):
+        older = [s for s, _ in history if s.kind in kinds]
+        if older:
+            section.body += (
+                f"\n{len(older)} earlier result file(s) of this section are listed under History, not shown here: "
+                "the code they measured has changed since, or they do not record it.\n"
+            )
     claims = [c for s in sections for c in s.claims]
     env = environment_section.render(
         records.machine(), records.versions(), git, started, records.now_utc(), command, outcomes, sources
@@ -195,9 +239,11 @@ def render_report(name: str, command: str, git: dict, started: str, outcomes, so
     intro = (
         f"Generated by `{command}` on {started}. Every number carries its provenance: **measured** (device, "
         "command, date, source file), **computed** (the function), or **quoted** from the paper "
-        "(arXiv 2610.19605). Regenerate it; do not edit it by hand."
+        "(arXiv 2610.19605). Only results of the code in this tree are compared; older ones are under History. "
+        "Regenerate it; do not edit it by hand."
     )
-    return assemble(f"PN-Mix report: {name}", intro, [env, *sections, claims_section.render(claims)])
+    body = [*sections, claims_section.render(claims), history_section.render(history), env]
+    return assemble(f"PN-Mix report: {name}", intro, body)
 
 
 def fail(*lines: str, code: int = 2) -> int:

@@ -25,7 +25,7 @@ COMMON_KEYS = tuple(schema.EXTRA_INFO_COMMON)
 SUITE_KEYS = {suite: tuple(k for k in keys if not k.endswith("?")) for suite, keys in schema.EXTRA_INFO.items()}
 SCALES = ("full", "tiny")
 #: Suites whose figures are computed, not measured: the report shows them from their module instead.
-COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), section 4"}
+COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), in the memory section"}
 
 
 @dataclasses.dataclass(frozen=True)

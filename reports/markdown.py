@@ -16,21 +16,56 @@ SOURCE = "Source: "
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One of the paper's claims and what this report found about it."""
+    """One of the paper's claims and what this report found about it.
+
+    The status and the basis say one thing: a claim judged (confirmed or not) was judged on something
+    measured or computed, and its basis says which ("measured", "computed", "measured here",
+    "computed from ..."); a claim not measured here has basis "-", even when its evidence cites
+    numbers of another setting (a smaller model, a proxy metric) that do not decide it."""
 
     claim: str  # restated from the paper, with where it says so
     status: str  # one of STATUSES
-    basis: str  # "measured", "computed" or "-" (nothing here bears on it)
+    basis: str  # what decided the status: starts with one of BASES, or "-" (nothing here decides it)
     evidence: str
     provenance: str
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == NOT_MEASURED and self.basis != "-":
+            raise ValueError(f"basis must be '-' for a claim {NOT_MEASURED}, got {self.basis!r}")
+        if self.status != NOT_MEASURED and not self.basis.startswith(BASES):
+            raise ValueError(f"basis of a claim {self.status} must start with one of {BASES}, got {self.basis!r}")
 
 
 CONFIRMED, NOT_CONFIRMED, NOT_MEASURED = "confirmed", "not confirmed", "not measured here"
 STATUSES = (CONFIRMED, NOT_CONFIRMED, NOT_MEASURED)
+BASES = ("measured", "computed")
+
+
+class Citations:
+    """The sources of one section's tables, each described in full once (`legend`) and cited by a
+    short label ("[F1]") under the tables and in the rows that use it."""
+
+    def __init__(self, prefix: str):
+        if not prefix.isalpha():
+            raise ValueError(f"prefix must be letters (labels are prefix + number), got {prefix!r}")
+        self.prefix = prefix
+        self._labels: dict[str, str] = {}
+
+    def cite(self, description: str) -> str:
+        """The label of `description`, numbered in the order sources are first cited."""
+        if not description:
+            raise ValueError("description must say where the numbers come from, got an empty string")
+        if description not in self._labels:
+            self._labels[description] = f"[{self.prefix}{len(self._labels) + 1}]"
+        return self._labels[description]
+
+    def legend(self, heading: str = "Sources") -> str:
+        """Every cited source, in full, under its label (nothing when none was cited)."""
+        if not self._labels:
+            return ""
+        return f"{heading}:\n\n" + "\n".join(f"- {label} {d}" for d, label in self._labels.items()) + "\n"
 
 
 @dataclasses.dataclass

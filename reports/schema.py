@@ -49,7 +49,8 @@ CONFORMANCE = {
             "outcome": str,
             "duration_s": NUM,
             "reason?": TEXT,
-            "measured?": Maybe({"*": NUM}),  # the section takes the largest of each
+            "example?": TEXT,  # a failure's example, fitted to the claims and shrunk
+            "measured?": Maybe({"*": (int, float, str)}),  # figures (the largest of each is shown) and descriptions
         }
     ),
     "device?": TEXT,

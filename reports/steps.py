@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[St
     groups = ([quick] if quick else []) + [[n] for n in impls if n not in QUICK_IMPLS]
     steps = []
     for group in groups:
-        label = "pytorch" if group is quick else group[0]
+        label = "pytorch" if group is quick else re.sub(r"[^A-Za-z0-9._-]+", "-", group[0])  # an import path has ':'
         folder = data / f"conformance-{label}"
         argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
         argv += [a for n in group for a in ("--impl", n)]
@@ -74,21 +75,14 @@ def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[St
     return steps
 
 
-def benchmark_step(data: Path) -> Step | Outcome:
+def benchmark_step(data: Path, impls: Sequence[str] = ()) -> Step | Outcome:
+    """The benchmark suites: the built-in methods, and `impls` (plug-ins) timed beside them."""
     suites = ROOT / "benchmarks" / "suites"
     folder = data / "benchmarks"
-    argv = (
-        sys.executable,
-        "-m",
-        "pytest",
-        "benchmarks/suites",
-        "--benchmark-json",
-        display_path(folder / "benchmarks.json"),
-        "-p",
-        "no:cacheprovider",
-        "-q",
-    )
-    step = Step("benchmark suites", argv, folder)
+    argv = [sys.executable, "-m", "pytest", "benchmarks/suites"]
+    argv += [a for n in impls for a in ("--impl", n)]
+    argv += ["--benchmark-json", display_path(folder / "benchmarks.json"), "-p", "no:cacheprovider", "-q"]
+    step = Step("benchmark suites", tuple(argv), folder)
     if not suites.is_dir():
         return Outcome(step.name, step.command, "not available: benchmarks/suites does not exist here", 0.0, ())
     return step

@@ -4,7 +4,9 @@ Each point preallocates the cache to P + L_gen, runs the prompt and one decode s
 records max allocated and reserved memory (CUDA allocator statistics). The allocation does not
 grow afterwards, and neither attention path keeps length-dependent workspace beyond it, so this
 is the peak of the whole generation. Out of memory under the budget, anywhere in a point, is a
-data point ({"oom": true}); the cap in force is each point's budget_gib.
+data point ({"oom": true}); the cap in force is each point's budget_gib. Implementations named
+with --impl are not measured here: these points are the static protocol's preallocated caches,
+which the implementation protocol does not have (they are timed by the other suites).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ timed at each (CUDA events), and the piecewise-linear step time is integrated ov
 L_gen steps (`benchmarks.analysis.integrated_decode_seconds`); the prompt's time is added.
 Full protocol (--throughput-protocol full): every step is run and the whole loop timed.
 Steps are eager (CUDA events around each, launch overhead included). Out of memory anywhere in
-a point is recorded as {"oom": true}.
+a point is recorded as {"oom": true}. A plug-in (--impl, `benchmarks.plugins`) runs PN-Mix's
+points with its own caches in the model (`PNMixHFCache(impl=)`, not preallocated); its
+roofline counts the bytes its caches hold (`harness.Generation.read_bytes`).
 """
 
 from __future__ import annotations
@@ -13,22 +15,29 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import analysis, harness
-from benchmarks.conftest import points
+from benchmarks.conftest import skip_unclaimed
 from benchmarks.workloads import SCALES, fig6c_throughput
 
-
-def step_roofline_ms(arch, method: str, batch: int, length: int, gbps: float) -> float:
-    """Milliseconds to read the weights once and the cache of `length` tokens at copy bandwidth."""
-    from reference import storage_model
-
-    s = arch.shape
-    kv = s.layers * storage_model(harness.method_config(method), batch, s.kv_heads, s.head_dim, length).total
-    return (arch.weight_bytes() + kv) / (gbps * 1e9) * 1e3
+#: Tokens a decode step appends to every layer's cache.
+STEP_TOKENS = 1
 
 
-@pytest.mark.parametrize("work", points(fig6c_throughput))
-def test_fig6c_throughput(work, models, bench_device, copy_gbps, pytestconfig, benchmark, record):
+def step_roofline_ms(arch, cache_bytes: int, gbps: float) -> float:
+    """Milliseconds to read the weights once and `cache_bytes` of caches at copy bandwidth."""
+    return (arch.weight_bytes() + cache_bytes) / (gbps * 1e9) * 1e3
+
+
+def skip_unless_model_claimed(plugin, scale, device) -> None:
+    """A model-level point of a plug-in: the model's dtype and head_dim, the prompt and one-token steps."""
+    sizes = (scale.prompt, STEP_TOKENS)
+    skip_unclaimed(plugin, device=device.type, dtype=harness.MODEL_DTYPE, head_dim=scale.arch.shape.head_dim,
+                   sizes=sizes)  # fmt: skip
+
+
+@pytest.mark.bench_points(workloads=fig6c_throughput)
+def test_fig6c_throughput(work, plugin, models, bench_device, copy_gbps, pytestconfig, benchmark, record):
     scale = SCALES[work.scale]
+    skip_unless_model_claimed(plugin, scale, bench_device)
     protocol = pytestconfig.getoption("--throughput-protocol")
     capacity = scale.prompt + work.generation
 
@@ -41,16 +50,14 @@ def test_fig6c_throughput(work, models, bench_device, copy_gbps, pytestconfig, b
                 "step_ms": [],
                 "wall_step_ms": [],
             }
-        steps, wall = [], []
+        steps, wall, roofline = [], [], []
         for s in work.samples:
             gen.fill_to(scale.prompt + s)
+            roofline.append(step_roofline_ms(scale.arch, gen.read_bytes(), copy_gbps))
             t = harness.time_ms(gen.step, bench_device, scale.reps, scale.warmup)
             steps.append(t["ms"])
             wall.append(t["wall_ms"])
         decode_s = analysis.integrated_decode_seconds(work.samples, steps, 0, work.generation)
-        roofline = [
-            step_roofline_ms(scale.arch, work.method, work.batch, scale.prompt + s, copy_gbps) for s in work.samples
-        ]
         return {
             "decode_s": decode_s,
             "sample_lengths": list(work.samples),
@@ -61,7 +68,8 @@ def test_fig6c_throughput(work, models, bench_device, copy_gbps, pytestconfig, b
 
     def generate() -> dict:
         model = models.get(scale)
-        make = lambda: harness.Generation(model, work.method, work.batch, scale.prompt, capacity)  # noqa: E731
+        make = lambda: harness.Generation(model, work.method, work.batch, scale.prompt, capacity,  # noqa: E731
+                                          plugin=plugin)  # fmt: skip
         gen, prefill_wall, prefill_gpu = harness.timed(make, bench_device)
         prefill_ms = prefill_wall if prefill_gpu is None else prefill_gpu
         figures = measure(gen)
@@ -72,7 +80,7 @@ def test_fig6c_throughput(work, models, bench_device, copy_gbps, pytestconfig, b
 
     def run() -> dict:
         return harness.unless_oom(generate, bench_device, tokens_per_s=None, sample_lengths=[], step_ms=[],
-                                  total_s=None, check_finite=harness.CHECK_FINITE)  # fmt: skip
+                                  total_s=None, check_finite=None if plugin else harness.CHECK_FINITE)  # fmt: skip
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     record(

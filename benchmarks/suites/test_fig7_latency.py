@@ -6,7 +6,9 @@ steps 11K-31K (`benchmarks.analysis.latency_slope_us`) is computed from these po
 step_ms is the eager step as a transformers user runs it (CUDA events around the call, launch
 overhead included, as the paper measures); graph_ms is the same step replayed from a CUDA graph
 (launch overhead removed, as gpt-fast reports decode), with graph_note saying why when there is
-none. Out of memory anywhere in a point is recorded as {"oom": true}.
+none. Out of memory anywhere in a point is recorded as {"oom": true}. A plug-in (--impl,
+`benchmarks.plugins`) runs PN-Mix's points with its own caches in the model (`PNMixHFCache(impl=)`,
+not preallocated, no graph: graph_note says why); roofline_step_ms counts the bytes its caches hold.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import harness
-from benchmarks.conftest import points
-from benchmarks.suites.test_fig6c_throughput import step_roofline_ms
+from benchmarks.suites.test_fig6c_throughput import skip_unless_model_claimed, step_roofline_ms
 from benchmarks.workloads import SCALES, fig7_latency
 
 
@@ -27,9 +28,10 @@ def walkers():
     state.clear()
 
 
-@pytest.mark.parametrize("work", points(fig7_latency))
-def test_fig7_step_latency(work, models, walkers, bench_device, copy_gbps, benchmark, record):
+@pytest.mark.bench_points(workloads=fig7_latency)
+def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbps, benchmark, record):
     scale = SCALES[work.scale]
+    skip_unless_model_claimed(plugin, scale, bench_device)
     target = scale.prompt + work.step
     key = (work.scale, work.method)
 
@@ -39,8 +41,10 @@ def test_fig7_step_latency(work, models, walkers, bench_device, copy_gbps, bench
         if gen is None or gen.length > target or gen.model is not model:
             walkers.clear()  # one cache at a time
             harness.release(bench_device)
-            gen = walkers[key] = harness.Generation(model, work.method, 1, scale.prompt, scale.prompt + work.generation)
+            gen = walkers[key] = harness.Generation(model, work.method, 1, scale.prompt, scale.prompt + work.generation,
+                                                    plugin=plugin)  # fmt: skip
         gen.fill_to(target)
+        roofline = step_roofline_ms(scale.arch, gen.read_bytes(), copy_gbps)
         timing = harness.time_ms(gen.step, bench_device, scale.reps, scale.warmup)
         graph = gen.graph_step()
         return {
@@ -49,13 +53,14 @@ def test_fig7_step_latency(work, models, walkers, bench_device, copy_gbps, bench
             "gpu_ms": timing["gpu_ms"],
             **graph,
             "steps_run": gen.length - target,
+            "roofline_step_ms": roofline,
             "check_finite": gen.check_finite,
         }
 
     def run() -> dict:
         return harness.unless_oom(measure, bench_device, step_ms=None, wall_ms=None, gpu_ms=None, graph_ms=None,
-                                  graph_note="out of memory", graph_steps=0,
-                                  check_finite=harness.CHECK_FINITE)  # fmt: skip
+                                  graph_note="out of memory", graph_steps=0, roofline_step_ms=None,
+                                  check_finite=None if plugin else harness.CHECK_FINITE)  # fmt: skip
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     if result["oom"]:
@@ -67,7 +72,6 @@ def test_fig7_step_latency(work, models, walkers, bench_device, copy_gbps, bench
         batch=1,
         **result,
         copy_gbps=copy_gbps,
-        roofline_step_ms=step_roofline_ms(scale.arch, work.method, 1, target, copy_gbps),
     )
     if not result["oom"]:
         assert result["step_ms"] > 0

@@ -3,7 +3,10 @@
 Bytes read by a packed cache are its bytes by `reference.storage_model` for the tokens it holds
 (packed keys and values, scales, zeros, selection metadata, sinks, residual: what attention
 reads, not the preallocated room) plus q and the output; FP16 is SDPA over dense K/V. The cache
-is preallocated (`max_cache_len`, the static protocol) with finite-value checks off. Times:
+is preallocated (`max_cache_len`, the static protocol) with finite-value checks off. A plug-in
+(--impl, `benchmarks.plugins`) runs PN-Mix's points with `attend(q)` of its own cache, filled
+through the protocol (not preallocated, its checks its own); its bytes are those its `storage()`
+reports (`bytes_from`). Times:
 `harness.device_ms` (median device time, L2 flushed, host gaps excluded) and the replay of the
 call captured in a CUDA graph (`graph_ms`; graph_note says why there is none). Out of memory
 anywhere in a point is recorded as {"oom": true}.
@@ -23,68 +26,84 @@ import pytest
 import torch
 
 from benchmarks import harness
-from benchmarks.conftest import points
+from benchmarks.conftest import points, skip_unclaimed
 from benchmarks.workloads import SCALES, kernel_decode, kernel_launch
 from conformance.harness import judge
 from reference import storage_model
 
+BYTES_FROM = {"FP16": "dense 16-bit K/V", "built-in": "reference.storage_model", "plug-in": "the cache's storage()"}
+
+
+def io_bytes(work) -> int:
+    """Bytes of q in and the output out of one decode call, 16-bit."""
+    kv_heads, n_rep, d = work.layer
+    return 2 * work.batch * kv_heads * n_rep * d * 2
+
 
 def bytes_read(work) -> int:
-    """Bytes one decode call reads and writes: the cache's tokens, q and the output."""
-    kv_heads, n_rep, d = work.layer
-    q_bytes = 2 * work.batch * kv_heads * n_rep * d * 2  # q in, output out, 16-bit
+    """Bytes one decode call of a built-in method reads and writes: the cache's tokens, q and the output."""
+    kv_heads, _, d = work.layer
     if work.method == harness.FP16:
-        return 2 * work.batch * kv_heads * work.context * d * 2 + q_bytes
-    return storage_model(harness.method_config(work.method), work.batch, kv_heads, d, work.context).total + q_bytes
+        return 2 * work.batch * kv_heads * work.context * d * 2 + io_bytes(work)
+    config = harness.method_config(work.method)
+    return storage_model(config, work.batch, kv_heads, d, work.context).total + io_bytes(work)
 
 
-@pytest.mark.parametrize("work", points(kernel_decode))
-def test_decode_attention_bandwidth(work, bench_device, copy_gbps, benchmark, record):
+@pytest.mark.bench_points(workloads=kernel_decode)
+def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, benchmark, record):
     scale = SCALES[work.scale]
     kv_heads, n_rep, d = work.layer
-    nbytes = bytes_read(work)
+    sizes = harness.decode_fill_sizes(work.context, scale.prompt)
+    skip_unclaimed(plugin, device=bench_device.type, dtype=harness.KERNEL_DTYPE, head_dim=d, sizes=sizes)
+    # a plug-in's bytes are known once its cache holds the tokens (its format is its own)
+    nbytes = bytes_read(work) if plugin is None else None
 
     def measure() -> dict:
         if work.method == harness.FP16:
-            k = torch.randn(work.batch, kv_heads, work.context, d, device=bench_device, dtype=torch.float16)
+            k = torch.randn(work.batch, kv_heads, work.context, d, device=bench_device, dtype=harness.KERNEL_DTYPE)
             v = torch.randn_like(k)
-            q = torch.randn(work.batch, kv_heads * n_rep, 1, d, device=bench_device, dtype=torch.float16)
+            q = torch.randn(work.batch, kv_heads * n_rep, 1, d, device=bench_device, dtype=harness.KERNEL_DTYPE)
             fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-            allocated, check_finite = 2 * k.numel() * k.element_size(), False
+            allocated, check_finite, read = 2 * k.numel() * k.element_size(), False, nbytes
         else:
             cache, q = harness.build_decode_cache(
-                work.method, work.batch, work.context, work.layer, bench_device, scale.prompt
+                work.method, work.batch, work.context, work.layer, bench_device, scale.prompt, plugin=plugin
             )
             fn = lambda: cache.attend(q)  # noqa: E731
-            allocated, check_finite = cache.storage().total, getattr(cache, "check_finite", True)
+            allocated = cache.storage().total
+            check_finite = None if plugin is not None else getattr(cache, "check_finite", True)
+            read = nbytes if plugin is None else allocated + io_bytes(work)
         timing = harness.device_ms(fn, bench_device)
         graph = harness.graph_ms(fn, bench_device)
-        gbps = nbytes / (timing["ms"] * 1e-3) / 1e9
+        gbps = read / (timing["ms"] * 1e-3) / 1e9
         return {
             "ms": timing["ms"],
             "reps": timing["reps"],
             "host_gaps_excluded": timing["host_gaps_excluded"],
             **graph,
+            "bytes": read,
             "gbps": gbps,
             "fraction_of_copy": gbps / copy_gbps,
-            "graph_gbps": None if graph["graph_ms"] is None else nbytes / (graph["graph_ms"] * 1e-3) / 1e9,
+            "graph_gbps": None if graph["graph_ms"] is None else read / (graph["graph_ms"] * 1e-3) / 1e9,
             "allocated_bytes": allocated,
             "check_finite": check_finite,
         }
 
     def run() -> dict:
         return harness.unless_oom(measure, bench_device, ms=None, graph_ms=None, graph_note="out of memory",
-                                  gbps=None, fraction_of_copy=None, check_finite=harness.CHECK_FINITE)  # fmt: skip
+                                  bytes=nbytes, gbps=None, fraction_of_copy=None,
+                                  check_finite=None if plugin is not None else harness.CHECK_FINITE)  # fmt: skip
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
+    kind = "plug-in" if plugin is not None else "FP16" if work.method == harness.FP16 else "built-in"
     record(
         "kernel",
         work,
         scale,
         **result,
-        bytes=nbytes,
+        bytes_from=BYTES_FROM[kind],
         copy_gbps=copy_gbps,
-        roofline_ms=nbytes / (copy_gbps * 1e9) * 1e3,
+        roofline_ms=None if result["bytes"] is None else result["bytes"] / (copy_gbps * 1e9) * 1e3,
         timing="harness.device_ms: median of CUDA-event times, L2 flushed, host gaps excluded"
         if bench_device.type == "cuda"
         else "wall clock (CPU, not predictive)",

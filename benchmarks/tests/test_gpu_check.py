@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
+from benchmarks.conftest import points
 from reference.records import device_name
 
 
@@ -81,7 +82,9 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
         for node in ids:
             path, test, point = re.fullmatch(r"(.+)\.py::(\w+)\[(.+)\]", node).groups()
             module = importlib.import_module(path.replace("/", "."))
-            assert point in {p.id for p in getattr(module, test).pytestmark[0].args[1]}
+            mark = getattr(module, test).pytestmark[0]  # parametrize, or the suites' bench_points
+            params = mark.args[1] if mark.name == "parametrize" else points(mark.kwargs["workloads"])
+            assert point in {p.id for p in params}
 
 
 def test_short_full_scale_plan_fits_a_15_minute_lease():
@@ -179,3 +182,19 @@ def test_benchmark_json_given_as_an_open_file_is_accepted_and_a_path_is_never_ov
     (tmp_path / "kept.json").write_text("{}")
     with pytest.raises(pytest.UsageError, match="never overwritten"):
         root_conftest.pytest_configure(Config(str(tmp_path / "kept.json")))
+
+
+def test_a_failed_step_says_why_in_the_property_own_words(tmp_path, capsys):
+    test = tmp_path / "test_fails.py"
+    test.write_text("def test_step():\n    assert 0.0202 <= 0.000651, 'attention error 0.0202 above 0.000651'\n")
+    ran = gpu_check.run_pytest([str(test), f"--rootdir={tmp_path}"], 120)
+    assert ran["exit_code"] == 1
+    assert ran["reason"].startswith("AssertionError: attention error 0.0202 above 0.000651 | FAILED ")
+    assert "test_step" in capsys.readouterr().out  # the output is still streamed as it comes
+
+
+def test_the_reason_falls_back_to_the_last_error_line():
+    lines = ["collected 1 item", "E   RuntimeError: CUDA error: out of memory", "E   second", "1 error"]
+    assert gpu_check.failure_reason(lines) == "RuntimeError: CUDA error: out of memory"
+    assert gpu_check.failure_reason(["E   first", "E   last"]) == "last"
+    assert gpu_check.failure_reason(["ok"]) is None

@@ -176,12 +176,14 @@ class TemplateImplementation:
         midpoint_one_bit=False,
         prefill_selection=False,
         # The suite draws PN-Mix configurations; a preset maps each onto what the adapter does
-        # (here: uniform b_low-bit keys, Eq. 2 at 1 bit, as KIVI).
+        # (here: uniform b_low-bit keys, Eq. 2 at 1 bit, as KIVI); `residual` then sets the value residual.
         preset=kivi_preset,
         residual="shared",
     )
 
     def create(self, config: PNMixConfig) -> TemplateCache:
+        if config.value_residual != "shared":  # refused, not held with another residual than asked for
+            raise ValueError(f"value_residual must be 'shared' (values flush with keys), got {config.value_residual!r}")
         return TemplateCache(config)
 
     # The storage format's own packing: one code per byte, so packing is a copy.

@@ -52,6 +52,8 @@ MUTANTS = [
     ("wrong_gqa", "test_p7_attention.py", "test_the_common_workload_attention"),
     ("unscaled_attention", "test_p7_attention.py", "test_the_common_workload_attention"),
     ("storage_omits_mask", "test_p8_storage.py", "test_the_common_workload_holds_what_it_reports"),
+    ("unscaled_attention", "test_p7_attention.py", "test_the_realistic_workload_attention"),
+    ("storage_omits_mask", "test_p8_storage.py", "test_the_realistic_workload_holds_what_it_reports"),
 ]
 #: The exception a property fails with when it judges a defect: its own assert, or pytest.raises' "DID NOT RAISE".
 VERDICTS = ("AssertionError", "Failed")
@@ -207,4 +209,4 @@ def test_failures_are_recorded_with_their_message_and_case(tmp_path):
     assert result.returncode == 1, result.stdout[-3000:]
     (failed,) = [r for r in json.loads(out.read_text())["results"] if r["outcome"] == "failed"]
     assert failed["reason"].startswith("Failed: DID NOT RAISE"), failed["reason"]
-    assert failed["case"].startswith("Case(config=PNMixConfig("), failed["case"]
+    assert failed["example"].startswith("Case(PNMixConfig("), failed["example"]

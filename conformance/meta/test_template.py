@@ -1,10 +1,20 @@
 """The adapter template (conformance/impls/template.py) is a working implementation that differs
 from the reference on purpose (own format, scales in the input dtype, round half to even, no
-pair mask): the core properties pass on it and only the opt-in ones skip, each with its claim."""
+pair mask): the core properties pass on it and only the opt-in ones skip, each with its claim. The
+config it is handed follows its claimed residual, not the preset it borrows from KIVI."""
 
+import dataclasses
 import json
 
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from conformance import harness
+from conformance import strategies as cs
+from conformance.impls.template import TemplateCache, TemplateImplementation, make
 from conformance.meta.test_mutants import run_suite
+from reference import PNMixConfig
 
 #: The properties that need a claim the template does not make, by the claim's wording in the skip.
 OPT_IN = {
@@ -40,3 +50,35 @@ def test_template_passes_every_core_property_and_skips_only_the_opt_in_ones(tmp_
     for prop, claim in OPT_IN.items():
         assert claim in skipped[prop], f"{prop} skipped with {skipped[prop]!r}, not naming the claim {claim!r}"
     assert {r["outcome"] for r in records if r["property"] not in OPT_IN} == {"passed"}
+
+
+class Recording(TemplateImplementation):
+    """The template, remembering the configs create() was handed."""
+
+    def __init__(self, **claims) -> None:
+        self.capabilities = dataclasses.replace(TemplateImplementation.capabilities, **claims)
+        self.handed = []
+
+    def create(self, config):
+        self.handed.append(config)
+        return TemplateCache(config)
+
+
+@pytest.mark.parametrize(
+    ("residual", "value_residual"), [("shared", "shared"), ("sliding_values", "sliding"), ("requantize", "shared")]
+)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cs.cases())
+def test_create_is_handed_the_residual_it_claims_whatever_the_preset(residual, value_residual, case):
+    """kivi_preset sets KIVI's sliding value window; the claimed residual decides what create() gets."""
+    impl = Recording(residual=residual)
+    fitted = case.fit(impl.capabilities)
+    harness.final_state(impl, fitted, torch.device("cpu"))
+    assert impl.handed and {c.value_residual for c in impl.handed} == {value_residual}
+    assert all(c.b_high == c.b_low for c in impl.handed), "the preset no longer applies"
+
+
+def test_the_template_refuses_a_residual_it_does_not_hold():
+    sliding = dataclasses.replace(PNMixConfig(), value_residual="sliding")
+    with pytest.raises(ValueError, match="value_residual must be 'shared'"):
+        make().create(sliding)

@@ -115,3 +115,60 @@ def test_atomic_writes_get_the_modes_the_umask_gives(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+# -- the code a result measured ---------------------------------------------------------------
+
+
+def test_a_fingerprint_names_every_file_of_its_targets_by_content(tmp_path, monkeypatch):
+    pkg = tmp_path / "plugpkg"
+    (pkg / "tests").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cache.py").write_text("X = 1\n")
+    (pkg / "tests" / "test_cache.py").write_text("")  # tests are not the measured code
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = records.code_fingerprint("plugpkg")
+    assert sorted(code["files"]) == ["site:plugpkg/__init__.py", "site:plugpkg/cache.py"]
+    assert records.code_path("site:plugpkg/cache.py") == pkg / "cache.py"
+    before = code["digest"]
+    (pkg / "cache.py").write_text("X = 2\n")
+    after = records.code_fingerprint("plugpkg")
+    assert (
+        after["digest"] != before
+        and after["files"]["site:plugpkg/__init__.py"] == code["files"]["site:plugpkg/__init__.py"]
+    )
+
+
+def test_a_fingerprint_refuses_a_target_that_is_not_there():
+    with pytest.raises(ValueError, match="'no_such_package_xyz' is neither"):
+        records.code_fingerprint("no_such_package_xyz")
+
+
+def test_files_of_this_checkout_are_named_relative_to_it():
+    code = records.code_fingerprint("reference.quant")
+    assert list(code["files"]) == ["reference/quant.py"]
+    assert records.code_path("reference/quant.py") == records.ROOT / "reference" / "quant.py"
+    assert code["commit"] is None or len(code["commit"]) == 40
+
+
+@pytest.mark.parametrize(
+    ("module", "targets"),
+    [
+        ("pnmix.protocol", ("pnmix", "reference")),
+        ("reference.implementation", ("reference",)),
+        ("conformance.impls.template", ("conformance.impls.template", "reference")),
+        ("tabulate", ("tabulate",)),
+    ],
+)
+def test_an_implementation_is_its_package_and_the_spec_it_builds_on(module, targets):
+    assert records.implementation_targets(module) == targets
+
+
+def test_a_record_carries_the_modules_the_process_loaded():
+    import reference.quant  # noqa: F401  (loaded: part of what a result computed with)
+
+    code = records.record("fidelity", "cpu")["code"]
+    assert "reference/quant.py" in code["files"]
+    assert "reference/records.py" not in code["files"]  # bookkeeping: it measures nothing
+    assert not any("/tests/" in f for f in code["files"])
+    assert records.record("fidelity", "cpu", code={"files": {"x": "y"}})["code"] == {"files": {"x": "y"}}

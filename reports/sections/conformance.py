@@ -1,153 +1,213 @@
-"""Section 2: the conformance matrix, implementation x property, from conformance JSON results."""
+"""The conformance matrix: one column per implementation and device, rows in property order, from
+conformance JSON results. A property an implementation does not claim reads "not claimed" (its claims
+are listed once, under the matrix); a failure reads FAIL with a note that gives the property's own
+message and the example that failed, as fitted to the implementation's claims and shrunk."""
 
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Sequence
 
 from conformance.loader import builtins
-from conformance.strategies import WORKLOAD
 
 from ..inputs import Source
 from ..markdown import Section, table
 
 LABELS = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
 OUTCOMES = tuple(LABELS)
+NOT_CLAIMED = "not claimed"
+#: How every skip for a missing claim reads (conformance.plugin): "<name> does not claim <what>".
+_CLAIM_SKIP = re.compile(r"^\S+ does not claim ")
+#: Outcomes that break conformance: a counterexample, or a listed known failure that no longer fails.
+BREAKING = ("failed", "xpassed")
 
 
-def _columns(sources: Sequence[Source]) -> dict[tuple, str]:
-    """Column key (source index, implementation) -> header; the device is named when sources differ
-    in it, and the source number when that still leaves two columns alike."""
-    keys = [(i, r["implementation"]) for i, s in enumerate(sources) for r in s.data["results"]]
-    keys = list(dict.fromkeys(keys))
-    order = list(builtins())
-    keys.sort(key=lambda k: (order.index(k[1]) if k[1] in order else len(order), k[1], k[0]))
-    devices = {s.data.get("device") for s in sources}
-    heads = {k: k[1] + (f" ({sources[k[0]].data.get('device')})" if len(devices) > 1 else "") for k in keys}
-    alike = collections.Counter(heads.values())
-    return {k: h + (f" #{k[0] + 1}" if alike[h] > 1 else "") for k, h in heads.items()}
+# -- what each result record is ------------------------------------------------------------
 
 
-def _row_label(record: dict) -> str:
-    module = record["module"].rsplit("/", 1)[-1].removeprefix("test_").removesuffix(".py").replace("_", " ", 1)
-    return f"{module}: {record['property'].removeprefix('test_').replace('_', ' ')}"
+def property_key(record: dict) -> tuple[int, str]:
+    """Sort key of a property: its number (p2 before p10), then the module."""
+    number = re.search(r"test_p(\d+)_", record["module"])
+    return (int(number.group(1)) if number else 10**6, record["module"])
 
 
-def counts(source: Source) -> dict[str, collections.Counter]:
-    """Outcomes per implementation of one conformance result."""
-    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in source.data["results"]:
-        out[r["implementation"]][r["outcome"]] += 1
+def property_label(record: dict) -> str:
+    """'P7 attention: decode attention within the low precision error'."""
+    module = record["module"].rsplit("/", 1)[-1].removeprefix("test_").removesuffix(".py")
+    number, _, topic = module.partition("_")
+    name = record["property"].removeprefix("test_").replace("_", " ")
+    return f"{number.upper()} {topic.replace('_', ' ')}: {name}"
+
+
+def short_property(record: dict) -> str:
+    """'P7 decode attention within the low precision error' (for a list of failing properties)."""
+    number = record["module"].rsplit("/", 1)[-1].removeprefix("test_").partition("_")[0]
+    return f"{number.upper()} {record['property'].removeprefix('test_').replace('_', ' ')}"
+
+
+def is_not_claimed(record: dict) -> bool:
+    return record["outcome"] == "skipped" and bool(_CLAIM_SKIP.match(record.get("reason") or ""))
+
+
+def first_line(text: str | None, limit: int = 300) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return (lines[0][:limit] + ("..." if len(lines[0]) > limit else "")) if lines else ""
+
+
+def device_label(device: str | None) -> str:
+    """'cpu' or the GPU's name without its vendor: the column heads stay short."""
+    device = device or "?"
+    return "cpu" if device.startswith("cpu") else device.removeprefix("NVIDIA ")
+
+
+def order(names) -> list[str]:
+    """Implementations in the built-ins' order, then the others by name."""
+    known = list(builtins())
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+
+
+# -- per implementation --------------------------------------------------------------------
+
+
+def records_by_column(sources: Sequence[Source]) -> dict[tuple[str, str], list[dict]]:
+    """(implementation, device) -> its result records, over every source."""
+    out: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    for s in sources:
+        for i, r in enumerate(s.data["results"]):
+            out[(r["implementation"], device_label(s.data.get("device")))].append({**r, "source": s, "index": i})
+    ordered = order(n for n, _ in out)
+    return dict(sorted(out.items(), key=lambda kv: (ordered.index(kv[0][0]), kv[0][1])))
+
+
+def verdict(records: Sequence[dict]) -> str:
+    """One implementation's verdict on one device, from its property results."""
+    broken = sorted({short_property(r) for r in records if r["outcome"] in BREAKING})
+    if broken:
+        return "FAILS " + "; ".join(broken)
+    counts = collections.Counter(r["outcome"] for r in records)
+    if not counts["passed"]:
+        return "not run: no property applies"
+    parts = [f"{counts['passed']} pass"]
+    claimed_out = sum(is_not_claimed(r) for r in records)
+    if claimed_out:
+        parts.append(f"{claimed_out} not claimed")
+    if counts["xfailed"]:  # listed by whoever runs it, with a reason each: not a pass
+        return f"conforms except {counts['xfailed']} listed differences (" + ", ".join(parts) + ")"
+    return "conforms (" + ", ".join(parts) + ")"
+
+
+def details_of(sources: Sequence[Source]) -> dict[str, dict]:
+    """Each implementation's recorded details (version, origin, claims), the newest source's winning."""
+    out: dict[str, dict] = {}
+    for s in sources:
+        for d in s.data.get("implementation_details") or []:
+            out[d["name"]] = d
     return out
 
 
-def _identity(details: dict | None) -> str:
-    """The implementation's version and where it was loaded from ("-" in results that predate them)."""
+def identity(details: dict | None) -> str:
     if not details:
-        return "-"
-    return f"{details.get('version', '?')} (`{details.get('origin') or details.get('class', '?')}`)"
+        return "version not recorded"
+    return f"{details.get('version', '?')}, `{details.get('origin') or details.get('class', '?')}`"
 
 
-def _largest(records: list[dict], name: str) -> str:
-    values = [r["measured"][name] for r in records if name in (r.get("measured") or {})]
-    return f"{max(values):.3g}" if values else "-"
+def claims_text(details: dict | None) -> str:
+    """The claims an implementation made, on one line ('not recorded' in results that predate them)."""
+    claims = (details or {}).get("claims")
+    if not claims:
+        return "claims not recorded in its result"
+    shown = []
+    for key, value in claims.items():
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) or "none"
+        shown.append(f"{key}: {value}")
+    return "; ".join(shown)
 
 
-def _workload() -> str:
-    w = WORKLOAD
-    c = w.config
-    return (
-        f"{w.batch} sequence, {w.kv_heads} KV heads x {w.n_rep} query heads, head_dim {w.head_dim}, {w.dtype}, "
-        f"{w.prompt}-token prompt then appends of {', '.join(map(str, w.appends))}, {w.kind!r} tokens "
-        f"(`conformance.strategies.values`) of seed {w.seed}; asked for H{c.b_high}L{c.b_low} keys, "
-        f"{c.value_bits}-bit values, G = {c.group_size}, {c.n_sink} sinks (`conformance.strategies.WORKLOAD`)"
-    )
-
-
-def _provenance(i: int, s: Source) -> str:
-    d = s.data
-    # results written before `reference.records` carry created_utc and triton_interpret instead
-    date = d.get("date_utc") or d.get("created_utc", "?")
-    interpret = d.get("machine", {}).get("TRITON_INTERPRET") or d.get("triton_interpret") or "unset"
-    return (
-        f"#{i + 1}: measured on {d.get('device', '?')}, {date}, hypothesis profile "
-        f"{d.get('hypothesis_profile', '?')}, TRITON_INTERPRET={interpret}, "
-        f"command `{d.get('command') or s.command or 'not recorded'}`, file `{s.name}`"
-    )
+# -- the section ---------------------------------------------------------------------------
 
 
 def render(sources: Sequence[Source], note: str = "") -> Section:
     if not sources:
         return Section(
-            "Conformance matrix", (note or "No conformance results: the suite was not run and none given.") + "\n"
+            "Conformance matrix",
+            (note or "No current conformance results: the suite was not run and none given.") + "\n",
         )
-    columns = _columns(sources)
-    cells: dict[str, dict[tuple, collections.Counter]] = {}
-    reasons: dict[str, int] = {}
-    for i, s in enumerate(sources):
-        for r in s.data["results"]:
-            cell = cells.setdefault(_row_label(r), {}).setdefault((i, r["implementation"]), collections.Counter())
-            label = LABELS.get(r["outcome"], r["outcome"])
-            reason = (r.get("reason") or "").strip().splitlines()
-            if reason and r["outcome"] != "passed":
-                text = reason[0][:200]
-                label += f" [{reasons.setdefault(text, len(reasons) + 1)}]"
-            cell[label] += 1
+    columns = records_by_column(sources)
+    several_devices = len({dev for _, dev in columns}) > 1
+    heads = {key: key[0] + (f" ({key[1]})" if several_devices else "") for key in columns}
+    rows: dict[tuple, dict] = {}
+    notes: dict[str, int] = {}
+    for key, recs in columns.items():
+        for r in recs:
+            key_ = (property_key(r), r["property"])
+            row = rows.setdefault(key_, {"label": property_label(r), "cells": {}, "seen": r["index"]})
+            row["seen"] = min(row["seen"], r["index"])
+            row["cells"].setdefault(key, collections.Counter())[_cell(r, notes)] += 1
 
     def show(c: collections.Counter | None) -> str:
         if not c:
             return "-"
-        return ", ".join(label if n == 1 else f"{label} x{n}" for label, n in c.items())
+        noted: dict[str, list[int]] = {}  # outcome -> note numbers, so that a cell stays short
+        plain = []
+        for label, n in c.items():
+            outcome, _, number = label.partition(" [")
+            if number:
+                noted.setdefault(outcome, []).extend([int(number.rstrip("]"))] * n)
+            else:
+                plain.append(label if n == 1 else f"{label} x{n}")
+        for outcome, numbers in noted.items():
+            count = f" x{len(numbers)}" if len(numbers) > 1 else ""
+            plain.append(f"{outcome}{count} [{_ranges(sorted(set(numbers)))}]")
+        return ", ".join(plain)
 
-    matrix = [[prop, *(show(row.get(k)) for k in columns)] for prop, row in cells.items()]
-    provenance = "; ".join(_provenance(i, s) for i, s in enumerate(sources))
-    summary = []
-    for i, s in enumerate(sources):
-        details = {d["name"]: d for d in s.data.get("implementation_details", [])}
-        for impl, c in counts(s).items():
-            col = columns[(i, impl)]
-            mine = [r for r in s.data["results"] if r["implementation"] == impl]
-            summary.append(
-                [
-                    col,
-                    _identity(details.get(impl)),
-                    *(c[o] for o in OUTCOMES),
-                    sum(c.values()),
-                    round(sum(r["duration_s"] for r in mine), 1),
-                    _largest(mine, "spec_distance"),
-                    _largest(mine, "workload_bits_per_element"),
-                    _largest(mine, "workload_attention_error"),
-                ]
-            )
+    # in the suite's order: by property number, then as the suite defines them (the order results arrive in)
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0][0], kv[1]["seen"]))
+    matrix = [[row["label"], *(show(row["cells"].get(k)) for k in columns)] for _, row in ordered]
+    source_line = (
+        "measured, the conformance results "
+        + ", ".join(f"`{s.name}`" for s in sources)
+        + (" (device, date, hypothesis profile and command of each: the list of result files)")
+    )
+    details = details_of(sources)
+    claims = [f"- **{name}** ({identity(details.get(name))}): {claims_text(details.get(name))}"
+              for name in order({n for n, _ in columns})]  # fmt: skip
     parts = [
         (note + "\n") if note else "",
-        "Outcome of every property (rows) for every implementation (columns). pass: holds on every generated "
-        "example; skip: the implementation does not claim the capability the property needs (reason below); "
-        "xfail: a listed known failure; FAIL: a counterexample was found.\n",
-        table(matrix, ["property", *columns.values()], provenance),
-        "Reasons:\n\n" + "\n".join(f"{n}. {text}" for text, n in reasons.items()) + "\n" if reasons else "",
-        "### Counts\n",
-        table(
-            summary,
-            [
-                "implementation",
-                "version (import path)",
-                *OUTCOMES,
-                "total",
-                "test seconds",
-                "spec distance",
-                "bits/element",
-                "attention error",
-            ],
-            "the result files of the matrix above",
-        ),
-        "spec distance: the largest max-abs difference, over the examples of property 7, between the "
-        "implementation's attention output and float64 attention over the spec's cache of the same tokens "
-        "(measured; judged only where the implementation claims the reference numerics). "
-        f"bits/element and attention error: measured on one common workload ({_workload()}), each "
-        "implementation with its own bits, groups and residual: the bytes its cache holds (counted from its "
-        "tensors; from its own report where they cannot be seen) x 8 per cached key and value element, "
-        "sinks and exact residual included, and the max-abs difference of its decode attention from float64 "
-        "attention over the exact tokens (`test_the_common_workload_*`).\n",
+        "Every property (rows, in the suite's order) for every implementation and device (columns). pass: holds "
+        "on every example drawn; not claimed: the implementation does not claim what the property needs (its "
+        "claims are listed below); xfail [n]: a known difference listed for it, note n; FAIL [n]: a "
+        "counterexample, note n gives the property's message and the example (fitted to the claims, shrunk); "
+        "n/a [n]: the property does not apply, note n says why.\n",
+        table(matrix, ["property", *heads.values()], source_line),
+        "Notes:\n\n" + "\n".join(f"{n}. {text}" for text, n in notes.items()) + "\n" if notes else "",
+        "Claims of each implementation (`reference.contract.Capabilities`):\n\n" + "\n".join(claims) + "\n",
     ]
     return Section("Conformance matrix", "\n".join(p for p in parts if p))
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[6, 7, 8, 10] -> '6-8, 10'."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _cell(record: dict, notes: dict[str, int]) -> str:
+    """The matrix cell of one result; its note (message, example, reason) numbered in `notes`."""
+    outcome = record["outcome"]
+    if outcome == "passed":
+        return "pass"
+    if is_not_claimed(record):
+        return NOT_CLAIMED
+    text = first_line(record.get("reason")) or "no reason recorded"
+    if outcome == "failed":
+        example = first_line(record.get("example") or record.get("case"), 400)
+        text = f"{record['implementation']}: {text}" + (f"; example: `{example}`" if example else "")
+    label = {"skipped": "n/a"}.get(outcome, LABELS.get(outcome, outcome))
+    return f"{label} [{notes.setdefault(text, len(notes) + 1)}]"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..inputs import Source
-from ..markdown import Section, table
+from ..markdown import Citations, Section, table
 from ..steps import Outcome
 
 
@@ -37,8 +37,13 @@ def render(
     outcomes: Sequence[Outcome],
     sources: Sequence[Source],
 ) -> Section:
-    this = "measured: this report's run (`reference.records`: platform, importlib.metadata; git)"
+    cite = Citations("R")
+    this = "measured: this report's run " + cite.cite(
+        "this report's run: the machine and versions from `reference.records` (platform, importlib.metadata), "
+        "the git state taken before anything was written"
+    )
     parts = [
+        cite.legend(),
         table([[k, v] for k, v in machine.items()], ["machine", ""], this),
         table([[k, v] for k, v in versions.items()], ["package", "version"], this),
         table(
@@ -51,7 +56,7 @@ def render(
                 ["command", f"`{command}`"],
             ],
             ["run", ""],
-            this + "; git state taken before anything was written",
+            this,
         ),
         "### What ran here\n",
         table(

@@ -6,17 +6,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from benchmarks import equal_bits
+from benchmarks.long_output import quarter_means
+from reference import paper
 
 from .. import figures
 from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Section, demote, figure, sources_under_tables, table
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, figure, fmt, table
 from ..provenance import computed, measured, quoted
+from .claims import claims_table
 
 TITLE = "Channels or token roles at equal bits (TriAxialKV)"
 FIGURE = "equal-bits-long-output.png"
 #: TriAxialKV's numbers (arXiv 2605.17170) that need a GPU decode kernel to check.
 THROUGHPUT = "1.26-1.52x the BF16 throughput"
 CONCURRENCY = (3.4, 4.0)  # x BF16 concurrency
+MEMORY_SOURCE = computed(
+    "benchmarks.equal_bits.memory_rows (benchmarks.memory with each method's exact storage model; "
+    f"{paper.MODEL}, {paper.GPU_MEMORY_GIB:g} GiB budget, P = {paper.PROMPT})"
+)
+CLAIMS_SOURCE = computed("benchmarks.equal_bits.claims")
+#: The columns of a budget's table that are computed (storage formulas), not measured.
+COMPUTED_COLUMNS = ("bits", "stored")
+MEASURED_COLUMNS = ("attn KL", "out MSE", "e2e KL", "top-1", "NLL")
 
 
 def _provenance(s: Source) -> str:
@@ -39,7 +50,8 @@ def _draw(data: dict):
         for ax, r in zip(axes, results, strict=True):
             for name, curves in r["long_output"].items():
                 if "kl" in curves:
-                    ax.plot(range(1, len(curves["kl"]) + 1), curves["kl"], marker="o", ms=3, label=name)
+                    ax.plot(range(1, len(curves["kl"]) + 1), curves["kl"], marker="o", ms=3,
+                            color=figures.color(name), label=name)  # fmt: skip
             ax.set_title(f"{r['budget']} bits: KL(FP16 || method)")
             ax.set_xlabel(f"span of output positions (of {r['long_positions']})")
             ax.set_yscale("log")
@@ -47,38 +59,84 @@ def _draw(data: dict):
     return draw
 
 
-def _claim_rows(s: Source, only_combination: bool = False, suffix: str = "") -> list[list[str]]:
-    return [[c["claim"] + suffix, CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
-             computed("benchmarks.equal_bits.claims") if "computed" in c["source"] else _provenance(s)]
+def _claims(s: Source, only_combination: bool = False, suffix: str = "") -> list[Claim]:
+    return [Claim(c["claim"] + suffix, CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
+                  CLAIMS_SOURCE if "computed" in c["source"] else _provenance(s))
             for c in s.data["claims"] if not only_combination or "combination" in c["claim"]]  # fmt: skip
 
 
-def trade_offs(s: Source, stored: Source | None = None) -> list[list[str]]:
+def trade_offs(s: Source, stored: Source | None = None) -> list[Claim]:
     """TriAxialKV's stated trade-offs, and the question of the comparison, with what the results say
     (`stored`: the run matched on stored memory, whose combination claims are added)."""
     d = s.data
-    rows = _claim_rows(s)
+    out = _claims(s)
     if stored is not None:
-        rows += _claim_rows(stored, only_combination=True, suffix=" (equal stored memory)")
+        out += _claims(stored, only_combination=True, suffix=" (equal stored memory)")
     ratios = []
     for r in d["results"]:
         batch = {m["method"]: m["fig6b_max_batch"] for m in r["memory"]}
         if batch.get("FP16"):
             ratios.append((r["budget"], batch["TriAxialKV"] / batch["FP16"]))
     lo, hi = CONCURRENCY
-    rows.append([
+    out.append(Claim(
         f"TriAxialKV serves {lo}-{hi}x the concurrency of BF16, at least {lo}x (arXiv 2605.17170)",
         CONFIRMED if ratios and all(lo <= x for _, x in ratios) else NOT_CONFIRMED,
-        "computed from the storage formula (Fig. 6b model: Qwen3-8B, A100-40GB, 8K generated)",
+        f"computed from the storage formula (Fig. 6b model: {paper.MODEL}, {paper.GPU}, 8K generated)",
         "; ".join(f"{b} bits: {x:.2f}x FP16's largest batch" for b, x in ratios) + " (weights and workspace "
         "included: the cache alone would give more)",
         computed("benchmarks.memory.max_batch with each method's storage model"),
-    ])  # fmt: skip
-    rows.append([f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)", NOT_MEASURED, "-",
-                 "no GPU here: the Triton decode of per-token precision (bitwidth-homogeneous splits merged by "
-                 "log-sum-exp, pnmix/kernels/token_attention.py) is checked on the interpreter and compiled for "
-                 "sm_80/sm_90, but has not run on a GPU", quoted("arXiv 2605.17170")])  # fmt: skip
-    return rows
+    ))  # fmt: skip
+    out.append(Claim(f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)", NOT_MEASURED, "-",
+                     "no GPU here: the Triton decode of per-token precision (bitwidth-homogeneous splits merged by "
+                     "log-sum-exp, pnmix/kernels/token_attention.py) is checked on the interpreter and compiled for "
+                     "sm_80/sm_90, but has not run on a GPU", quoted("arXiv 2605.17170")))  # fmt: skip
+    return out
+
+
+def _run_line(data: dict) -> str:
+    conv = data["conversations"]
+    matched = "stored" if data.get("match") == "stored" else "bits"
+    return (
+        f"Calibration on {len(conv['calibration'])} conversations, evaluation on {len(conv['evaluation'])} "
+        f"({conv['evaluation_tokens']} tokens); attention at layers {data['layers']}; channel methods matched on "
+        f"{matched}.\n"
+    )
+
+
+def _tables(data: dict, label: str, level: int, cite: Citations) -> list[str]:
+    """Each budget's tables, their provenance per column: the metrics measured in run `label`, the bits,
+    stored bits and memory computed from storage formulas."""
+    memory = (
+        f"computed: the memory model {cite.cite(MEMORY_SOURCE)}, the token methods' share of INT2 tokens as "
+        f"measured in {label}"
+    )
+    parts = []
+    for r in data["results"]:
+        rows = [[n, m["config"], f"{m['bits']:.3f}", f"{m['stored_bits']:.3f}", f"{m['attention_kl']:.3g}",
+                 f"{m['output_mse']:.3g}", fmt(m.get("e2e_kl"), ".3g"), fmt(m.get("e2e_top1"), ".3f"),
+                 f"{m['e2e_nll']:.4g}"] for n, m in r["methods"].items()]  # fmt: skip
+        parts += [
+            f"{'#' * level} Budget {r['budget']} bits\n",
+            table(rows, ["method", "config", *COMPUTED_COLUMNS, *MEASURED_COLUMNS],
+                  f"equal-bits run {label}; measured: {', '.join(MEASURED_COLUMNS)}; computed: "
+                  f"{', '.join(COMPUTED_COLUMNS)} (storage formulas, on this run's allocation and conversation "
+                  "lengths)"),
+        ]  # fmt: skip
+        if r["long_output"]:
+            q = [[n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c]
+            parts += [
+                f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
+                table(q, ["method", "Q1", "Q2", "Q3", "Q4"], f"measured: equal-bits run {label}"),
+            ]
+        mem = [[x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
+               for x in r["memory"]]  # fmt: skip
+        parts += [
+            f"Memory of each method at this budget ({paper.MODEL}, {paper.GPU_MEMORY_GIB:g} GiB budget, prompt "
+            f"{paper.PROMPT})\n",
+            table(mem, ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
+                  memory),
+        ]  # fmt: skip
+    return parts
 
 
 def render(sources: Sequence[Source]) -> Section:
@@ -98,15 +156,18 @@ def render(sources: Sequence[Source]) -> Section:
         "same bits, so their rows isolate what PN-Mix's pairs add to token roles.\n"
     )
     if not sources:
-        return Section(TITLE, intro + "No equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
+        return Section(TITLE, intro + "\nNo equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
     s, stored = primary(sources), primary(sources, "stored")
     if s is None:
-        return Section(TITLE, intro + "Only smoke runs of `benchmarks.equal_bits` were given (harness checks).\n")
+        return Section(TITLE, intro + "\nOnly smoke runs of `benchmarks.equal_bits` were given (harness checks).\n")
+    cite = Citations("E")
+    label = cite.cite(_provenance(s))
+    stored_label = cite.cite(_provenance(stored)) if stored is not None else None
     shows = [f"- {x}" for x in equal_bits.findings(s.data)]
     if stored is not None:
         shows += [f"- Equal stored memory: {x}" for x in equal_bits.findings(stored.data)]
-    parts = [intro, "### What it shows\n", *shows, ""]
-    parts.append(sources_under_tables(demote(_tables(s.data), 1), _provenance(s)))
+    parts = [intro, "SOURCES", "### What it shows\n", *shows, "", f"Run {label}: " + _run_line(s.data)]
+    parts += _tables(s.data, label, 3, cite)
     if s.data.get("model_fingerprint"):
         parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
     figs = {}
@@ -115,23 +176,20 @@ def render(sources: Sequence[Source]) -> Section:
         parts.append(figures.MISSING + "\n")
     else:
         figs[FIGURE] = png
-        parts.append(figure(FIGURE, "KL(FP16 || method) over long outputs at each budget (measured, source above)"))
+        parts.append(figure(FIGURE, f"KL(FP16 || method) over long outputs at each budget (measured, {label})"))
     if stored is not None:
         parts += [
             "### At equal stored memory on these conversations\n",
             "The same measurements with each channel method's configuration matched on what its cache stores for "
             "the evaluated conversations, exact residual and sinks included (`--match stored`): at under 1K tokens "
             "none of them stores less than about 3.9 bits per element, so this is run at 4 bits only.\n",
-            sources_under_tables(demote(_tables(stored.data), 2), _provenance(stored)),
+            f"Run {stored_label}: " + _run_line(stored.data),
+            *_tables(stored.data, stored_label, 4, cite),
         ]
     parts += [
         "### TriAxialKV's trade-offs and the combination, checked\n",
-        table(trade_offs(s, stored), ["claim", "status", "basis", "evidence", "provenance"], "the provenance column"),
-    ]
+        claims_table(trade_offs(s, stored), cite, numbered=False,
+                     whose="the claims restate TriAxialKV's paper (arXiv 2605.17170) and this comparison's question"),
+    ]  # fmt: skip
+    parts[parts.index("SOURCES")] = cite.legend()
     return Section(TITLE, "\n".join(parts), figs)
-
-
-def _tables(data: dict) -> str:
-    """The tool's markdown without its title, findings and claims (the section states those)."""
-    body = equal_bits.markdown(data).split("\n", 1)[1]
-    return body.split("## What it shows", 1)[0]

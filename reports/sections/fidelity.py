@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from ..markdown import (
     CONFIRMED,
     NOT_CONFIRMED,
     NOT_MEASURED,
+    Citations,
     Claim,
     Section,
     demote,
@@ -26,6 +28,7 @@ from ..markdown import (
 from ..provenance import measured, quoted
 from . import long_output
 
+TITLE = "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)"
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
 WHERE = {"fig4": "Fig. 4", "table9": "Table 9", "table11": "Table 11", "fig5": "Fig. 5"}
 
@@ -51,6 +54,17 @@ def provenance(s: Source) -> str:
     return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, workload)
 
 
+def merged_warnings(e2e: dict) -> list[str]:
+    """The end-to-end warnings, each said once: warnings that differ only in the method they name
+    become one naming every such method."""
+    groups: dict[str, list[str]] = {}
+    for w in e2e.get("warnings", []):
+        name = next((m for m in e2e["methods"] if w.startswith(f"{m}: ")), None)
+        text = w[len(name) + 2 :] if name else w
+        groups.setdefault(text, []).extend([name] if name else [])
+    return [f"{', '.join(names)}: {text}" if names else text for text, names in groups.items()]
+
+
 def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
     keys = ("table9", "fig4", "fig5", "table11")
     if s is None:
@@ -60,38 +74,32 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
         v, holds = fidelity.verdicts(s.data["summary"]), fidelity.claim_holds(s.data["summary"])
         out = []
         for k in keys:
+            basis = "measured"
             if k == "fig5":  # the paper's numbers are for 14B and 32B models: a 135M model does not test them
-                status = NOT_MEASURED
-                evidence = v[k] + "; the claim is about Qwen3-14B/32B, not measured here"
+                status, basis = NOT_MEASURED, "-"
+                evidence = "the claim is about Qwen3-14B/32B, not run here; on a smaller model (measured): " + v[k]
             elif holds[k] is None:  # a result computed under another definition than the paper's
-                status, evidence = NOT_MEASURED, v[k]
+                status, basis, evidence = NOT_MEASURED, "-", v[k]
             else:
                 status, evidence = (CONFIRMED if holds[k] else NOT_CONFIRMED), v[k]
                 if k == "table11":
                     evidence += "; judged on stability, the overlap values themselves depend on the model"
-            out.append(Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, "measured", evidence, provenance(s)))
+            out.append(Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, basis, evidence, provenance(s)))
     e2e = s.data.get("end_to_end") if s is not None else None
     evidence = "no accuracy benchmark is run by this project"
     if e2e:
         m = e2e["methods"]
         evidence += (
-            "; a proxy on "
+            "; a proxy (not task accuracy) on "
             + s.data["model"]
             + ": greedy tokens identical to FP16 "
             + ", ".join(f"{n} {statistics.fmean(x['identical_fraction']):.1%}" for n, x in m.items())
             + f"; held-out NLL FP16 {e2e['fp16_nll']:.4f}, "
             + ", ".join(f"{n} {x['nll']:.4f}" for n, x in m.items())
         )
-        evidence += "".join(f"; WARNING: {w}" for w in e2e.get("warnings", []))
-    out.append(
-        Claim(
-            TABLE2,
-            NOT_MEASURED,
-            "measured (proxy)" if e2e else "-",
-            evidence,
-            provenance(s) if e2e else "-",
-        )
-    )
+        if e2e.get("warnings"):
+            evidence += "; see the warning under the end-to-end table of the Fidelity section"
+    out.append(Claim(TABLE2, NOT_MEASURED, "-", evidence, provenance(s) if e2e else "-"))
     return out
 
 
@@ -102,16 +110,13 @@ def _label(s: Source) -> str:
 def _fig5(sources: Sequence[Source]) -> bytes | None:
     def draw(ax):
         x = [int(p) for p in SHARES]
-        for s in sources:
+        for s, style in zip(sources, itertools.cycle(("-", ":", "-.")), strict=False):
             shares = {str(k): v for k, v in s.data["summary"]["fig5_share_median"].items()}
-            ax.plot(
-                x,
-                [100 * shares[p] for p in SHARES],
-                marker="o",
-                label=f"{s.data['model'].split()[0]}, {_label(s)} (measured)",
-            )
+            model = s.data["model"].split()[0]
+            ax.plot(x, [100 * shares[p] for p in SHARES], ls=style, marker="o", color=figures.color(model),
+                    label=f"{model}, {_label(s)} (measured)")  # fmt: skip
         for model, ys in paper.FIG5_SHARE_PERCENT.items():
-            ax.plot(x, ys, marker="*", ls="--", label=f"{model} (paper, quoted)")
+            ax.plot(x, ys, marker="*", ls="--", color=figures.color(model), label=f"{model} (paper, quoted)")
         ax.set(
             xlabel="top r% of pairs",
             ylabel="share of decode-time importance (%)",
@@ -119,7 +124,7 @@ def _fig5(sources: Sequence[Source]) -> bytes | None:
             title="Fig. 5: cumulative importance share (median)",
         )
 
-    return figures.png(draw)
+    return figures.png(draw, size=(6.4, 4.8))
 
 
 def _fig4(s: Source) -> bytes | None:
@@ -133,6 +138,7 @@ def _fig4(s: Source) -> bytes | None:
                     [x + 0.4 * j - 0.2 for x in xs],
                     [jac[f"{c} ({scope}), r={r}"] for c in CRITERIA],
                     width=0.4,
+                    color=figures.color(scope),
                     label=f"from {scope} tokens",
                 )
             ax.set_xticks(list(xs), CRITERIA, fontsize="small")
@@ -144,30 +150,30 @@ def _fig4(s: Source) -> bytes | None:
 
 
 def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Source] = ()) -> Section:
-    long_parts, long_figs = long_output.render(long_sources)
+    cite = Citations("F")
+    claimed = claims(primary(sources), smoke_only=bool(sources)) + long_output.claims(long_sources)
     if not sources:
-        return Section(
-            "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
-            "\n".join([(note or "No fidelity results were run or given.") + "\n", *long_parts]),
-            long_figs,
-            claims=claims(None, False) + long_output.claims(long_sources),
-        )
+        long_parts, long_figs = long_output.render(long_sources, cite)
+        parts = [(note or "No fidelity results were run or given.") + "\n", cite.legend(), *long_parts]
+        return Section(TITLE, "\n".join(p for p in parts if p), long_figs, claimed)
     main = primary(sources)
     ordered = sorted(sources, key=lambda s: (s is not main, s.data.get("date_utc", "")))
-    parts = [note + "\n" if note else ""]
-    parts.append(
+    intro = [note + "\n" if note else ""]
+    intro.append(
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
         "`benchmarks.fidelity.markdown`; the paper's claims are quoted next to what was measured. "
         + (
-            f"The claims of section 8 are judged on the {_label(main)}."
+            f"The paper's claims are judged on the {_label(main)}."
             if main
             else "Only smoke runs are present: they check the harness, not the claims."
         )
         + "\n"
     )
+    parts = []
     for s in ordered:
-        body = fidelity.markdown(s.data).split("\n", 1)[1]  # its own title is replaced by ours
-        body = sources_under_tables(demote(body, 2), provenance(s))
+        body = fidelity.markdown(_said_once(s.data)).split("\n", 1)[1]  # its own title is replaced by ours
+        kind = "smoke" if is_smoke(s) else "full"
+        body = sources_under_tables(demote(body, 2), f"measured: fidelity {kind} run {cite.cite(provenance(s))}")
         head = f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})\n"
         if s.data.get("model_fingerprint"):  # results before --model carry the name alone
             head += f"\nModel fingerprint: `{s.data['model_fingerprint']}`.\n"
@@ -184,12 +190,14 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
             "each decode query-key pair (t, s)",
         }
         parts += [figure(n, captions[n]) for n in figs]
-    else:
+    elif not long_sources:  # otherwise the long-output part says it, once for the section
         parts.append(figures.MISSING + "\n")
-    parts += long_parts
-    return Section(
-        "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)",
-        "\n".join(p for p in parts if p),
-        figs | long_figs,
-        claims(main, smoke_only=bool(sources)) + long_output.claims(long_sources),
-    )
+    long_parts, long_figs = long_output.render(long_sources, cite)
+    parts = [*intro, cite.legend(), *parts, *long_parts]
+    return Section(TITLE, "\n".join(p for p in parts if p), figs | long_figs, claimed)
+
+
+def _said_once(data: dict) -> dict:
+    """The result with its end-to-end warnings merged (`merged_warnings`), for the module's markdown."""
+    e2e = data.get("end_to_end")
+    return data | {"end_to_end": e2e | {"warnings": merged_warnings(e2e)}} if e2e else data

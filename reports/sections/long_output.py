@@ -9,10 +9,10 @@ from benchmarks import long_output
 
 from .. import figures
 from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Claim, demote, figure, sources_under_tables
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, demote, figure, sources_under_tables
 from ..provenance import measured
 
-FIGURE = "long-output.png"
+FIGURE = "long-output-{}.png"  # one figure per run, numbered in the order of the runs' dates
 PANELS = (("kl", "KL(FP16 || method), nats"), ("top1", "top-1 agreement with FP16"), ("nll", "NLL of the FP16 token"))
 
 
@@ -54,39 +54,46 @@ def claims(sources: Sequence[Source]) -> list[Claim]:
     return out
 
 
-def _draw(sources: Sequence[Source]):
+def _draw(s: Source):
+    summary = s.data["summary"]
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(summary["bin_edges"])]
+
     def draw(*axes):
-        for s, style in zip(sources, itertools.cycle(("-", "--", ":")), strict=False):
-            summary = s.data["summary"]
-            mids = [(a + b) / 2 for a, b in itertools.pairwise(summary["bin_edges"])]
-            for ax, (metric, title) in zip(axes, PANELS, strict=True):
-                for name, values in summary["methods"].items():
-                    if metric in values:
-                        ax.plot(mids[: len(values[metric])], values[metric], style, marker="o", ms=3, label=name)
-                ax.set_title(title)
-                ax.set_xlabel("output position")
+        for ax, (metric, title) in zip(axes, PANELS, strict=True):
+            for name, values in summary["methods"].items():
+                if metric in values:
+                    ax.plot(mids[: len(values[metric])], values[metric], marker="o", ms=3, color=figures.color(name),
+                            label=name)  # fmt: skip
+            ax.set_title(title)
+            ax.set_xlabel("output position")
 
     return draw
 
 
-def render(sources: Sequence[Source]) -> tuple[list[str], dict[str, bytes]]:
-    """Markdown parts and figures for the long-output results (nothing when there are none); their
-    claims come from `claims`."""
+def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[str, bytes]]:
+    """Markdown parts and figures for the long-output results (nothing when there are none), each
+    run's tables citing its source in `cite`, the fidelity section's; their claims come from `claims`."""
     if not sources:
         return [], {}
     parts = [
         "### Fidelity over long outputs\n",
         "Each method reads the FP16 model's own greedy output teacher-forced through its packed cache, with "
         "each position attending as in token-by-token decoding (`benchmarks.long_output`); curves are means over "
-        "spans of output positions.\n",
+        "spans of output positions, one figure per run.\n",
     ]
-    for s in sorted(sources, key=lambda s: s.data.get("date_utc", "")):
+    figs = {}
+    for i, s in enumerate(sorted(sources, key=lambda s: s.data.get("date_utc", "")), start=1):
+        label = cite.cite(_provenance(s))
         body = long_output.markdown(s.data).split("\n", 1)[1]
-        parts.append(sources_under_tables(demote(body, 2), _provenance(s)))
+        parts.append(sources_under_tables(demote(body, 2), f"measured: long-output run {label}"))
         if s.data.get("model_fingerprint"):
             parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
-    png = figures.png(_draw(sources), ncols=3, size=(4.6, 3.6))
-    if png is None:
-        return [*parts, figures.MISSING + "\n"], {}
-    return [*parts, figure(FIGURE, "Fidelity over the output: KL, top-1 agreement and NLL per span of positions "
-                                   "(measured, sources above)")], {FIGURE: png}  # fmt: skip
+        png = figures.png(_draw(s), ncols=len(PANELS), size=(4.6, 3.6))
+        if png is not None:
+            figs[FIGURE.format(i)] = png
+            positions = s.data["summary"]["positions"]
+            parts.append(figure(FIGURE.format(i), f"Fidelity over {positions} output positions: KL, top-1 agreement "
+                                                  f"and NLL per span of positions (measured, {label})"))  # fmt: skip
+    if not figures.available():
+        parts.append(figures.MISSING + "\n")
+    return parts, figs

@@ -1,5 +1,6 @@
 """Section 5: measured GPU results (Fig. 6c throughput, Fig. 7 latency, kernel bandwidth), each with
-ratio columns against FP16 and Kitty, and the CPU tiny-harness results, labelled as not predictive."""
+ratio columns against FP16 and Kitty, and the CPU tiny-harness results, labelled as not predictive.
+The title names only the figures that have a result."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from reference import paper
 from .. import figures
 from ..inputs import BENCHMARK as BENCH
 from ..inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
-from ..markdown import Section, details, figure, fmt, ratio, table
+from ..markdown import SOURCE, Citations, Section, details, figure, fmt, ratio, table
 from ..provenance import quoted
 from .gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
 from .measured import (
@@ -87,10 +88,15 @@ def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
             pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows if r["method"] == m and not r["oom"])
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", color=figures.color(m), label=f"{m} (measured)")
-        for (m, b), v in paper.FIG6C_TOKENS_PER_S.items():
-            ax.plot([b], [v], marker="*", ms=12, ls="", color=figures.color(m), mec="k", label=f"{m} (paper, quoted)")
-        ax.set(xlabel="batch B", ylabel="tokens / s", title=f"Fig. 6c: throughput vs batch, {rows[0]['device']}")
-        _dedupe_legend(ax)
+        # the paper's points where the table shows them (same method and batch), as the paper's device's
+        shown = {(r["method"], r["batch"]) for r in rows}
+        for m in sorted({m for m, _ in paper.FIG6C_TOKENS_PER_S}):
+            pts = sorted((b, v) for (pm, b), v in paper.FIG6C_TOKENS_PER_S.items() if pm == m and (m, b) in shown)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="*", ms=12, ls="", color=figures.color(m), mec="k",
+                        label=f"{m} (paper, {paper.GPU}, quoted)")  # fmt: skip
+        title = f"Fig. 6c: throughput vs batch (measured: {rows[0]['device']}; stars: the paper's {paper.GPU})"
+        ax.set(xlabel="batch B", ylabel="tokens / s", title=title)
 
     return md, figures.png(draw)
 
@@ -279,12 +285,6 @@ def _launch(rows: list[dict]) -> tuple[str, None]:
     return md, None
 
 
-def _dedupe_legend(ax) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    keep = dict(zip(labels, handles, strict=True))
-    ax.legend(keep.values(), keep.keys(), fontsize="small")
-
-
 # -- the section -----------------------------------------------------------------------------
 
 RENDERERS: dict[str, tuple[str, Callable]] = {
@@ -301,6 +301,8 @@ TINY_FIGURE = {
     "kernel-launch": ("ms", "ms"),
 }
 POINT_KEYS = ("batch", "prompt", "generation", "step", "context")
+#: The figures a GPU result gives, named in the section's title only when there is one.
+TITLES = {"fig6c-throughput": "Fig. 6c", "fig7-latency": "Fig. 7", "kernel": "kernel bandwidth"}
 
 
 def _tiny(entries: list[dict]) -> str:
@@ -357,4 +359,14 @@ def render(sources: Sequence[Source]) -> Section:
             + "\n".join(f"- {p}" for p in problems)
             + "\n"
         )
-    return Section("Measured performance (Fig. 6c, Fig. 7, kernel bandwidth)", "\n".join(parts), figs, judge_all(full))
+    shown = [label for suite, label in TITLES.items() if full.get(suite)]
+    title = "Measured performance" + (f" ({', '.join(shown)})" if shown else "")
+    return Section(title, cited("\n".join(parts)), figs, judge_all(full))
+
+
+def cited(md: str) -> str:
+    """Each table's full source said once, in a list at the top, and cited under the tables by label."""
+    cites = Citations("P")
+    lines = [SOURCE + cites.cite(line.removeprefix(SOURCE)) if line.startswith(SOURCE) else line
+             for line in md.splitlines()]  # fmt: skip
+    return cites.legend() + "\n" + "\n".join(lines) + "\n"

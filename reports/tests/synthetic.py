@@ -3,8 +3,11 @@ derived figure (slopes, ratios, verdicts) is known by hand."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+
+from reference import records
 
 DEVICE = "NVIDIA Test GPU"
 COMMAND = "pytest benchmarks/suites --benchmark-only --benchmark-json gpu.json"
@@ -242,6 +245,21 @@ def gpu_check(bench_name: str = "bench-GPU-1.json") -> dict:
                            "json": f"benchmarks/results/{bench_name}"},
         },
     }  # fmt: skip
+
+
+def current(data: dict) -> dict:
+    """`data` recording, as the code it measured, a file of this tree as it is: the report compares it."""
+    code = records.code_fingerprint("reference.quant")
+    data = copy.deepcopy(data)
+    for b in data.get("benchmarks", []):
+        b["extra_info"]["code"] = code
+    if "results" in data:
+        data["code"] = code
+        for d in data.get("implementation_details", []):
+            d["code"] = code
+    elif "benchmarks" not in data:
+        data["code"] = code
+    return data
 
 
 def write(folder: Path, name: str, data: dict) -> Path:

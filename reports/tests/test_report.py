@@ -1,6 +1,5 @@
 """The report command end to end: `--quick` once, checked against the files it ran and read."""
 
-import collections
 import json
 import re
 from pathlib import Path
@@ -11,15 +10,19 @@ from benchmarks import memory as bench_memory
 from benchmarks.models import ARCHITECTURES
 from reference import PNMixConfig, bit_widths
 from reports import cli, steps
+from reports.sections import conformance as conformance_section
 
 from . import synthetic
 from .mdtables import table_after, tables_without_source
 
 ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
-SECTIONS = ("## 1. Environment and provenance", "## 2. Conformance matrix", "## 3. Storage and bit widths",
+SECTIONS = ("## 1. Summary", "## 2. Conformance matrix", "## 3. Storage and bit widths",
             "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
-            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. The paper's claims")  # fmt: skip
+            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. The paper's claims", "## 9. History",
+            "## 10. Environment and provenance")  # fmt: skip
+#: A third party's implementation, written from the README: the report takes it with one --impl.
+PLUGIN = "reports.tests.thirdparty:make"
 NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
 
 
@@ -27,7 +30,9 @@ NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
     # Two examples a property: this checks the report's pipeline; the suite itself runs in the tests.
-    rc = cli.main(["--quick", "--hypothesis-profile", "smoke", "--out-dir", str(out), "--name", "quick"])
+    rc = cli.main(
+        ["--quick", "--impl", PLUGIN, "--hypothesis-profile", "smoke", "--out-dir", str(out), "--name", "quick"]
+    )
     return rc, out / "quick"
 
 
@@ -40,7 +45,7 @@ def test_quick_report_has_every_section_and_valid_figures(quick):
         assert any(line.startswith(heading) for line in md.splitlines()), heading
     linked = set(re.findall(r"\]\(([\w.-]+\.png)\)", md))
     on_disk = {p.name for p in folder.glob("*.png")}
-    assert linked == on_disk and {"fig6a-memory.png", "fig6b-memory.png", "fig5-importance-share.png"} <= on_disk
+    assert linked == on_disk and {"fig6a-memory.png", "fig6b-memory.png"} <= on_disk
     for name in on_disk:
         png = (folder / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR" and len(png) > 5000
@@ -52,18 +57,21 @@ def test_quick_report_has_every_section_and_valid_figures(quick):
 def test_quick_report_numbers_match_their_sources(quick):
     _, folder = quick
     md = (folder / "REPORT.md").read_text()
-    # conformance: the counts equal those of the JSON the run wrote
+    # conformance: the summary's verdicts and the matrix's cells are those of the JSON the run wrote
     results = [json.loads(p.read_text()) for p in (folder / "data").glob("conformance-*/conformance.json")]
     data = {"results": [r for d in results for r in d["results"]]}
-    assert {i for d in results for i in d["implementations"]} == set(steps.QUICK_IMPLS)
-    # Rows of this run only: committed results from other devices add columns labelled with
-    # their device and a source number ("triton (NVIDIA H200) #2"); with them, this run's rows
-    # carry their device too ("reference (cpu (x86_64))").
-    rows = [r for r in table_after(md, "### Counts") if "#" not in r["implementation"]]
-    counts = {r["implementation"].split(" (")[0]: r for r in rows}
-    expected = collections.Counter((r["implementation"], r["outcome"]) for r in data["results"])
-    assert {(i, o): int(counts[i][o]) for i in counts for o in ("passed", "failed", "skipped", "xfailed")
-            if int(counts[i][o])} == dict(expected)  # fmt: skip
+    names = {i for d in results for i in d["implementations"]}
+    assert names == {*steps.QUICK_IMPLS, "thirdparty-kivi"}
+    summary = {r["implementation"].split()[0]: r for r in table_after(md, "## 1. Summary")}
+    matrix = table_after(md, "## 2. Conformance matrix")
+    for name in names:
+        mine = [r for r in data["results"] if r["implementation"] == name]
+        assert summary[name]["verdict"] == conformance_section.verdict(mine)
+        passed = sum(int(c.partition(" x")[2] or 1) for c in (row[name] for row in matrix) if c.startswith("pass"))
+        assert passed == sum(r["outcome"] == "passed" for r in mine), name
+    realistic = [r["measured"] for r in data["results"] if r["implementation"] == "thirdparty-kivi"
+                 and "realistic_bits_per_element" in r["measured"]]  # fmt: skip
+    assert summary["thirdparty-kivi"]["bits / element"].startswith(f"{realistic[0]['realistic_bits_per_element']:.2f}")
     # storage and memory: the numbers of reference.storage and benchmarks.memory
     bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
     assert bits["PN-Mix"]["key bits"] == f"{bit_widths(PNMixConfig(), 128, 32768).key_effective:.4f}"
@@ -71,28 +79,19 @@ def test_quick_report_numbers_match_their_sources(quick):
     fig6b = {int(r["batch"]): r for r in table_after(md, "### Fig. 6b")}
     assert fig6b[20]["FP16"] == f"{bench_memory.point(arch, 'FP16', 20, 8192).peak_gib:.2f}"
     assert fig6b[128]["FP16"].endswith("OOM")
-    # fidelity: the committed result, not run here in --quick
-    summary = json.loads(COMMITTED_FIDELITY.read_text())["summary"]
-    kl = summary["table9_mean"]["KIVI-style uniform 2-bit"]["kl"]
-    table9 = {r["method"]: r for r in table_after(md, "#### Table 9")}
-    assert float(table9["KIVI-style uniform 2-bit"]["attention KL"]) == pytest.approx(kl, rel=1e-3)
+    # committed results that record no code fingerprint are history, not compared
     assert "The fidelity analyses were not run here (--quick)" in md
-    # benchmark suites: run on the CPU (tiny harness) when the suites exist, and labelled as such
+    history = {r["file"].strip("`"): r for r in table_after(md, "## 9. History")}
+    committed = [p for p in (ROOT / "benchmarks" / "results").rglob("*.json") if "code" not in json.loads(p.read_text())
+                 and "benchmarks" not in json.loads(p.read_text())]  # fmt: skip
+    for p in committed:
+        assert history[p.relative_to(ROOT).as_posix()]["why not current"].startswith("records no code fingerprint")
+    # benchmark suites: run on the CPU (tiny harness), the plug-in beside the built-ins, labelled as such
     ran = {r["step"]: r for r in table_after(md, "### What ran here")}
-    if (ROOT / "benchmarks" / "suites").is_dir():
-        assert ran["benchmark suites"]["status"] in ("ok", "ran; some tests failed (exit code 1)")
-        committed_gpu = any(p.name.startswith("bench-") for p in (ROOT / "benchmarks" / "results").rglob("*.json"))
-        assert "### CPU tiny harness" in md and ("**No GPU results.**" in md) != committed_gpu
-    else:
-        assert ran["benchmark suites"]["status"].startswith("not available")
-    # channels or token roles: the committed equal-bits result (bits matched as counted), as written
-    equal = [json.loads(p.read_text()) for p in (ROOT / "benchmarks" / "results").glob("equal-bits-*.json")]
-    equal = max((d for d in equal if d.get("match", "asymptotic") == "asymptotic" and "--smoke" not in d["command"]),
-                key=lambda d: d["date_utc"])  # fmt: skip
-    first = equal["results"][0]
-    rows = {r["method"]: r for r in table_after(md, f"### Budget {first['budget']} bits")}
-    got = rows["role-aware PN-Mix"]["attn KL"]
-    assert got == f"{first['methods']['role-aware PN-Mix']['attention_kl']:.3g}"
+    assert ran["benchmark suites"]["status"] == "ok" and f"--impl {PLUGIN}" in ran["benchmark suites"]["command"]
+    tiny = table_after(md, "### CPU tiny harness")
+    plugin_rows = {r["suite"] for r in tiny if r["method"] in ("thirdparty-kivi", PLUGIN)}
+    assert plugin_rows == {"kernel", "fig7-latency", "fig6c-throughput"}
     claims = table_after(md, "## 8.")
     assert len(claims) >= 14 and {r["status"] for r in claims} <= {
         "**confirmed**", "**not confirmed**", "**not measured here**"}  # fmt: skip
@@ -130,7 +129,8 @@ def test_a_bad_input_fails_at_once_naming_the_file(tmp_path, monkeypatch, capsys
 @pytest.mark.parametrize(
     ("argv", "says"),
     [(["--name", "a/b"], "--name must be a plain folder name"), (["--name", ".hidden"], "--name must be"),
-     (["--impl", "nonesuch"], "--impl 'nonesuch'"), (["--impl", "kivi", "--no-conformance"], "contradict")],
+     (["--impl", "nonesuch"], "--impl 'nonesuch'"), (["--impl", "kivi", "--no-conformance"], "contradict"),
+     (["--only", "nonesuch"], "--only 'nonesuch'"), (["--impl", "kivi", "--only", "fp16"], "give one of them")],
 )  # fmt: skip
 def test_bad_arguments_are_named(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -161,7 +161,7 @@ def test_a_folder_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
 
 
 def test_given_gpu_results_reach_the_report(tmp_path):
-    gpu = synthetic.write(tmp_path, "gpu.json", synthetic.gpu_benchmarks())
+    gpu = synthetic.write(tmp_path, "gpu.json", synthetic.current(synthetic.gpu_benchmarks()))
     argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--input", str(gpu), *NOTHING_RUN]
     assert cli.main(argv) == 0
     md = (tmp_path / "r" / "REPORT.md").read_text()
@@ -171,6 +171,33 @@ def test_given_gpu_results_reach_the_report(tmp_path):
     files = {r["file"]: r for r in table_after(md, "### Result files read")}
     assert files[f"`{gpu}`"]["origin"] == "--input" and files[f"`{gpu}`"]["device"] == synthetic.DEVICE
     assert tables_without_source(md) == []
+
+
+def test_results_of_other_code_are_history_not_compared(tmp_path):
+    stale = synthetic.current(synthetic.gpu_benchmarks())
+    for b in stale["benchmarks"]:
+        b["extra_info"]["code"]["files"] = {"reference/quant.py": "0" * 16}  # measured another version of it
+    gpu = synthetic.write(tmp_path, "gpu.json", stale)
+    argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--input", str(gpu), *NOTHING_RUN]
+    assert cli.main(argv) == 0
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "No GPU results" in md and "fig7-latency-1.png" not in md and "## 5. Measured performance\n" in md
+    (row,) = table_after(md, "## 9. History")
+    assert (
+        row["file"] == f"`{gpu}`"
+        and row["why not current"] == "its code differs from this tree's: `reference/quant.py`"
+    )
+    assert "1 result file(s) measured code that differs" in md.split("## 2.")[0]  # said on the first screen
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], steps.ALL_IMPLS), (["--impl", "x.y:make"], (*steps.ALL_IMPLS, "x.y:make")),
+     (["--quick", "--impl", "triton"], (*steps.QUICK_IMPLS, "triton")),
+     (["--only", "kivi", "--only", "fp16"], ("kivi", "fp16"))],
+)  # fmt: skip
+def test_impl_adds_to_the_default_set_and_only_replaces_it(argv, expected):
+    assert cli.implementations(cli.parser().parse_args(argv)) == list(expected)
 
 
 def test_fidelity_step_says_when_the_model_is_missing(tmp_path, monkeypatch):

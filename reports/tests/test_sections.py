@@ -1,6 +1,5 @@
 """Sections rendered from synthetic inputs whose derived numbers are known by hand."""
 
-import collections
 import json
 from pathlib import Path
 
@@ -11,12 +10,13 @@ from benchmarks import memory as bench_memory
 from benchmarks.models import ARCHITECTURES
 from reports import inputs
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
-from reports.sections import conformance, fidelity, memory, performance
+from reports.sections import equal_bits, fidelity, memory, performance
 
 from . import synthetic
-from .mdtables import table_after, tables_without_source
+from .mdtables import table_after, tables, tables_without_source
 
-COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+COMMITTED_FIDELITY = max(RESULTS.glob("fidelity-*.json"))  # the newest
 
 
 def load(tmp_path, name, data):
@@ -103,38 +103,6 @@ def test_gpu_check_says_how_each_step_ended_and_brings_its_benchmark_file(tmp_pa
     assert "No GPU results" not in s.body
 
 
-def test_conformance_matrix_counts_and_reasons(tmp_path):
-    source = load(tmp_path, "conf.json", synthetic.conformance())
-    s = conformance.render([source])
-    matrix = {r["property"]: r for r in table_after(s.body, "Outcome of every property")}
-    assert matrix["p1 packing: a"]["reference"] == "pass"
-    assert matrix["p1 packing: a"]["triton"] == "FAIL [1]" and matrix["p1 packing: b"]["triton"] == "skip [2]"
-    assert matrix["p1 packing: c"] == {"property": "p1 packing: c", "reference": "xfail [3]", "triton": "-"}
-    reasons = s.body.split("Reasons:")[1].split("###")[0].split()
-    assert " ".join(reasons) == (
-        "1. AssertionError: codes differ | at 3 2. triton does not claim bf16 3. known failure listed in reference.txt"
-    )  # the first line of each reason, numbered in order of appearance
-    counts = {r["implementation"]: r for r in table_after(s.body, "### Counts")}
-    expected = collections.Counter((r["implementation"], r["outcome"]) for r in source.data["results"])
-    for (impl, outcome), n in expected.items():
-        assert int(counts[impl][outcome]) == n
-    assert counts["triton"]["spec distance"] == "0.00125" and counts["reference"]["spec distance"] == "0"
-    assert counts["triton"]["version (import path)"] == "0.3.0 (`triton = pnmix.protocol:make (pnmix 0.3.0)`)"
-    assert tables_without_source(s.body) == []
-
-
-def test_conformance_provenance_comes_from_the_environment_record_or_an_older_file(tmp_path):
-    new = synthetic.conformance()
-    old = {k: v for k, v in new.items() if k not in ("date_utc", "command", "machine")}
-    old |= {"created_utc": "20261201T100000_000000Z", "triton_interpret": "1"}  # before reference.records
-    body = conformance.render([load(tmp_path, "new.json", new), load(tmp_path, "old.json", old)]).body
-    assert (
-        "#1: measured on cpu (x86_64), 2026-12-01T10:00:00+00:00, hypothesis profile ci, TRITON_INTERPRET=1, "
-        f"command `{new['command']}`, file `" in body
-    )
-    assert "#2: measured on cpu (x86_64), 20261201T100000_000000Z, hypothesis profile ci, TRITON_INTERPRET=1" in body
-
-
 def test_measured_memory_points_decide_the_memory_claims(gpu):
     s = memory.render(gpu)
     rows = table_after(s.body, "### Measured on a GPU")
@@ -176,7 +144,7 @@ def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
                           prompts=1, chunk=1, summary=bench_long.summarize(per_prompt, 2))  # fmt: skip
     s = fidelity.render([], "", [load(tmp_path, "long.json", data)])
     assert "### Fidelity over long outputs" in s.body and "0.125" in s.body and "0.375" in s.body
-    assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output.png"}
+    assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output-1.png"}
 
 
 def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output"):
@@ -225,3 +193,38 @@ def test_long_output_claims_are_not_judged_on_a_smoke_run(tmp_path):
     smoke = _long_result([0.1] * 8, [0.3] * 8, [1.0] * 8, command="python -m benchmarks.long_output --smoke")
     assert {c.status for c in long_section.claims([load(tmp_path, "long.json", smoke)])} == {NOT_MEASURED}
     assert {c.status for c in fidelity.render([], "", []).claims if c.claim.startswith("Error over")} == {NOT_MEASURED}
+
+
+def _source_lines(md: str) -> list[tuple[set[str], str]]:
+    """(headers, source line) of every table of `md`."""
+    lines = md.splitlines()
+    return [(set(rows[0]), next(x for x in lines[i + 2 + len(rows) :] if x.strip())) for i, rows in tables(md)]
+
+
+def _listed(source: str, kind: str) -> set[str]:
+    """The columns a source line names after "measured: " or "computed: " (up to ";" or " (")."""
+    return set(source.split(f"; {kind}: ", 1)[1].split(";")[0].split(" (")[0].split(", "))
+
+
+def test_equal_bits_tables_say_which_columns_are_measured_and_which_computed():
+    sources = [inputs.load(p, "committed") for p in sorted(RESULTS.glob("equal-bits-*.json"))]
+    body = equal_bits.render(sources).body
+    budgets = memories = 0
+    for headers, source in _source_lines(body):
+        if "attn KL" in headers:  # a budget's table: every figure column measured or computed, none both
+            measured, computed = _listed(source, "measured"), _listed(source, "computed")
+            assert measured | computed == headers - {"method", "config"} and not measured & computed, source
+            budgets += 1
+        elif "Fig. 6b: max B at 8K" in headers:  # the storage models', nothing measured in it
+            assert source.startswith("Source: computed: the memory model [E"), source
+            memories += 1
+    assert budgets == memories == sum(len(s.data["results"]) for s in sources)
+    for s in sources:  # each run's full provenance once, its tables citing it by label
+        assert body.count(equal_bits._provenance(s)) == 1
+
+
+def test_fidelity_tables_cite_their_run_and_describe_it_once():
+    source = inputs.load(COMMITTED_FIDELITY, "committed")
+    body = fidelity.render([source]).body
+    assert body.count(fidelity.provenance(source)) == 1
+    assert {src for _, src in _source_lines(body)} == {"Source: measured: fidelity full run [F1]"}

@@ -1,0 +1,115 @@
+"""Which results measured the code of this tree: those go to the comparison; the others, to History.
+
+A result records the code it measured (`reference.records.code_fingerprint`: every file's sha256,
+and the commit). Here each recorded file is hashed again: a result is current when every one is
+unchanged, and belongs to history otherwise, labelled with its commit and the files that changed.
+A result that records no code (written before results carried it) cannot be shown to be current,
+so it is history too. A conformance or benchmark file with several implementations or points is
+split: each part goes where its own code says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from reference import records
+
+from .inputs import BENCHMARK, Source
+
+NO_FINGERPRINT = "records no code fingerprint (written before results recorded the code they measured)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    current: bool
+    why: str  # empty when current
+    commit: str | None
+
+
+def changed_files(code: dict) -> list[str]:
+    """The recorded files whose content here differs from what was measured, or that are not here."""
+    out = []
+    for key, digest in sorted(code["files"].items()):
+        path = records.code_path(str(key))
+        if path is None or records.file_digest(path) != digest:
+            out.append(key)
+    return out
+
+
+def judge(codes: Sequence[dict | None], commit: str | None = None) -> Verdict:
+    """One verdict for the code records of one result (all must be current)."""
+    if not codes or any(
+        not isinstance(c, dict) or not isinstance(c.get("files"), dict) or not c["files"] for c in codes
+    ):
+        return Verdict(False, NO_FINGERPRINT, commit)
+    commit = next((c.get("commit") for c in codes if c.get("commit")), commit)
+    changed = sorted({f for c in codes for f in changed_files(c)})
+    if not changed:
+        return Verdict(True, "", commit)
+    shown = ", ".join(f"`{f}`" for f in changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+    return Verdict(False, f"its code differs from this tree's: {shown}", commit)
+
+
+def _benchmark_commit(data: dict) -> str | None:
+    info = data.get("commit_info") or {}
+    return info.get("id")
+
+
+def split_source(source: Source) -> list[tuple[Source, Verdict]]:
+    """The parts of one result file, each with its verdict (a file whose parts agree stays whole)."""
+    data = source.data
+    if source.kind == "conformance":
+        suite = data.get("code")
+        details = {d.get("name"): d for d in data.get("implementation_details") or []}
+        names = list(dict.fromkeys(r["implementation"] for r in data["results"]))
+        verdicts = {n: judge([suite, (details.get(n) or {}).get("code")]) for n in names}
+
+        def part(keep: list[str]) -> Source:
+            return dataclasses.replace(
+                source,
+                data={
+                    **data,
+                    "results": [r for r in data["results"] if r["implementation"] in keep],
+                    "implementation_details": [
+                        d for d in data.get("implementation_details") or [] if d.get("name") in keep
+                    ],
+                },
+            )
+
+        return _grouped(names, verdicts, part, source)
+    if source.kind == BENCHMARK:
+        fallback = _benchmark_commit(data)
+        names = [b.get("fullname") or b.get("name") for b in data["benchmarks"]]
+        verdicts = {
+            n: judge([(b.get("extra_info") or {}).get("code")], fallback)
+            for n, b in zip(names, data["benchmarks"], strict=True)
+        }
+
+        def part(keep: list[str]) -> Source:
+            kept = [b for n, b in zip(names, data["benchmarks"], strict=True) if n in keep]
+            return dataclasses.replace(source, data={**data, "benchmarks": kept})
+
+        return _grouped(names, verdicts, part, source)
+    return [(source, judge([data.get("code")]))]
+
+
+def _grouped(names, verdicts: dict, part, source: Source) -> list[tuple[Source, Verdict]]:
+    groups: dict[Verdict, list] = {}
+    for n in names:
+        groups.setdefault(verdicts[n], []).append(n)
+    if len(groups) <= 1:
+        return [(source, next(iter(groups), judge([])))]
+    return [(part(keep), v) for v, keep in groups.items()]
+
+
+def split(sources: Sequence[Source]) -> tuple[list[Source], list[tuple[Source, Verdict]]]:
+    """(current sources, history: (source, verdict) pairs), in the given order."""
+    current, history = [], []
+    for s in sources:
+        for part, verdict in split_source(s):
+            if verdict.current:
+                current.append(part)
+            else:
+                history.append((part, verdict))
+    return current, history

@@ -1,0 +1,69 @@
+"""History: results of code that this tree no longer has (`reports.currency`), each labelled with its
+commit and what changed, with what it measured. None of them enters a comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..currency import Verdict
+from ..inputs import BENCHMARK, Source, usable
+from ..markdown import Section, details, fmt, table
+from . import conformance as matrix
+from .performance import POINT_KEYS, TINY_FIGURE
+
+
+def _measured(source: Source) -> str:
+    """What an old result measured, in a few lines."""
+    if source.kind == "conformance":
+        columns = matrix.records_by_column([source])
+        lines = [f"- {name}: {matrix.verdict(recs)}" for (name, _), recs in columns.items()]
+        failures = [
+            f"  - {matrix.short_property(r)}: {matrix.first_line(r.get('reason'))}"
+            for recs in columns.values()
+            for r in recs
+            if r["outcome"] == "failed"
+        ]
+        return "\n".join(lines + failures)
+    if source.kind == BENCHMARK:
+        rows = []
+        for e in usable(source):
+            label, key = TINY_FIGURE.get(e["suite"], ("", ""))
+            point = ", ".join(f"{k} {e[k]}" for k in POINT_KEYS if e.get(k) is not None)
+            rows.append(
+                [e["suite"], e["scale"], e["method"], point, label, "OOM" if e.get("oom") else fmt(e.get(key), ".4g")]
+            )
+        if not rows:
+            return "no benchmark of a suite this report reads"
+        return table(rows, ["suite", "scale", "method", "point", "figure", "value"], f"measured, `{source.name}`")
+    d = source.data
+    what = d.get("model") if isinstance(d.get("model"), str) else (d.get("model") or {}).get("name")
+    return f"{source.kind} result" + (f" on {what}" if what else "") + f", command `{d.get('command', 'not recorded')}`"
+
+
+def _date(source: Source) -> str:
+    d = source.data
+    if source.kind == BENCHMARK:
+        return d.get("datetime") or "?"
+    return d.get("date_utc") or d.get("created_utc") or "?"
+
+
+def _device(source: Source) -> str:
+    if source.kind == BENCHMARK:
+        devices = {(b.get("extra_info") or {}).get("device") for b in source.data["benchmarks"]}
+        return ", ".join(sorted(d for d in devices if d)) or "?"
+    return source.data.get("device", "?")
+
+
+def render(history: Sequence[tuple[Source, Verdict]]) -> Section:
+    if not history:
+        return Section("History", "Every result read measured the code of this tree: there is no history.\n")
+    rows = [[f"`{s.name}`", s.kind, _device(s), _date(s), (v.commit or "not recorded")[:12], v.why] for s, v in history]
+    parts = [
+        "Results of code that differs from this tree's, or that do not record which code they measured. They "
+        "are kept (in the repository or where they were given) and shown here with their commit; no comparison "
+        "above uses them.\n",
+        table(rows, ["file", "kind", "device", "date", "commit", "why not current"], "each file as it records itself"),
+    ]
+    for s, v in history:
+        parts.append(details(f"{s.name} (commit {(v.commit or 'not recorded')[:12]})", _measured(s)))
+    return Section("History", "\n".join(parts))

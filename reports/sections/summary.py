@@ -1,0 +1,187 @@
+"""The first screen: one row per implementation, with what decides between them.
+
+Verdict (conforms, or the failing properties by name), bits per element and attention error on the
+conformance suite's realistic workload (`conformance.strategies.REALISTIC`: thousands of tokens, so
+that sinks and the exact residual are a small share, as the paper counts), and decode speed against
+FP16 where a GPU ran the kernel benchmark. Only current results enter (`reports.currency`); every
+column says where it comes from.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+from collections.abc import Sequence
+
+from conformance.strategies import REALISTIC, describe
+from reference import PNMixConfig
+
+from ..inputs import Source, benchmarks
+from ..markdown import Section, fmt, table
+from . import conformance as matrix
+from .measured import is_fp16
+
+#: What the conformance suite records on its realistic workload (conformance/test_p8_storage.py, p7).
+BITS, KEY_BITS, VALUE_BITS, ERROR = (
+    "realistic_bits_per_element",
+    "realistic_key_bits_per_element",
+    "realistic_value_bits_per_element",
+    "realistic_attention_error",
+)
+#: The benchmark the speed column reads: decode attention of one layer at the paper's scale.
+SPEED_SUITE = "kernel"
+
+
+def _largest(records: Sequence[dict], key: str) -> float | None:
+    values = [r["measured"][key] for r in records if isinstance((r.get("measured") or {}).get(key), (int, float))]
+    return max(values) if values else None
+
+
+def _bits(records: Sequence[dict]) -> str:
+    total = _largest(records, BITS)
+    if total is None:
+        return "-"
+    key, value = _largest(records, KEY_BITS), _largest(records, VALUE_BITS)
+    split = f" (K {key:.2f}, V {value:.2f})" if key is not None and value is not None else ""
+    return f"{total:.2f}{split}"
+
+
+def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
+    """implementation -> [(its kernel point, time / FP16's time at the same point, same file and device)]."""
+    out: dict[str, list[tuple[dict, float]]] = collections.defaultdict(list)
+    for e in entries:
+        impl = e.get("implementation")
+        if impl is None or is_fp16(e["method"]) or e.get("oom") or e.get("ms") is None:
+            continue
+        base = next(
+            (
+                f
+                for f in entries
+                if is_fp16(f["method"])
+                and f["source"] is e["source"]
+                and f["device"] == e["device"]
+                and (f["batch"], f["context"]) == (e["batch"], e["context"])
+                and f.get("ms")
+            ),
+            None,
+        )
+        if base is not None:
+            out[impl].append((e, e["ms"] / base["ms"]))
+    return out
+
+
+def _speed(points: list[tuple[dict, float]]) -> str:
+    if not points:
+        return "no GPU result"
+    e, r = max(points, key=lambda p: (p[0]["context"], -p[0]["batch"]))
+    return f"{r:.2f}x FP16's time (B = {e['batch']}, {e['context']} tokens, {matrix.device_label(e['device'])})"
+
+
+def as_run(description: str | None) -> str:
+    """The keys and values of the configuration an implementation ran the workload with, read from its
+    recorded description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'): 'K H2L2, V 2-bit'."""
+    if not description or "PNMixConfig(" not in description:
+        return "-"
+    try:
+        call = ast.parse(description[description.index("PNMixConfig(") :], mode="eval").body
+    except SyntaxError:
+        return "-"
+    given = {}
+    for k in getattr(call, "keywords", ()):
+        try:
+            given[k.arg] = ast.literal_eval(k.value)
+        except ValueError:  # a dtype or another name: not part of the label
+            pass
+    config = {f.name: f.default for f in dataclasses.fields(PNMixConfig) if f.default is not dataclasses.MISSING}
+    config.update(given)
+    high, low, ratio = config["b_high"], config["b_low"], config["ratio"]
+    keys = f"K {high}-bit" if high == low or not ratio else f"K H{high}({ratio:.0%})L{low}"
+    values = "V exact" if config["value_bits"] >= 16 else f"V {config['value_bits']}-bit"
+    sinks = config["n_sink"]
+    return f"{keys}, {values}, G {config['group_size']}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")
+
+
+def render(conformance: Sequence[Source], sources: Sequence[Source], history: int) -> Section:
+    columns = matrix.records_by_column(conformance)
+    by_impl: dict[str, dict[str, list[dict]]] = collections.defaultdict(dict)
+    for (name, device), recs in columns.items():
+        by_impl[name][device] = recs
+    details = matrix.details_of(conformance)
+    speeds = speed_rows(benchmarks(sources, SPEED_SUITE, "full"))
+    # a plug-in is benchmarked under the name it was given (an import path), checked under its own
+    aliases = {d.get("origin"): name for name, d in details.items() if d.get("origin") in speeds}
+    for alias, name in aliases.items():
+        speeds[name] = speeds.get(name, []) + speeds.pop(alias)
+    rows = []
+    for name in matrix.order(set(by_impl) | set(speeds)):
+        devices = by_impl.get(name, {})
+        verdicts = [
+            (f"{dev}: " if len(devices) > 1 else "") + matrix.verdict(recs) for dev, recs in sorted(devices.items())
+        ]
+        every = [r for recs in devices.values() for r in recs]
+        error = _largest(every, ERROR)
+        ran = {(r.get("measured") or {}).get("realistic_workload") for r in every} - {None}
+        rows.append(
+            [
+                f"{name} {details[name]['version']}" if name in details else name,
+                "; ".join(verdicts) or "not checked here",
+                "; ".join(sorted(as_run(d) for d in ran)) or "-",
+                _bits(every),
+                fmt(error, ".3g"),
+                _speed(speeds.get(name, [])),
+            ]
+        )
+    files = sorted({s.name for s in conformance})
+    bench_files = sorted({e["source"].name for pts in speeds.values() for e, _ in pts})
+    source = (
+        "verdict, bits and error measured by the conformance runs "
+        + (", ".join(f"`{f}`" for f in files) or "(none)")
+        + "; speed measured by "
+        + (", ".join(f"`{f}`" for f in bench_files) or "no GPU benchmark of the current code")
+        + " (devices, dates and commands: the list of result files)"
+    )
+    workload = describe(REALISTIC)
+    parts = [
+        _lead(by_impl, rows),
+        table(
+            rows, ["implementation", "verdict", "as run", "bits / element", "attention error", "decode speed"], source
+        ),
+        "as run: each implementation runs the workload with the paper's configuration as its preset maps it "
+        "onto its own design (its claimed bits, groups, sinks). "
+        f"bits / element: every byte the cache holds (packed codes, scales and zeros, metadata, sinks and the "
+        f"exact residual, and bytes an implementation keeps for bookkeeping) x 8 / the keys and values it caches, "
+        f"on the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}); K and "
+        "V split where its storage report says which bytes are whose; '-': not measured on it (per-token "
+        "precision caches are judged by property 11 alone). attention error: the "
+        "largest absolute difference of its decode attention from float64 attention over the exact tokens, on "
+        "the same workload. decode speed: its decode-attention time over FP16 SDPA's at the same point of the "
+        "same run (lower is faster), at the largest context measured on a GPU; CPU timings are not shown here "
+        "(they predict nothing about a GPU).\n",
+    ]
+    if history:
+        parts.append(
+            f"{history} result file(s) measured code that differs from this tree's; they are left out of every "
+            "comparison and listed under History.\n"
+        )
+    return Section("Summary", "\n".join(parts))
+
+
+def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:
+    """Which implementations conform, which fail, and which store the fewest bits, in two sentences."""
+    if not by_impl:
+        return "No current conformance results: no verdict can be given.\n"
+    failing = [
+        n for n, devs in by_impl.items() if any(r["outcome"] in matrix.BREAKING for recs in devs.values() for r in recs)
+    ]
+    conforming = [n for n in by_impl if n not in failing]
+    out = [f"Conform: {', '.join(conforming) or 'none'}.", f"Fail: {', '.join(failing) or 'none'}."]
+    bits = {n: _largest([r for recs in by_impl[n].values() for r in recs], BITS) for n in conforming}
+    bits = {n: b for n, b in bits.items() if b is not None}
+    if bits:
+        fewest = min(bits.values())
+        out.append(
+            f"Fewest bits per element among those that conform: {', '.join(n for n, b in bits.items() if b == fewest)} "
+            f"({fewest:.2f})."
+        )
+    return " ".join(out) + "\n"

@@ -1,0 +1,155 @@
+"""The comparison of implementations: the summary, the matrix, and the split of results into current
+and history by the code they measured."""
+
+from __future__ import annotations
+
+import copy
+
+from reference import records
+from reports import currency, inputs
+from reports.sections import conformance, history, summary
+
+from . import synthetic
+from .mdtables import table_after, tables_without_source
+
+
+def load(tmp_path, name, data):
+    return inputs.load(synthetic.write(tmp_path, name, data), "--input")
+
+
+def plugin_code(tmp_path, monkeypatch, text="X = 1\n") -> dict:
+    """A third party's package on the import path, and the fingerprint a result of it records."""
+    pkg = tmp_path / "site" / "plugcache"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return records.code_fingerprint("plugcache")
+
+
+def current(data: dict, code: dict) -> dict:
+    """A conformance result whose suite and implementations all record `code`."""
+    data = copy.deepcopy(data)
+    data["code"] = code
+    for d in data["implementation_details"]:
+        d["code"] = code
+    return data
+
+
+def test_rows_follow_the_property_numbers_and_skips_read_not_claimed(tmp_path):
+    data = synthetic.conformance()
+    p10 = {**data["results"][0], "module": "conformance/test_p10_faults.py", "property": "test_z_faults"}
+    p2 = {**data["results"][0], "module": "conformance/test_p2_midpoint.py", "property": "test_y_midpoints"}
+    data["results"] = [p10, *data["results"], p2]
+    body = conformance.render([load(tmp_path, "c.json", data)]).body
+    rows = table_after(body, "Every property")
+    assert [r["property"].split(":")[0] for r in rows] == ["P1 packing"] * 4 + ["P2 midpoint", "P10 faults"]
+    assert [r["property"] for r in rows[:4]] == ["P1 packing: a", "P1 packing: d", "P1 packing: b", "P1 packing: c"]
+    cells = {r["property"]: r for r in rows}
+    assert cells["P1 packing: b"]["triton"] == "not claimed"  # "triton does not claim bf16"
+    assert cells["P1 packing: a"]["triton"] == "FAIL [2]" and cells["P1 packing: c"]["reference"] == "xfail [1]"
+    notes = body.split("Notes:")[1].split("Claims of each")[0]
+    assert "2. triton: AssertionError: codes differ | at 3" in notes and "does not claim" not in notes
+    assert tables_without_source(body) == []
+
+
+def test_a_failure_shows_the_property_message_and_the_example_that_failed(tmp_path):
+    data = synthetic.conformance()
+    failed = next(r for r in data["results"] if r["outcome"] == "failed")
+    failed["reason"] = "AssertionError: attention error 0.0202 above 0.000651\nassert 0.0202 <= 0.000651"
+    failed["example"] = "Case(head_dim=16, dtype=torch.float16, prompt=40)"
+    body = conformance.render([load(tmp_path, "c.json", data)]).body
+    assert (
+        "2. triton: AssertionError: attention error 0.0202 above 0.000651; example: "
+        "`Case(head_dim=16, dtype=torch.float16, prompt=40)`" in body
+    )
+
+
+def test_the_claims_are_listed_once_per_implementation(tmp_path):
+    data = synthetic.conformance()
+    data["implementation_details"][1]["claims"] = {"dtypes": ["torch.float16"], "sinks": True}
+    body = conformance.render([load(tmp_path, "c.json", data)]).body
+    claims = body.split("Claims of each implementation")[1]
+    assert claims.count("**triton**") == 1 and "dtypes: torch.float16; sinks: True" in claims
+    assert "**reference**" in claims and "claims not recorded" in claims
+
+
+def test_the_summary_gives_each_implementation_its_verdict_bits_error_and_speed(tmp_path):
+    data = synthetic.conformance()
+    for r in data["results"]:
+        if r["implementation"] == "reference" and r["property"] == "test_a":
+            r["measured"] = {"realistic_bits_per_element": 2.7, "realistic_key_bits_per_element": 2.4,
+                             "realistic_value_bits_per_element": 3.0, "realistic_attention_error": 0.013}  # fmt: skip
+    bench = synthetic.gpu_benchmarks()
+    for b in bench["benchmarks"]:
+        b["extra_info"]["implementation"] = {"PN-Mix": "triton", "Kitty": "kitty-triton"}.get(b["extra_info"]["method"])
+    sources = [load(tmp_path, "c.json", data), load(tmp_path, "b.json", bench)]
+    s = summary.render(sources[:1], sources, history=2)
+    rows = {r["implementation"].split()[0]: r for r in table_after(s.body, "Conform:")}
+    assert rows["reference"]["verdict"] == "conforms except 1 listed differences (2 pass)"
+    assert rows["triton"]["verdict"] == "FAILS P1 a"
+    assert rows["reference"]["bits / element"] == "2.70 (K 2.40, V 3.00)"
+    assert rows["reference"]["attention error"] == "0.013"
+    k = synthetic.KERNEL
+    assert rows["triton"]["decode speed"].startswith(
+        f"{k[('PN-Mix', 1, 8192)] / k[('FP16', 1, 8192)]:.2f}x FP16's time"
+    )
+    assert rows["kitty-triton"]["verdict"] == "not checked here"
+    assert rows["reference"]["decode speed"] == "no GPU result"
+    assert s.body.startswith("Conform: reference. Fail: triton. Fewest bits per element")
+    assert "2 result file(s) measured code that differs" in s.body
+    assert tables_without_source(s.body) == []
+
+
+def test_a_result_of_changed_code_goes_to_history(tmp_path, monkeypatch):
+    code = plugin_code(tmp_path, monkeypatch)
+    source = load(tmp_path, "c.json", current(synthetic.conformance(), code))
+    now, old = currency.split([source])
+    assert now == [source] and old == []
+    (tmp_path / "site" / "plugcache" / "__init__.py").write_text("X = 2\n")  # the code moved on
+    now, old = currency.split([source])
+    assert now == [] and len(old) == 1
+    assert old[0][1].why == "its code differs from this tree's: `site:plugcache/__init__.py`"
+    assert old[0][1].commit == code["commit"]
+
+
+def test_a_result_without_a_fingerprint_is_history_labelled_with_its_commit(tmp_path):
+    bench = synthetic.gpu_benchmarks()
+    bench["commit_info"] = {"id": "1e80b0d6ef45aaaa"}
+    now, old = currency.split([load(tmp_path, "b.json", bench)])
+    assert now == [] and old[0][1].why == currency.NO_FINGERPRINT and old[0][1].commit == "1e80b0d6ef45aaaa"
+    body = history.render(old).body
+    row = table_after(body, "Results of code that differs")[0]
+    assert row["commit"] == "1e80b0d6ef45" and row["kind"] == "pytest-benchmark"
+    assert "| kernel" in body  # what it measured is still shown, under History
+
+
+def test_a_file_of_several_implementations_is_split_by_each_ones_code(tmp_path, monkeypatch):
+    code = plugin_code(tmp_path, monkeypatch)
+    data = current(synthetic.conformance(), code)
+    data["implementation_details"][1]["code"] = {**code, "files": {"site:plugcache/__init__.py": "0" * 16}}
+    now, old = currency.split([load(tmp_path, "c.json", data)])
+    assert {r["implementation"] for r in now[0].data["results"]} == {"reference"}
+    assert {r["implementation"] for r in old[0][0].data["results"]} == {"triton"}
+
+
+def test_a_plugin_benchmarked_by_its_import_path_gets_its_speed_in_its_own_row(tmp_path):
+    data = synthetic.conformance()
+    data["implementation_details"][1]["origin"] = "plugpkg.cache:make"  # "triton" was given as an import path
+    bench = synthetic.gpu_benchmarks()
+    for b in bench["benchmarks"]:
+        b["extra_info"]["implementation"] = "plugpkg.cache:make" if b["extra_info"]["method"] == "PN-Mix" else None
+    sources = [load(tmp_path, "c.json", data), load(tmp_path, "b.json", bench)]
+    rows = {
+        r["implementation"].split()[0]: r for r in table_after(summary.render(sources[:1], sources, 0).body, "Conform:")
+    }
+    assert rows["triton"]["decode speed"].startswith("0.40x FP16's time") and "plugpkg.cache:make" not in rows
+
+
+def test_a_cell_of_many_noted_outcomes_is_one_short_entry(tmp_path):
+    data = synthetic.conformance()
+    base = next(r for r in data["results"] if r["outcome"] == "xfailed")
+    data["results"] += [{**base, "reason": f"difference {i}"} for i in range(3)] + [{**base, "reason": "difference 1"}]
+    body = conformance.render([load(tmp_path, "c.json", data)]).body
+    row = next(r for r in table_after(body, "Every property") if r["property"] == "P1 packing: c")
+    assert row["reference"] == "xfail x5 [1-4]"
+    assert conformance._ranges([1, 2, 3, 6, 8, 9]) == "1-3, 6, 8-9"
