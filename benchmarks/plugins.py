@@ -80,15 +80,19 @@ class Plugin:
     def config(self) -> PNMixConfig:
         """BASE_METHOD's configuration, mapped onto the implementation's method by its preset, with
         the value residual of the residual policy it claims (as the conformance suite hands it one)."""
-        caps = self.capabilities
-        config = METHODS[BASE_METHOD]()
-        if caps.preset is not None:
-            config = caps.preset(config)
-        return dataclasses.replace(config, value_residual=VALUE_RESIDUAL[caps.residual])
+        return mapped(self.capabilities, METHODS[BASE_METHOD]())
 
     @property
     def module(self) -> str:
         return type(loader.unwrap(self.impl)).__module__
+
+
+def mapped(caps: Capabilities, config: PNMixConfig) -> PNMixConfig:
+    """`config` as an implementation with these claims runs it: its preset's method, with the value
+    residual of the residual policy it claims."""
+    if caps.preset is not None:
+        config = caps.preset(config)
+    return dataclasses.replace(config, value_residual=VALUE_RESIDUAL[caps.residual])
 
 
 def load(names: Iterable[str]) -> dict[str, Plugin]:

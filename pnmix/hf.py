@@ -273,6 +273,8 @@ class PNMixLayer(CacheLayerMixin):
         """Build the cache from the prompt once the queries are known (Eq. 6 needs them), or,
         for a layer with an attention window, keep its last window - 1 tokens exact."""
         k, v = self._pending
+        if self.owner is not None and self.owner.prefill is not None:
+            self.owner.prefill.append((query_states, k, v))
         if self.window is not None:
             self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
             return
@@ -429,6 +431,7 @@ class PNMixHFCache(Cache):
         for layer in layers:
             layer.owner = self
         self._forward: dict[int, tuple] = {}  # layer index -> its checkpoint, for the running forward
+        self.prefill: list | None = None  # (q, k, v) per layer of the prefill, once `record_prefill` asked
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """A forward is all or nothing up to its last attention: each layer's state before it is kept
@@ -462,6 +465,25 @@ class PNMixHFCache(Cache):
         for i, saved in reversed(self._forward.items()):
             self.layers[i].roll_back(saved)
         self._forward.clear()
+
+    def record_prefill(self) -> None:
+        """Keep what the next prefill gives every layer (post-RoPE queries, keys, values; `prefill`), so that
+        caches of other configurations can start from the same forward (`replay_prefill`)."""
+        if any(layer.is_initialized for layer in self.layers):
+            raise RuntimeError("record_prefill: this cache has already seen a prefill; call it on a new cache")
+        self.prefill = []
+
+    def replay_prefill(self, prefill: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Start every layer from the (queries, keys, values) another cache recorded at its prefill
+        (`record_prefill`), as if this cache had seen that forward: prefill attention is exact and the
+        same whatever the cache, so a sweep of configurations runs the model over a prompt once."""
+        if any(layer.is_initialized for layer in self.layers):
+            raise RuntimeError("replay_prefill: this cache has already seen a prefill; call it on a new cache")
+        if len(prefill) != len(self.layers):
+            raise ValueError(f"prefill holds {len(prefill)} layers; this model has {len(self.layers)}")
+        for layer, (q, k, v) in zip(self.layers, prefill, strict=True):
+            layer.update(k, v)
+            layer.start(q)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens every layer holds: after a forward that stopped part-way (and before the next one

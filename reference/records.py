@@ -38,6 +38,7 @@ TAGS = {
     "gpu-check": "pnmix-gpu-check",
     "long-output": "pnmix-long-output",
     "role-calibration": "pnmix-role-calibration",
+    "task-accuracy": "pnmix-task-accuracy",
 }
 BENCHMARK = "pytest-benchmark"  # `pytest --benchmark-json`: no tag of ours, its keys tell it
 KINDS = (*TAGS, BENCHMARK)
@@ -151,6 +152,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Folders whose files are never part of the measured code: the tests of a package, the suite's own
 #: meta tests, caches.
 NOT_CODE = frozenset({"tests", "meta", "__pycache__"})
+#: Modules that describe a result rather than compute it: changing them changes no measurement.
+BOOKKEEPING = frozenset({"reference.records"})
 SITE = "site:"
 
 
@@ -188,7 +191,8 @@ def code_files(*targets: str) -> list[Path]:
                 )
         else:
             found.add(Path(spec.origin).resolve())
-    return sorted(found)
+    bookkeeping = {(ROOT / (name.replace(".", "/") + ".py")).resolve() for name in BOOKKEEPING}
+    return sorted(found - bookkeeping)
 
 
 def code_key(path: Path) -> str:
@@ -245,8 +249,6 @@ IMPLEMENTATION_PACKAGES = ("reference", "pnmix")
 
 #: The packages whose loaded modules are the code a tool's result measured (`loaded_code`).
 MEASURED_PACKAGES = ("reference", "pnmix", "benchmarks")
-#: Modules that describe a result rather than compute it: changing them changes no measurement.
-BOOKKEEPING = frozenset({"reference.records"})
 
 
 def loaded_code() -> dict:

@@ -181,12 +181,34 @@ PYTEST_BENCHMARK = {
     "benchmarks": ListOf({"name": str, "extra_info?": Maybe(dict), "stats?": {"median?": FIGURE}}),
 }
 
+_TASK_RESULT = {"correct": ListOf((int, bool), nonempty=True)}
+TASK_ACCURACY = {
+    "model": str,
+    "device": str,
+    "date_utc": str,
+    "command": str,
+    "model_fingerprint?": TEXT,
+    "tasks": ListOf({"name": str, "items": int, "chance": NUM}, nonempty=True),
+    "runs": ListOf(
+        {
+            "label": str,
+            "role": str,
+            "key_bits?": (int, float, NONE),
+            "value_bits?": (int, float, NONE),
+            "budget?": (int, float, NONE),
+            "results": {"*": _TASK_RESULT},
+        },
+        nonempty=True,
+    ),
+}
+
 SCHEMAS = {
     "conformance": CONFORMANCE,
     "fidelity": FIDELITY,
     "long-output": LONG_OUTPUT,
     "role-calibration": ROLE_CALIBRATION,
     "equal-bits": EQUAL_BITS,
+    "task-accuracy": TASK_ACCURACY,
     "gpu-check": GPU_CHECK,
     BENCHMARK: PYTEST_BENCHMARK,
 }

@@ -170,5 +170,6 @@ def test_a_record_carries_the_modules_the_process_loaded():
     code = records.record("fidelity", "cpu")["code"]
     assert "reference/quant.py" in code["files"]
     assert "reference/records.py" not in code["files"]  # bookkeeping: it measures nothing
+    assert "reference/records.py" not in records.code_fingerprint("reference")["files"]
     assert not any("/tests/" in f for f in code["files"])
     assert records.record("fidelity", "cpu", code={"files": {"x": "y"}})["code"] == {"files": {"x": "y"}}

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Sequence
 
 from benchmarks import fidelity
@@ -31,11 +30,6 @@ from . import long_output
 TITLE = "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)"
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
 WHERE = {"fig4": "Fig. 4", "table9": "Table 9", "table11": "Table 11", "fig5": "Fig. 5"}
-
-
-TABLE2 = "Table 2: mean accuracy " + "; ".join(
-    f"{model} {fp16:.2f} (FP16) vs {pnmix:.2f} (PN-Mix)" for model, (fp16, pnmix) in paper.TABLE2_MEAN_ACCURACY.items()
-)
 
 
 def is_smoke(s: Source) -> bool:
@@ -85,21 +79,6 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
                 if k == "table11":
                     evidence += "; judged on stability, the overlap values themselves depend on the model"
             out.append(Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, basis, evidence, provenance(s)))
-    e2e = s.data.get("end_to_end") if s is not None else None
-    evidence = "no accuracy benchmark is run by this project"
-    if e2e:
-        m = e2e["methods"]
-        evidence += (
-            "; a proxy (not task accuracy) on "
-            + s.data["model"]
-            + ": greedy tokens identical to FP16 "
-            + ", ".join(f"{n} {statistics.fmean(x['identical_fraction']):.1%}" for n, x in m.items())
-            + f"; held-out NLL FP16 {e2e['fp16_nll']:.4f}, "
-            + ", ".join(f"{n} {x['nll']:.4f}" for n, x in m.items())
-        )
-        if e2e.get("warnings"):
-            evidence += "; see the warning under the end-to-end table of the Fidelity section"
-    out.append(Claim(TABLE2, NOT_MEASURED, "-", evidence, provenance(s) if e2e else "-"))
     return out
 
 

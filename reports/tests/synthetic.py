@@ -266,3 +266,36 @@ def write(folder: Path, name: str, data: dict) -> Path:
     path = folder / name
     path.write_text(json.dumps(data))
     return path
+
+
+def task_accuracy() -> dict:
+    """Two tasks (one where FP16 is near chance) and runs whose verdicts are known by construction:
+    PN-Mix equals FP16 at every budget, KIVI loses 10 of 40 items below 2.25 bits, keys only lose 10,
+    values only none."""
+    fp16_a = [1] * 36 + [0] * 4  # 0.90 on a 4-way task
+    fp16_b = [1] * 10 + [0] * 30  # 0.25: chance
+    worse = [0] * 10 + fp16_a[10:]  # the first 10 right answers lost
+
+    def run(label, role, key_bits, a, budget=None, value_bits=2.5):
+        return {"label": label, "role": role, "key_bits": key_bits, "value_bits": value_bits, "budget": budget,
+                "method": label.split(" @")[0], "model_args": "method=x",
+                "results": {"a_1k": {"correct": a}, "b_1k": {"correct": fp16_b}}}  # fmt: skip
+
+    runs = [run("FP16", "baseline", 16.0, fp16_a, value_bits=16.0)]
+    for budget in (3.0, 2.25, 1.5):
+        runs.append(run(f"PN-Mix @ {budget:g}", "budget", budget + 0.01, fp16_a, budget))
+        runs.append(run(f"KIVI @ {budget:g}", "budget", budget, fp16_a if budget > 2.25 else worse, budget))
+    runs.append(run("keys only (2-bit keys, exact values)", "table 8", 2.5, worse, value_bits=16.0))
+    runs.append(run("values only (2-bit values, 8-bit keys)", "table 8", 8.25, fp16_a))
+    return {
+        "kind": "pnmix-task-accuracy",
+        "model": "TinyLM",
+        "model_fingerprint": "sha256:00",
+        "device": "cpu (x86_64)",
+        "date_utc": "2026-12-01T10:00:00+00:00",
+        "command": "python -m benchmarks.task_accuracy --model tiny",
+        "versions": {"python": "3.11"},
+        "machine": MACHINE,
+        "tasks": [{"name": "a_1k", "items": 40, "chance": 0.25}, {"name": "b_1k", "items": 40, "chance": 0.25}],
+        "runs": runs,
+    }

@@ -1,0 +1,50 @@
+"""Accuracy statistics against values worked by hand."""
+
+import math
+
+import pytest
+
+from benchmarks import accuracy_stats as st
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval by its formula (Wilson 1927)."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize(("k", "n"), [(8, 10), (0, 25), (25, 25), (57, 100)])
+def test_the_interval_is_wilsons(k, n):
+    a = st.accuracy([True] * k + [False] * (n - k))
+    assert (a.correct, a.n) == (k, n) and a.value == k / n
+    assert (a.low, a.high) == pytest.approx(wilson(k, n), abs=1e-6)
+    assert a.low <= a.value <= a.high
+
+
+def test_mcnemar_counts_only_the_items_the_two_disagree_on():
+    method = [True] * 10 + [False] * 6 + [True] * 4
+    fp16 = [True] * 10 + [True] * 6 + [False] * 4
+    d = st.paired(method, fp16)
+    assert (d.method_only, d.baseline_only) == (4, 6) and d.difference == pytest.approx(-2 / 20)
+    # two-sided exact binomial over the 10 discordant items: P(X <= 4) + P(X >= 6), X ~ Bin(10, 1/2)
+    tail = sum(math.comb(10, i) for i in range(5)) / 2**10
+    assert d.p_value == pytest.approx(2 * tail)
+    assert st.paired([True, False], [True, False]).p_value == 1.0
+    assert st.paired([False] * 6, [True] * 6).p_value == pytest.approx(2 / 2**6)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="at least one item"):
+        st.accuracy([])
+    with pytest.raises(ValueError, match="the same items, got 2 and 3"):
+        st.paired([True, False], [True, False, True])
+    with pytest.raises(ValueError, match="difference <= discordant"):
+        st.items_to_resolve(0.05, discordant=0.01)
+
+
+def test_resolving_five_points_takes_hundreds_of_items():
+    n = st.items_to_resolve(0.05, discordant=0.10)
+    assert 250 < n < 400  # psi = 0.10, delta = 0.05: (1.96 * 0.316 + 0.84 * 0.308)^2 / 0.0025 ~ 310
+    assert st.items_to_resolve(0.10, discordant=0.10) < n

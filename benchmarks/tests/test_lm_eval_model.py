@@ -1,0 +1,324 @@
+"""The lm-eval model "pnmix": its numbers are the model's own through FP16, decode steps after the mark
+attend as token-by-token decoding does, continuations of one context share it correctly, and bad
+model_args are refused in one line before anything loads."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance
+
+from benchmarks import lm_eval_cli
+from benchmarks.lm_eval_model import (
+    DECODE_MARK,
+    PLAIN_TEXT,
+    ModelArgsError,
+    PNMixLM,
+    check,
+    check_chat,
+    context_tags,
+)
+from reference.roles import SYSTEM, TEMPLATE, USER
+
+from .conftest import CORPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Small pages, so that a few dozen tokens reach the quantized region.
+PAGES = {"group_size": 8, "residual_length": 8, "n_sink": 2}
+DOCUMENT = "A document about trains, boats and planes. The quick brown fox jumps over the lazy dog."
+QUESTION = " Question: what is the passkey? Answer:"
+CONTINUATIONS = (" 4213.", " boats and planes", " 0")
+
+
+@pytest.fixture(scope="module")
+def fp16(tiny) -> PNMixLM:
+    return PNMixLM(pretrained=str(tiny), method="FP16", chunk=3)
+
+
+@pytest.fixture(scope="module")
+def pnmix(tiny) -> PNMixLM:
+    return PNMixLM(pretrained=str(tiny), method="PN-Mix", chunk=5, **PAGES)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+    """The same model and tokenizer loaded by transformers alone, with its own attention."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny, attn_implementation="sdpa").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(tiny)
+
+
+def requests(kind: str, *args) -> list[Instance]:
+    return [Instance(kind, {}, a, i, metadata=("tiny", i, 1)) for i, a in enumerate(args)]
+
+
+def full_forward(model, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
+    """log p(continuation | context) from one forward of the whole sequence, exact attention, split as
+    HFLM splits it (context encoded alone, the rest of context + continuation after it)."""
+    text = context.replace(DECODE_MARK, "")
+    if text:
+        ids, n = tokenizer.encode(text + continuation), len(tokenizer.encode(text))
+    else:  # the prefix token as the context
+        ids, n = [tokenizer.bos_token_id, *tokenizer.encode(continuation, add_special_tokens=False)], 1
+    return scored(model, ids, n)
+
+
+def scored(model, ids: list[int], n: int) -> tuple[float, bool]:
+    """(sum of log p(ids[i] | ids[:i]) for i >= n, whether each is the argmax), one exact forward."""
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(input_ids=torch.tensor([ids[:-1]])).logits[0].double(), -1)[n - 1 :]
+    target = torch.tensor(ids[n:])
+    return float(log_p.gather(-1, target[:, None]).sum()), bool((log_p.argmax(-1) == target).all())
+
+
+CASES = [
+    (DOCUMENT + QUESTION, " 4213."),  # no mark: the whole context is the prompt
+    (DOCUMENT + DECODE_MARK + QUESTION, " 4213."),  # the question enters as decode steps
+    (DOCUMENT + QUESTION + DECODE_MARK, " boats and planes"),  # a trailing mark: only the continuation decoded
+    ("", "The quick brown fox"),  # an empty context: the prefix token
+]
+
+
+def test_fp16_through_the_cache_is_the_models_own_loglikelihood(fp16, plain):
+    # float32, tight: the cache path sums the same products in another order (one SDPA over the whole
+    # sequence here; prefill SDPA, then chunks of 3 through the reference's stepwise attention there),
+    # about 1e-6 relative per logit, summed over a few tokens.
+    got = fp16.loglikelihood(requests("loglikelihood", *CASES))
+    for (context, continuation), (log_p, greedy) in zip(CASES, got, strict=True):
+        want, want_greedy = full_forward(*plain, context, continuation)
+        assert math.isclose(log_p, want, rel_tol=1e-5, abs_tol=1e-4), (context, log_p, want)
+        assert greedy == want_greedy
+
+
+def test_fp16_greedy_generation_is_model_generate_and_stops_where_asked(fp16, plain):
+    model, tokenizer = plain
+    ids = tokenizer.encode(DOCUMENT + QUESTION)
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+    want = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    context = DOCUMENT + DECODE_MARK + QUESTION
+    (got,) = fp16.generate_until(requests("generate_until", (context, {"until": [], "max_gen_toks": 12})))
+    assert got == want and len(want) > 3
+    stop = want[2:4]  # a stop string inside the output: the text ends before its first occurrence
+    (cut,) = fp16.generate_until(requests("generate_until", (context, {"until": [stop], "max_gen_toks": 12})))
+    assert cut == want[: want.index(stop)]
+
+
+def manual_decode(lm: PNMixLM, context: str, continuation: str) -> float:
+    """log p(continuation | context) decoding one token per forward through a PNMixHFCache of the lm's
+    configuration: the prompt (text before the mark, as its own tokens) prefilled, the rest appended."""
+    from pnmix.hf import PNMixHFCache, cache_argument
+
+    tok = lm.tokenizer
+    before, _ = context.split(DECODE_MARK)
+    ids = tok.encode(context.replace(DECODE_MARK, "") + continuation)
+    prompt, n = len(tok.encode(before)), len(tok.encode(context.replace(DECODE_MARK, "")))
+    assert ids[:prompt] == tok.encode(before)
+    cache = PNMixHFCache(lm.model.config, lm.config, backend="reference")
+    logits = []
+    with torch.no_grad():
+        for a, b in [(0, prompt), *((i, i + 1) for i in range(prompt, len(ids) - 1))]:
+            out = lm.model(input_ids=torch.tensor([ids[a:b]]), **{cache_argument(lm.model): cache})
+            logits.append(out.logits[0, -1])  # the logits at positions prompt - 1, prompt, ...
+    log_p = torch.log_softmax(torch.stack(logits).double(), -1)[n - prompt :]
+    return float(log_p.gather(-1, torch.tensor(ids[n:])[:, None]).sum())
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2"])
+def test_a_quantized_method_decodes_after_the_mark_as_token_by_token_decoding(tiny, fp16, pnmix, method):
+    lm = pnmix if method == "PN-Mix" else PNMixLM(pretrained=str(tiny), method=method, chunk=4, **PAGES)
+    context = DOCUMENT + DECODE_MARK + QUESTION  # about 20 prompt tokens, 10 decoded, then the continuation
+    pairs = [(context, c) for c in CONTINUATIONS]
+    got = [lp for lp, _ in lm.loglikelihood(requests("loglikelihood", *pairs))]
+    exact = [lp for lp, _ in fp16.loglikelihood(requests("loglikelihood", *pairs))]
+    assert all(math.isfinite(x) for x in got)
+    assert min(abs(a - b) for a, b in zip(got, exact, strict=True)) > 1e-4  # the quantized cache is read
+    for (ctx, cont), log_p in zip(pairs, got, strict=True):
+        assert math.isclose(log_p, manual_decode(lm, ctx, cont), rel_tol=1e-5, abs_tol=1e-4)
+
+
+def test_continuations_of_one_context_score_as_each_alone(pnmix):
+    pairs = [(DOCUMENT + DECODE_MARK + QUESTION, c) for c in CONTINUATIONS]
+    together = pnmix.loglikelihood(requests("loglikelihood", *pairs))
+    alone = [pnmix.loglikelihood(requests("loglikelihood", p))[0] for p in reversed(pairs)][::-1]
+    assert together == alone
+
+
+def test_an_implementation_runs_through_the_protocol(tiny, pnmix):
+    lm = PNMixLM(pretrained=str(tiny), impl="reports.tests.thirdparty:make", **PAGES)
+    assert lm.config.b_high == lm.config.b_low  # KIVI-style: its preset maps PN-Mix's configuration
+    pairs = [(DOCUMENT + DECODE_MARK + QUESTION, c) for c in CONTINUATIONS[:2]]
+    together = lm.loglikelihood(requests("loglikelihood", *pairs))
+    assert together == [lm.loglikelihood(requests("loglikelihood", p))[0] for p in pairs]  # recomputed, not rolled
+    assert all(math.isfinite(lp) for lp, _ in together)
+    assert lm.get_model_info()["pnmix"]["impl"]["name"] == "reports.tests.thirdparty:make"
+
+
+def test_rolling_loglikelihood_sums_lm_evals_windows(tiny, fp16, plain):
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    model, tokenizer = plain
+    text = " ".join(CORPUS)
+    ids = tokenizer.encode(text)  # BOS included, as HFLM's tok_encode gives it
+    bos = tokenizer.bos_token_id
+    (whole,) = fp16.loglikelihood_rolling(requests("loglikelihood_rolling", (text,)))
+    assert math.isclose(whole, scored(model, [bos, *ids], 1)[0], rel_tol=1e-5, abs_tol=1e-4)  # one window
+    short = PNMixLM(pretrained=str(tiny), method="FP16", max_length=16)
+    (windowed,) = short.loglikelihood_rolling(requests("loglikelihood_rolling", (text,)))
+    windows = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, bos, 16, 1)]
+    assert len(windows) > 2
+    want = sum(scored(model, ctx + cont, len(ctx))[0] for ctx, cont in windows)
+    assert math.isclose(windowed, want, rel_tol=1e-5, abs_tol=1e-4)
+
+
+def allocation(path: Path) -> Path:
+    data = {"kind": "role-calibration", "group_size": 32, "model": {"name": "tiny"},
+            "calibration": {"tags": [str(PLAIN_TEXT), "current / text / answer"]},
+            "allocations": [{"budget": 3.5, "bits": [2, 4]}, {"budget": 4.0, "bits": [4, 4]}]}  # fmt: skip
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_per_token_method_takes_its_bits_from_the_allocation(tiny, tmp_path, fp16):
+    lm = PNMixLM(pretrained=str(tiny), method="TriAxialKV", allocation=str(allocation(tmp_path / "a.json")),
+                 budget=3.5)  # fmt: skip
+    text = DOCUMENT + QUESTION
+    cache = lm._new_cache(text, lm.tok_encode(text))
+    schedule = cache.layers[0].schedule
+    n = len(lm.tok_encode(text))
+    assert schedule(0, n + 3).tolist() == [2] * n + [4] * 3  # the prompt one user turn, generated text the answer
+    pairs = [(DOCUMENT + DECODE_MARK + QUESTION, c) for c in CONTINUATIONS]
+    got = lm.loglikelihood(requests("loglikelihood", *pairs))
+    assert all(math.isfinite(lp) for lp, _ in got)
+    assert got == [lm.loglikelihood(requests("loglikelihood", p))[0] for p in pairs]
+
+
+def test_chat_text_is_tagged_as_a_chat_and_plain_text_as_one_user_turn(fp16):
+    tok = fp16.tokenizer
+    chat = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nThe passkey?<|im_end|>\n"
+    tags = context_tags(tok, chat, len(tok.encode(chat)), {})
+    assert {t.role for t in tags} == {SYSTEM, USER, TEMPLATE}
+    assert context_tags(tok, DOCUMENT, 7, {}) == [PLAIN_TEXT] * 7
+
+
+def test_overrides_apply_on_top_of_the_method_and_an_implementations_preset(tiny):
+    settings = check({"pretrained": str(tiny), "b_high": 4, "ratio": 0.3, "group_size": 64, "scale_dtype": "float32"})
+    c = settings.config
+    assert (c.b_high, c.b_low, c.ratio, c.group_size, c.residual_length) == (4, 1, 0.3, 64, 128)
+    assert c.scale_dtype == torch.float32 and c.n_sink == 32  # the rest is PN-Mix's
+    kivi = check({"pretrained": str(tiny), "method": "KIVI-2", "group_size": 32, "residual_length": 32}).config
+    assert (kivi.b_high, kivi.b_low, kivi.group_size, kivi.value_residual) == (2, 2, 32, "sliding")
+    mapped = check({"pretrained": str(tiny), "impl": "kivi", "b_low": 2, "value_bits": 4}).config
+    assert (mapped.b_high, mapped.b_low, mapped.value_bits, mapped.value_residual) == (2, 2, 4, "sliding")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        ({"method": "Nope"}, "method='Nope'"),
+        ({"impl": "no_such_package.module:make"}, "impl=no_such_package.module:make"),
+        ({"b_high": "four"}, "b_high='four': expected an int"),
+        ({"ratio": True}, "ratio=True: expected a number"),
+        ({"group_size": 64.0}, "group_size=64.0: expected an int"),
+        ({"frobnicate": 1}, "frobnicate=1: neither an option"),
+        ({"group_size": 12}, "group_size=12"),  # the configuration's own check, naming the override
+        ({"batch_size": 8}, "batch_size=8"),
+        ({"budget": 3.5}, "budget/allocation with method=PN-Mix"),
+        ({"method": "TriAxialKV", "allocation": "ALLOC"}, "budget=None: a.json allocates bits at budgets [3.5, 4.0]"),
+        ({"method": "TriAxialKV", "allocation": "ALLOC", "budget": 3.5, "group_size": 64}, "group_size=64"),
+        ({"impl": "reports.tests.thirdparty:make", "method": "TriAxialKV"}, "impl=reports.tests.thirdparty:make"),
+        ({"pretrained": "/no/such/model"}, "pretrained=/no/such/model"),
+        ({"chat_template": "/no/such.jinja"}, "chat_template=/no/such.jinja"),
+        ({"dtype": "float8"}, "dtype='float8'"),
+    ],
+)
+def test_bad_model_args_are_refused_in_one_line_before_loading(tiny, tmp_path, args, names):
+    args = {"pretrained": str(tiny), **args}
+    if args.get("allocation") == "ALLOC":
+        args["allocation"] = str(allocation(tmp_path / "a.json"))
+    with pytest.raises(ModelArgsError) as error:
+        PNMixLM(**args)
+    assert names in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_chat_template_request_needs_a_template(tiny, tmp_path):
+    with pytest.raises(ModelArgsError, match="ships no chat template"):
+        check_chat(check({"pretrained": str(tiny)}))
+    with pytest.raises(ModelArgsError, match="chat_template=none"):
+        check_chat(check({"pretrained": str(tiny), "chat_template": "none"}))
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    check_chat(check({"pretrained": str(tiny), "chat_template": str(template)}))
+
+
+def test_a_request_past_max_length_is_refused_naming_the_document(tiny):
+    lm = PNMixLM(pretrained=str(tiny), method="FP16", max_length=16)
+    with pytest.raises(ValueError, match=r"task tiny doc 0: context \+ continuation is \d+ tokens, past max_length=16"):
+        lm.loglikelihood(requests("loglikelihood", (DOCUMENT + QUESTION, " 4213.")))
+    with pytest.raises(ValueError, match="max_gen_toks=12"):
+        lm.generate_until(requests("generate_until", (DOCUMENT, {"until": [], "max_gen_toks": 12})))
+
+
+def test_the_command_refuses_bad_model_args_in_one_line(tiny, capsys):
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},b_high=x", "--tasks", "anything"]
+    assert lm_eval_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "pnmix-lm-eval: error: model_args b_high='x': expected an int"
+
+
+@pytest.mark.slow  # a fresh process importing lm-eval and torch: about 15 s on two CPU cores
+def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
+    data = tmp_path / "tiny.jsonl"
+    docs = [{"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
+            {"context": "Numbers 0123456789. Answer:", "choices": [" 0", " 9"], "answer": 1}]  # fmt: skip
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "tiny.yaml").write_text(
+        "task: pnmix_tiny_mc\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "benchmarks.lm_eval_cli", "--model", "pnmix", "--model_args",
+               f"pretrained={tiny},method=FP16", "--tasks", "pnmix_tiny_mc", "--include_path", str(tmp_path),
+               "--limit", "2", "--output_path", str(out)]  # fmt: skip
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (path,) = out.rglob("results_*.json")
+    result = json.loads(path.read_text())
+    assert result["results"]["pnmix_tiny_mc"]["acc,none"] in (0.0, 0.5, 1.0)
+    assert result["results"]["pnmix_tiny_mc"]["sample_len"] == 2
+    assert result["config"]["pnmix"]["method"] == "FP16" and result["config"]["pnmix"]["decode_mark"] == DECODE_MARK
+
+
+@pytest.mark.parametrize(
+    "model_args",
+    [{"method": "PN-Mix", **PAGES}, {"method": "KIVI-2", **PAGES}, {"method": "FP16"},
+     {"impl": "reports.tests.thirdparty:make", **PAGES}],
+)  # fmt: skip
+def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_args):
+    """A sweep runs the prompt once (exact prefill attention is the same for every cache) and starts each
+    method's cache from it: the scores are those of the method's own pass."""
+    own = PNMixLM(pretrained=str(tiny), chunk=4, **model_args)
+    shared = PNMixLM.sharing(fp16, **model_args)
+    assert shared.model is fp16.model and shared.config == own.config
+    context = DOCUMENT + DECODE_MARK + QUESTION
+    pairs = [(context, c) for c in CONTINUATIONS]
+    expected = own.loglikelihood(requests("loglikelihood", *pairs))
+    context_enc = own.tok_encode(context.replace(DECODE_MARK, ""))
+    prompt = own.prompt_length(context, context_enc)
+    conts = [own._encode_pair(context, c)[1] for c in CONTINUATIONS]
+    recorded = fp16.record_prompt(context_enc[:prompt])
+    got = shared.score_shared(context.replace(DECODE_MARK, "").rstrip(), context_enc, prompt, conts, recorded)
+    for (lp, greedy), (lp_own, greedy_own) in zip(got, expected, strict=True):
+        assert math.isclose(lp, lp_own, rel_tol=1e-5, abs_tol=1e-4) and greedy == greedy_own

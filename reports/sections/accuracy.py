@@ -1,0 +1,197 @@
+"""Task accuracy against key bits (the paper's Table 2, Fig. 3 / Table 14, Table 8), from the results
+of `python -m benchmarks.task_accuracy`: every run's accuracy per task with its 95% Wilson interval and
+item count, FP16's own beside it, each method's paired difference from FP16 on the same items (exact
+McNemar p), a figure of accuracy against key bits, and the three claim rows judged on these numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.accuracy_stats import accuracy, paired
+
+from .. import figures
+from ..inputs import Source
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, details, figure, table
+
+#: FP16 within this much of chance is uninformative: no method can be told from it there.
+INFORMATIVE_MARGIN = 0.15
+#: The budgets at or below which the paper says PN-Mix stays robust (Fig. 3: "the sub-2.25-bit regime").
+SUB_BUDGET = 2.25
+SCALE = (
+    "these are 135M-270M models on synthetic retrieval and long-output tasks scored by log-likelihood among "
+    "candidates, not 8B reasoning models on AIME or code: they can show whether a cache changes what a small "
+    "model gets right, not the size of the paper's drops"
+)
+
+
+def pooled(run: dict, tasks: Sequence[str]) -> list[bool]:
+    """A run's item outcomes over `tasks`, in one order (the pairing with FP16 follows it)."""
+    return [bool(o) for t in tasks for o in run["results"][t]["correct"]]
+
+
+def informative(data: dict) -> list[str]:
+    """Tasks where FP16 is clearly above chance: by INFORMATIVE_MARGIN, and its Wilson interval above
+    chance (the others are reported, not used in the pooled accuracy or the verdicts)."""
+    fp16 = _fp16(data)
+    out = []
+    for t in data["tasks"]:
+        a = accuracy(fp16["results"][t["name"]]["correct"])
+        if a.value >= t["chance"] + INFORMATIVE_MARGIN and a.low > t["chance"]:
+            out.append(t["name"])
+    return out
+
+
+def _fp16(data: dict) -> dict:
+    return next(r for r in data["runs"] if r["role"] == "baseline")
+
+
+def _cell(run: dict, base: dict, task: str) -> str:
+    mine, ref = run["results"][task]["correct"], base["results"][task]["correct"]
+    a = accuracy(mine)
+    if run is base:
+        return f"{a.value:.2f} [{a.low:.2f}, {a.high:.2f}]"
+    d = paired(mine, ref)
+    return f"{a.value:.2f} ({d.difference:+.2f}, p {d.p_value:.2g})"
+
+
+def _bits(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes | None, list[Claim]]:
+    data = source.data
+    cite = cites.cite(
+        f"measured on {data['device']}, {data['date_utc']}, command `{data['command']}`, model {data['model']} "
+        f"(fingerprint {data.get('model_fingerprint', 'not recorded')}), file `{source.name}`"
+    )
+    base = _fp16(data)
+    names = [t["name"] for t in data["tasks"]]
+    useful = informative(data)
+    rows = []
+    for run in data["runs"]:
+        every = pooled(run, useful) if useful else []
+        overall = "-"
+        if every:
+            a, d = accuracy(every), paired(every, pooled(base, useful))
+            overall = f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + ("" if run is base else f", {d.difference:+.3f}, "
+                                                                      f"p {d.p_value:.2g}")  # fmt: skip
+        rows.append([run["label"], _bits(run.get("key_bits")), _bits(run.get("value_bits")), overall])
+    tasks_rows = [
+        [
+            t["name"],
+            t["items"],
+            f"{t['chance']:.2f}",
+            "yes" if t["name"] in useful else "no: FP16 near chance",
+            *(_cell(run, base, t["name"]) for run in data["runs"]),
+        ]
+        for t in data["tasks"]
+    ]
+    head = f"#### {data['model']} ({len(names)} tasks, {sum(t['items'] for t in data['tasks'])} items) {cite}\n"
+    overall_table = table(
+        rows,
+        ["run", "key bits", "value bits", "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"],
+        f"{cite}; bits computed by `reference.storage.bit_widths` (the paper's counting, T_q = 32768)",
+    )
+    per_task = table(
+        tasks_rows,
+        ["task", "items", "chance", "informative", *(r["label"] for r in data["runs"])],
+        f"{cite}; FP16: accuracy [95% Wilson]; others: accuracy (difference from FP16 on the same items, exact "
+        "McNemar p)",
+    )
+    png = _figure(data, useful) if useful else None
+    md = [head, overall_table, "Every task, every run:\n", details("the table", per_task)]
+    if png is not None:
+        md.append(figure(f"task-accuracy-{n}.png", f"accuracy against key bits, {data['model']} (measured)"))
+    return "\n".join(md), png, _claims(data, useful, cite)
+
+
+def _figure(data: dict, useful: list[str]) -> bytes | None:
+    base = pooled(_fp16(data), useful)
+
+    def draw(ax):
+        for family in ("PN-Mix", "KIVI"):
+            runs = sorted((r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
+                          key=lambda r: r["key_bits"])  # fmt: skip
+            if runs:
+                accs = [accuracy(pooled(r, useful)) for r in runs]
+                ax.errorbar([r["key_bits"] for r in runs], [a.value for a in accs],
+                            yerr=[[a.value - a.low for a in accs], [a.high - a.value for a in accs]],
+                            marker="o", capsize=3, color=figures.color(family), label=family)  # fmt: skip
+        for r in data["runs"]:
+            if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16:
+                a = accuracy(pooled(r, useful))
+                ax.errorbar([r["key_bits"]], [a.value], yerr=[[a.value - a.low], [a.high - a.value]], ls="",
+                            marker="s", capsize=3, color=figures.color(r["label"]), label=r["label"])  # fmt: skip
+        fp16 = accuracy(base)
+        ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
+        ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
+        ax.set(xlabel="key bits per element (the paper's counting)", ylabel="accuracy (informative tasks)",
+               title=f"Task accuracy against key bits: {data['model']}")  # fmt: skip
+
+    return figures.png(draw, size=(7.0, 4.5))
+
+
+def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
+    where = f"{data['model']}: {SCALE}"
+    if not useful:
+        return [
+            Claim(c, NOT_MEASURED, "-", f"{data['model']}: FP16 is near chance on every task run", cite)
+            for c in (TABLE2, FIG3, TABLE8)
+        ]
+    base = pooled(_fp16(data), useful)
+    by_label = {r["label"]: r for r in data["runs"]}
+    out = []
+    main = next((r for r in data["runs"] if r["role"] == "budget" and r["label"] == f"PN-Mix @ {SUB_BUDGET:g}"), None)
+    if main is not None:
+        d = paired(pooled(main, useful), base)
+        ok = d.p_value >= 0.05 or d.difference >= 0
+        out.append(Claim(TABLE2, CONFIRMED if ok else NOT_CONFIRMED, "measured",
+                         f"PN-Mix at {main['key_bits']:.2f} key bits against FP16 on the same {len(base)} items: "
+                         f"{d.difference:+.3f} (exact McNemar p {d.p_value:.2g}); {where}", cite))  # fmt: skip
+    sub = [r for r in data["runs"] if r["role"] == "budget" and r["budget"] <= SUB_BUDGET]
+    pairs = [(r, by_label.get(r["label"].replace("PN-Mix", "KIVI"))) for r in sub if r["label"].startswith("PN-Mix")]
+    pairs = [(p, k) for p, k in pairs if k is not None]
+    if pairs:
+        lines, wins = [], 0
+        for p, k in pairs:
+            d = paired(pooled(p, useful), pooled(k, useful))
+            wins += d.difference >= 0 or d.p_value >= 0.05
+            lines.append(f"at {p['budget']:g} bits PN-Mix - KIVI {d.difference:+.3f} (p {d.p_value:.2g})")
+        out.append(Claim(FIG3, CONFIRMED if wins == len(pairs) else NOT_CONFIRMED, "measured",
+                         "; ".join(lines) + f"; {where}", cite))  # fmt: skip
+    keys = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("keys only")), None)
+    values = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("values only")), None)
+    if keys is not None and values is not None:
+        dk, dv = paired(pooled(keys, useful), base), paired(pooled(values, useful), base)
+        out.append(Claim(TABLE8, CONFIRMED if dk.difference < dv.difference else NOT_CONFIRMED, "measured",
+                         f"keys only {dk.difference:+.3f} against FP16 (p {dk.p_value:.2g}), values only "
+                         f"{dv.difference:+.3f} (p {dv.p_value:.2g}); {where}", cite))  # fmt: skip
+    return out
+
+
+TABLE2 = "Table 2: PN-Mix keeps task accuracy close to FP16 (Qwen3-8B mean 77.85 vs 77.21; Llama-3.1-8B 54.04 vs 53.08)"
+FIG3 = "Fig. 3 / Table 14: PN-Mix stays robust in the sub-2.25-bit regime, where uniform KIVI-style keys degrade"
+TABLE8 = "Table 8: quantizing keys alone hurts accuracy more than quantizing values alone at equal bits"
+
+
+def render(sources: Sequence[Source]) -> Section:
+    cites = Citations("A")
+    parts, figs, claims = [], {}, []
+    for n, s in enumerate(sources, start=1):
+        md, png, found = render_result(s, cites, n)
+        parts.append(md)
+        claims += found
+        if png is not None:
+            figs[f"task-accuracy-{n}.png"] = png
+    if not sources:
+        parts.append("No task-accuracy result: run `python -m benchmarks.task_accuracy` (or give one with --input).\n")
+        claims = [Claim(c, NOT_MEASURED, "-", "no task-accuracy result", "-") for c in (TABLE2, FIG3, TABLE8)]
+    intro = (
+        "Accuracy on the repository's offline task suite (`benchmarks/tasks`: RULER-style retrieval and long-output "
+        "tasks, scored by log-likelihood among candidates) through lm-evaluation-harness with each cache "
+        "(`pnmix-lm-eval`), PN-Mix and KIVI at the configuration of their family nearest each key-bit budget, "
+        "other methods at their own bits. A task where FP16 is within "
+        f"{INFORMATIVE_MARGIN:.0%} of chance is reported but left out of the pooled accuracy and the verdicts.\n"
+    )
+    return Section("Task accuracy (Table 2, Fig. 3, Table 8)", cites.legend() + "\n" + intro + "\n".join(parts),
+                   figs, claims)  # fmt: skip

@@ -1,0 +1,54 @@
+"""The task-accuracy section: numbers from the result's item outcomes, verdicts from the paired tests."""
+
+from benchmarks.accuracy_stats import accuracy, paired
+from reports import inputs
+from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
+from reports.sections import accuracy as section
+
+from . import synthetic
+from .mdtables import table_after, tables_without_source
+
+
+def load(tmp_path, data):
+    return inputs.load(synthetic.write(tmp_path, "acc.json", data), "--input")
+
+
+def test_fp16_near_chance_makes_a_task_uninformative(tmp_path):
+    data = synthetic.task_accuracy()
+    assert section.informative(data) == ["a_1k"]
+    body = section.render([load(tmp_path, data)]).body
+    tasks = {r["task"]: r for r in table_after(body, "Every task")}
+    assert tasks["b_1k"]["informative"] == "no: FP16 near chance" and tasks["a_1k"]["informative"] == "yes"
+    a = accuracy(data["runs"][0]["results"]["a_1k"]["correct"])
+    assert tasks["a_1k"]["FP16"] == f"{a.value:.2f} [{a.low:.2f}, {a.high:.2f}]"
+    kivi = next(r for r in data["runs"] if r["label"] == "KIVI @ 1.5")["results"]["a_1k"]["correct"]
+    d = paired(kivi, data["runs"][0]["results"]["a_1k"]["correct"])
+    assert tasks["a_1k"]["KIVI @ 1.5"] == f"{accuracy(kivi).value:.2f} ({d.difference:+.2f}, p {d.p_value:.2g})"
+    assert tables_without_source(body) == []
+
+
+def test_the_claims_are_judged_on_the_paired_differences(tmp_path):
+    s = section.render([load(tmp_path, synthetic.task_accuracy())])
+    claims = {c.claim.split(":")[0]: c for c in s.claims}
+    assert claims["Table 2"].status == CONFIRMED  # PN-Mix at 2.25 bits answers every item as FP16 does
+    assert claims["Fig. 3 / Table 14"].status == CONFIRMED  # PN-Mix >= KIVI at 2.25 and 1.5 bits
+    assert claims["Table 8"].status == CONFIRMED  # keys only lose 10 items, values only none
+    assert all(c.basis == "measured" and "135M-270M models" in c.evidence for c in s.claims)
+    assert set(s.figures) == {"task-accuracy-1.png"}
+
+
+def test_a_method_that_loses_items_is_not_confirmed(tmp_path):
+    data = synthetic.task_accuracy()
+    for r in data["runs"]:
+        if r["label"] == "PN-Mix @ 2.25":
+            r["results"]["a_1k"]["correct"] = [0] * 20 + [1] * 20  # 16 of FP16's right answers lost
+        if r["label"] == "values only (2-bit values, 8-bit keys)":
+            r["results"]["a_1k"]["correct"] = [0] * 36 + [1] * 4
+    claims = {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
+    assert claims["Table 2"].status == NOT_CONFIRMED and claims["Table 8"].status == NOT_CONFIRMED
+
+
+def test_without_results_the_claims_are_not_measured():
+    s = section.render([])
+    assert {c.status for c in s.claims} == {NOT_MEASURED} and len(s.claims) == 3
+    assert "python -m benchmarks.task_accuracy" in s.body
