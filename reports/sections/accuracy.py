@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.accuracy_stats import accuracy, paired
+from benchmarks.accuracy_stats import accuracy, items_to_resolve, paired
 
 from .. import figures
 from ..inputs import Source
@@ -99,7 +99,17 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         "McNemar p)",
     )
     png = _figure(data, useful) if useful else None
-    md = [head, overall_table, "Every task, every run:\n", details("the table", per_task)]
+    power = ""
+    if useful:
+        pooled_fp16 = accuracy(pooled(base, useful))
+        need = items_to_resolve(0.05, min(max(pooled_fp16.value, 0.5), 0.95))
+        enough = "resolves" if pooled_fp16.n >= need else "does not resolve"
+        power = (
+            f"{pooled_fp16.n} items on the informative tasks: this {enough} a 5-point paired difference from FP16 "
+            f"(about {need} items needed for 80% power with the exact McNemar test at 5%, "
+            "`benchmarks.accuracy_stats.items_to_resolve`); differences smaller than the intervals say nothing.\n"
+        )
+    md = [head, power, overall_table, "Every task, every run:\n", details("the table", per_task)]
     if png is not None:
         md.append(figure(f"task-accuracy-{n}.png", f"accuracy against key bits, {data['model']} (measured)"))
     return "\n".join(md), png, _claims(data, useful, cite)

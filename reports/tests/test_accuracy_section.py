@@ -52,3 +52,8 @@ def test_without_results_the_claims_are_not_measured():
     s = section.render([])
     assert {c.status for c in s.claims} == {NOT_MEASURED} and len(s.claims) == 3
     assert "python -m benchmarks.task_accuracy" in s.body
+
+
+def test_the_section_says_whether_the_items_resolve_five_points(tmp_path):
+    body = section.render([load(tmp_path, synthetic.task_accuracy())]).body
+    assert "40 items on the informative tasks: this does not resolve a 5-point paired difference" in body
