@@ -57,3 +57,21 @@ def test_without_results_the_claims_are_not_measured():
 def test_the_section_says_whether_the_items_resolve_five_points(tmp_path):
     body = section.render([load(tmp_path, synthetic.task_accuracy())]).body
     assert "40 items on the informative tasks: this does not resolve a 5-point paired difference" in body
+
+
+def test_a_budget_where_values_differ_does_not_count_for_fig3(tmp_path):
+    data = synthetic.task_accuracy()
+    for r in data["runs"]:
+        if r["label"].startswith("KIVI @"):
+            r["value_bits"] = 1.12  # KIVI-1's values: what differs is no longer the keys alone
+    claims = {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
+    fig3 = claims["Fig. 3 / Table 14"]
+    assert fig3.status == NOT_CONFIRMED and fig3.evidence.count("not counted: values at 2.50 against 1.12 bits") == 2
+
+
+def test_table8_needs_a_difference_beyond_chance(tmp_path):
+    data = synthetic.task_accuracy()
+    keys = next(r for r in data["runs"] if r["label"].startswith("keys only"))
+    keys["results"]["a_1k"]["correct"] = [0] * 10 + [1] * 30  # 10 lost, 4 gained against values only: p 0.18
+    claims = {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
+    assert claims["Table 8"].status == NOT_CONFIRMED and "no difference beyond chance" in claims["Table 8"].evidence
