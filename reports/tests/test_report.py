@@ -19,8 +19,8 @@ ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 SECTIONS = ("## 1. Summary", "## 2. Conformance matrix", "## 3. Storage and bit widths",
             "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
-            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. The paper's claims", "## 9. History",
-            "## 10. Environment and provenance")  # fmt: skip
+            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. Task accuracy (Table 2, Fig. 3, Table 8)",
+            "## 9. The paper's claims", "## 10. History", "## 11. Environment and provenance")  # fmt: skip
 #: A third party's implementation, written from the README: the report takes it with one --impl.
 PLUGIN = "reports.tests.thirdparty:make"
 NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
@@ -81,7 +81,7 @@ def test_quick_report_numbers_match_their_sources(quick):
     assert fig6b[128]["FP16"].endswith("OOM")
     # committed results that record no code fingerprint are history, not compared
     assert "The fidelity analyses were not run here (--quick)" in md
-    history = {r["file"].strip("`"): r for r in table_after(md, "## 9. History")}
+    history = {r["file"].strip("`"): r for r in table_after(md, "## 10. History")}
     committed = [p for p in (ROOT / "benchmarks" / "results").rglob("*.json") if "code" not in json.loads(p.read_text())
                  and "benchmarks" not in json.loads(p.read_text())]  # fmt: skip
     for p in committed:
@@ -92,7 +92,7 @@ def test_quick_report_numbers_match_their_sources(quick):
     tiny = table_after(md, "### CPU tiny harness")
     plugin_rows = {r["suite"] for r in tiny if r["method"] in ("thirdparty-kivi", PLUGIN)}
     assert plugin_rows == {"kernel", "fig7-latency", "fig6c-throughput"}
-    claims = table_after(md, "## 8.")
+    claims = table_after(md, "## 9.")
     assert len(claims) >= 14 and {r["status"] for r in claims} <= {
         "**confirmed**", "**not confirmed**", "**not measured here**"}  # fmt: skip
 
@@ -182,7 +182,7 @@ def test_results_of_other_code_are_history_not_compared(tmp_path):
     assert cli.main(argv) == 0
     md = (tmp_path / "r" / "REPORT.md").read_text()
     assert "No GPU results" in md and "fig7-latency-1.png" not in md and "## 5. Measured performance\n" in md
-    (row,) = table_after(md, "## 9. History")
+    (row,) = table_after(md, "## 10. History")
     assert (
         row["file"] == f"`{gpu}`"
         and row["why not current"] == "its code differs from this tree's: `reference/quant.py`"
