@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 from hypothesis import currently_in_test_context, note
+from hypothesis.errors import UnsatisfiedAssumption
 
 from reference import ReferenceCache, attention_ref
 from reference.contract import Capabilities
@@ -39,23 +42,98 @@ _LAST_FITTED: list = []
 FITTED_NOTE = "Fitted to the claims: "
 
 
+class Dropped(UnsatisfiedAssumption):
+    """One example lies outside the implementation's claims: hypothesis drops that example (as
+    `reject()` does), and a property none of whose examples ran is skipped (`conformance.plugin`)."""
+
+
+@dataclass
+class Tally:
+    """How many examples of the running property ran, and which were dropped and why."""
+
+    run: int = 0
+    dropped: collections.Counter = field(default_factory=collections.Counter)
+
+    def reasons(self, shown: int = 3) -> str:
+        """The reasons examples were dropped, the most frequent first, with their counts."""
+        common = self.dropped.most_common()
+        text = "; ".join(f"{reason} ({n} example{'s' * (n > 1)})" for reason, n in common[:shown])
+        rest = sum(n for _, n in common[shown:])
+        return text + (f"; {rest} more for {len(common) - shown} other reasons" if rest else "")
+
+
+TALLY = Tally()
+
+
+def drop(reason: str):
+    """Drop this example, not the property: it lies outside the claims (`reason` says how)."""
+    TALLY.dropped[reason] += 1
+    raise Dropped(reason)
+
+
+def counting(test):
+    """`test` (one example of a property) counted in `TALLY`: run, unless dropped or skipped whole."""
+    if getattr(test, "_counted", False):
+        return test
+
+    @functools.wraps(test)
+    def counted(*args, **kwargs):
+        try:
+            result = test(*args, **kwargs)
+        except (UnsatisfiedAssumption, pytest.skip.Exception):
+            raise
+        except BaseException:
+            TALLY.run += 1
+            raise
+        TALLY.run += 1
+        return result
+
+    counted._counted = True
+    return counted
+
+
 def fitted(impl, case, device: torch.device, *, draw_bounds: bool = True):
-    """The case (a `strategies.Case` or `TokenCase`) fitted to the implementation's claims; skips if
-    the device is not claimed or no case of this kind fits the claims (the reason names what does
-    not fit). draw_bounds=False: a fixed workload, not bounded by max_tokens and max_head_dim
-    (`strategies.fit_fixed`)."""
+    """The case (a `strategies.Case` or `TokenCase`) fitted to the implementation's claims. Skips the
+    property if the device is not claimed; drops the example (`drop`) if no case of its kind fits the
+    claims, the reason naming what does not fit. draw_bounds=False: a fixed workload, not bounded by
+    max_tokens and max_head_dim (`strategies.fit_fixed`)."""
     caps: Capabilities = impl.capabilities
     if device.type not in caps.devices:
         pytest.skip(f"{impl.name} does not claim device {device.type}")
     try:
         case = case.fit(caps) if draw_bounds else cs.fit_fixed(case, caps)
     except cs.DoesNotFit as err:
-        pytest.skip(f"{impl.name}: {err}")
+        drop(f"{impl.name}: {err}")
     _LAST_FITTED[:] = [case]
     # Notes are kept only on the replay of a failing example: each failure carries its own fitted case.
     if currently_in_test_context():
         note(FITTED_NOTE + cs.compact(case))
     return case
+
+
+def covers_claimed_combinations(base: cs.Case, fixed: dict | None = None, **narrow):
+    """Run a property first on `strategies.claimed_combinations(impl.capabilities, base, **narrow)`,
+    explicit examples derived from each implementation's claims, then on its own examples and
+    draws. `fixed` gives the property's other drawn arguments for these cases. Goes outside
+    @given (it calls the property's examples through hypothesis' `inner_test`)."""
+
+    def decorate(test):
+        @functools.wraps(test)
+        def run(impl, device, **kwargs):
+            example = test.hypothesis.inner_test
+            for case in cs.claimed_combinations(impl.capabilities, base, **narrow):
+                try:
+                    example(impl=impl, device=device, case=case, **(fixed or {}), **kwargs)
+                except Dropped:
+                    continue
+                except Exception as err:  # the failure names the combination, as hypothesis' examples do
+                    err.add_note(FITTED_NOTE + cs.compact(last_fitted() or case))
+                    raise
+            return test(impl=impl, device=device, **kwargs)
+
+        return run
+
+    return decorate
 
 
 def last_fitted():
@@ -65,6 +143,8 @@ def last_fitted():
 
 def forget_fitted() -> None:
     _LAST_FITTED.clear()
+    TALLY.run = 0
+    TALLY.dropped.clear()
 
 
 def failing_examples(exc: BaseException) -> list[str]:

@@ -7,7 +7,8 @@ line, '#' starts a reason. Each run writes a JSON result to --conformance-json, 
 timestamped file in reports/inputs/: the code that judged (`code`: the suite and the spec), each
 implementation with its code and its claims, and per property its outcome, its reason (a failure's
 own message, each distinct one; a skip's reason alone), the failing example fitted to the claims
-(`example`), what it measured and hypothesis' statistics.
+(`example`), how many examples ran (`examples`: run, and dropped as outside the claims; a
+property is skipped only when none fits), what it measured and hypothesis' statistics.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
 from reference.contract import Capabilities
 from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
@@ -68,6 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
             impl = loader.load(name)
         except ValueError as err:
             raise pytest.UsageError(str(err)) from None
+        if impl.name in origins:  # results, known failures and report rows are keyed by the name
+            raise pytest.UsageError(
+                f"--impl {name} is named {impl.name!r}, as is {loaded_as[impl.name]} ({origins[impl.name]}): "
+                "implementation names must be unique in a run; rename one (its `name` attribute)"
+            )
         impls.append(impl)
         origins[impl.name] = loader.origin(name)
         loaded_as[impl.name] = name
@@ -147,6 +154,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     callspec = getattr(item, "callspec", None)
     if callspec is None or "impl" not in callspec.params:
         return
+    handle = getattr(item.obj, "hypothesis", None)
+    if handle is not None:  # each example the property runs is counted (`harness.TALLY`)
+        handle.inner_test = harness.counting(handle.inner_test)
     impl = callspec.params["impl"]
     per_token = item.get_closest_marker("token_precision") is not None
     if not per_token and not impl.capabilities.channel_precision:
@@ -157,6 +167,34 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         capability, what = mark.args
         if not getattr(impl.capabilities, capability):
             pytest.skip(f"{impl.name} does not claim {what}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """A property is skipped only when none of its examples fits the claims (each that does not is
+    dropped, `harness.drop`); one that ran some examples and had every drawn case dropped passed on
+    the examples that ran. A test of one fixed case counts as one example."""
+    callspec = getattr(pyfuncitem, "callspec", None)
+    if callspec is None or "impl" not in callspec.params:
+        return (yield)
+    tally, drawn = harness.TALLY, hasattr(pyfuncitem.obj, "hypothesis")
+    try:
+        result = yield
+    except harness.Dropped:
+        pytest.skip(f"no example fits its claims: {tally.reasons()}")
+    except (Unsatisfiable, FailedHealthCheck) as err:
+        if not tally.dropped or (isinstance(err, FailedHealthCheck) and "filter_too_much" not in str(err)):
+            raise
+        if tally.run == 0:
+            pytest.skip(f"no example fits its claims: {tally.reasons()}")
+        return None  # every drawn case lay outside the claims; the examples that fit passed
+    except pytest.skip.Exception:
+        raise
+    except BaseException:
+        tally.run += 0 if drawn else 1
+        raise
+    tally.run += 0 if drawn else 1
+    return result
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
@@ -265,6 +303,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
                 "example": failing_example(call.excinfo) if raised else None,
                 # what a property measured besides its verdict, e.g. P7's spec_distance
                 "measured": _measured(item.user_properties),
+                # examples run (dropped ones, outside the claims, not counted): 0 means the property never ran
+                "examples": {"run": harness.TALLY.run, "dropped": sum(harness.TALLY.dropped.values())},
                 "duration_s": round(report.duration, 4),
                 "hypothesis_statistics": getattr(item, "hypothesis_statistics", None),
             }

@@ -93,6 +93,11 @@ class Case:
         claimed = caps.head_dims or sorted({*HEAD_DIMS, self.head_dim})
         allowed = [d for d in claimed if d <= caps.max_head_dim and _head_dim_ok(cfg, d)]
         if head_dim not in allowed:
+            if not allowed and caps.group_sizes is None and (smaller := self._smaller_groups()) is not None:
+                try:  # an example at groups past the claimed head_dims: the same work at smaller groups
+                    return smaller.fit(caps)
+                except DoesNotFit:
+                    pass
             if not allowed:
                 raise DoesNotFit(
                     f"no head_dim within its claims (head_dims {caps.head_dims}, max_head_dim {caps.max_head_dim}) "
@@ -113,6 +118,22 @@ class Case:
         return dataclasses.replace(
             self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
         )
+
+    def _smaller_groups(self) -> Case | None:
+        """This case at half the key group size (the residual the same number of groups, a value
+        group size past the new key group halved too), or None below groups of 2."""
+        cfg = self.config
+        group = cfg.group_size // 2
+        if group < 2:
+            return None
+        values = cfg.value_group_size
+        cfg = dataclasses.replace(
+            cfg,
+            group_size=group,
+            residual_length=group * max(1, cfg.residual_length // cfg.group_size),
+            value_group_size=values if values is None or values <= group else max(2, values // 2),
+        )
+        return dataclasses.replace(self, config=cfg)
 
 
 #: One fixed piece of work that every implementation runs, fitted to its claims (the same seed and
@@ -147,6 +168,63 @@ def fit_fixed(case: Case, caps: Capabilities) -> Case:
         caps, max_tokens=max(caps.max_tokens, case.total), max_head_dim=max(caps.max_head_dim, case.head_dim)
     )
     return case.fit(unbounded)
+
+
+def claimed_combinations(
+    caps: Capabilities,
+    base: Case,
+    *,
+    kind: str | None = None,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    low_bits: tuple[int, ...] | None = None,
+    widths: tuple[str, ...] = ("low", "high", "value"),
+) -> list[Case]:
+    """Cases that together run every claimed combination of bit width, scale dtype and input dtype:
+    for each claimed input dtype and scale dtype, every key bit width of the claimed pairs (as a
+    pair's low bits and as its high bits) and every claimed value width at least once. The bit
+    widths' extremes are among them; kind="edges" puts the entries at the top of each dtype's range.
+    The explicit examples of a property (`harness.covers_claimed_combinations`): at any profile,
+    however few cases it draws, no claimed combination is left to chance.
+
+    `base` gives the shapes, calls and data; `dtypes`, `low_bits` and `widths` (which of a key
+    pair's low and high widths and the value widths to cover) narrow the combinations to those a
+    property is about (its strategy's dtypes; property 2's 1-bit channels). Each case is fitted to
+    `caps`; cases that fit to the same one are run once."""
+    pairs = sorted(p for p in caps.key_bits if low_bits is None or p[1] in low_bits)
+    in_dtypes = [d for d in caps.dtypes if dtypes is None or d in dtypes]
+    if not pairs or not in_dtypes:
+        return []
+    keys = _covering_pairs(pairs, [role for role in widths if role != "value"])
+    values = sorted(caps.value_bits) if "value" in widths else [base.config.value_bits]
+    scales = ("input",) if caps.scales_in_input_dtype else caps.scale_dtypes
+    out: dict[str, Case] = {}
+    for dtype in in_dtypes:
+        for scale in scales:
+            for row in range(max(len(keys), len(values))):
+                (high, low), value = keys[row % len(keys)], values[row % len(values)]
+                cfg = dataclasses.replace(base.config, b_high=high, b_low=low, value_bits=value,
+                                          scale_dtype=dtype if scale == "input" else scale)  # fmt: skip
+                case = dataclasses.replace(base, config=cfg, dtype=dtype, kind=kind or base.kind,
+                                           seed=base.seed + len(out))  # fmt: skip
+                try:
+                    case = case.fit(caps)
+                except DoesNotFit:
+                    pass  # the property drops it, saying why
+                out.setdefault(compact(dataclasses.replace(case, seed=0)), case)
+    return list(out.values())
+
+
+def _covering_pairs(pairs: list[tuple[int, int]], roles: list[str]) -> list[tuple[int, int]]:
+    """Few (b_high, b_low) pairs of `pairs` that hold each of its low widths as a low and each of
+    its high widths as a high, for the `roles` given (greedy set cover; on ties a mixed pair,
+    b_high > b_low, as PN-Mix's)."""
+    needed = {(role, p[role == "low"]) for p in pairs for role in roles}
+    chosen = [] if needed else pairs[:1]
+    while needed:
+        best = max(pairs, key=lambda p: (len(needed & {("high", p[0]), ("low", p[1])}), p[0] > p[1]))
+        chosen.append(best)
+        needed -= {("high", best[0]), ("low", best[1])}
+    return chosen
 
 
 def compact(obj: object) -> str:
@@ -382,6 +460,7 @@ BAD_PREFILLS = (
     ("length_mismatch", ValueError, "same prefill tokens"),
     ("empty_batch", ValueError, r"batch \(dim 0\) is 0"),
     ("no_kv_heads", ValueError, r"KV heads \(dim 1\) is 0"),
+    ("no_query_heads", ValueError, r"q heads \(dim 1\) is 0"),
 )
 BAD_QUERIES = (
     ("too_many_queries", ValueError, "holds only"),

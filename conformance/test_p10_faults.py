@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from conformance import strategies as cs
-from conformance.harness import assert_unchanged, bits_of, fitted, observe
+from conformance.harness import TALLY, assert_unchanged, bits_of, fitted, observe
 from reference import PNMixConfig
 from reference.faults import FaultAt
 
@@ -31,6 +31,7 @@ def machine(impl, device, case: cs.Case):
         def __init__(self) -> None:
             super().__init__()
             self.cache, self.twin, self.length = impl.create(case.config), None, 0
+            TALLY.run += 1  # each drawn sequence of calls is one example
 
         def tensors(self, heads: int, n: int, seed: int) -> torch.Tensor:
             shape = (case.batch, heads, n, case.head_dim)

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 import reference
 from conformance import strategies as cs
-from conformance.harness import fitted
+from conformance.harness import covers_claimed_combinations, drop, fitted
 from reference import channel_mask_from_pairs
 
 CASE = cs.Case(reference.PNMixConfig(), 2, 3, 1, 24, torch.float16, 16, (), 0)
+#: The shapes every claimed combination of bits is packed at (`strategies.claimed_combinations`).
+COMBINATIONS = cs.Case(reference.PNMixConfig(group_size=8, residual_length=8), 1, 2, 1, 16, torch.float16, 8, (), 40)
 TOKENS = st.sampled_from([8, 16, 24, 64])
 REFERENCE_LAYOUT = pytest.mark.requires("reference_layout", "the reference's byte layout (reference.packing)")
 PREFILL_SELECTION = pytest.mark.requires("prefill_selection", "a pair mask chosen at prefill (Eq. 6)")
@@ -42,20 +44,23 @@ def key_codes(impl, device, case, tokens):
 
 def value_codes(impl, device, case, tokens):
     """(fitted case with quantized values, random value codes [B, H_kv, T, d])."""
+    if impl.capabilities.value_bits <= {16}:
+        pytest.skip(f"{impl.name} stores values unquantized: no value packing to check")
     if not case.config.values_quantized:  # nothing to pack: draw the packed 2-bit format instead
         case = dataclasses.replace(case, config=dataclasses.replace(case.config, value_bits=2))
     case = fitted(impl, case, device)
     cfg = case.config
     if not cfg.values_quantized:
-        pytest.skip(f"{impl.name} stores values unquantized: no value packing to check")
+        drop(f"{impl.name} stores the values of these configs unquantized")
     word = impl.capabilities.pack_word_bits
     if case.head_dim * cfg.value_bits % word:
-        pytest.skip(f"head_dim {case.head_dim} at {cfg.value_bits} bits does not fill {word}-bit words")
+        drop(f"head_dim {case.head_dim} at {cfg.value_bits} bits does not fill {word}-bit words")
     gen = torch.Generator().manual_seed(case.seed)
     shape = (case.batch, case.kv_heads, tokens, case.head_dim)
     return case, torch.randint(0, 1 << cfg.value_bits, shape, generator=gen).to(torch.uint8)
 
 
+@covers_claimed_combinations(COMBINATIONS, {"tokens": 24})
 @given(case=cs.cases(), tokens=TOKENS)
 @example(case=CASE, tokens=8)
 @example(case=cs.Case(reference.PNMixConfig(b_high=8, b_low=3), 1, 1, 1, 20, torch.float16, 1, (), 5), tokens=24)
@@ -79,6 +84,7 @@ def test_key_bytes_are_the_reference_layout(impl, device, case, tokens):
     assert torch.equal(high.cpu(), ref_high), "key_high bytes differ from the reference layout"
 
 
+@covers_claimed_combinations(COMBINATIONS, {"tokens": 5})
 @given(case=cs.cases(), tokens=st.integers(1, 40))
 @example(case=CASE, tokens=1)
 def test_value_codes_roundtrip(impl, device, case, tokens):

@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given
 
 from conformance import strategies as cs
-from conformance.harness import final_state, fitted
+from conformance.harness import covers_claimed_combinations, drop, final_state, fitted
 from reference import PNMixConfig, channel_mask_from_pairs, token_layout
 from reference.tolerances import float32_slack, spacing
 
@@ -20,6 +20,7 @@ ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink
 
 
 @pytest.mark.requires("midpoint_one_bit", "Eq. 7 midpoints for 1-bit groups")
+@covers_claimed_combinations(cs.Case(ONE_BIT, 1, 2, 2, 16, torch.float16, 27, (6,), 50), low_bits=(1,), widths=("low",))
 @given(case=cs.cases(kinds=cs.KINDS))
 @example(case=cs.Case(ONE_BIT, 2, 2, 3, 16, torch.float16, 37, (5, 16), 11, "normal"))
 @example(case=cs.Case(ONE_BIT, 1, 1, 1, 8, torch.float16, 19, (), 3, "constant"))
@@ -29,11 +30,13 @@ ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink
                       "half_steps"))  # fmt: skip
 @example(case=cs.Case(dataclasses.replace(ONE_BIT, b_high=1), 2, 1, 2, 8, torch.bfloat16, 24, (), 7, "normal"))
 def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, case):
+    if not any(low == 1 for _, low in impl.capabilities.key_bits):
+        pytest.skip(f"{impl.name} claims no 1-bit channels")
     case = dataclasses.replace(case, config=dataclasses.replace(case.config, b_low=1))
     case = fitted(impl, case, device)
     cfg = case.config
     if cfg.b_low != 1:
-        pytest.skip(f"{impl.name} claims no 1-bit channels")
+        drop(f"{impl.name} maps these configs to {cfg.b_low}-bit channels")
     state = final_state(impl, case, device)
     tokens = token_layout(cfg, state.length)
     n_sink, n_q = tokens.n_sink, tokens.n_quantized

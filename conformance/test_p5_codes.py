@@ -9,7 +9,7 @@ import torch
 from hypothesis import example, given
 
 from conformance import strategies as cs
-from conformance.harness import bits_of, final_state, fitted
+from conformance.harness import bits_of, covers_claimed_combinations, final_state, fitted
 from reference import PNMixConfig, channel_mask_from_pairs, exact_tail, token_layout
 from reference.tolerances import TIE_RELATIVE, exact_ties, quantization_bound
 
@@ -25,6 +25,9 @@ EXAMPLES = (
     cs.Case(F32_SCALES, 1, 2, 1, 16, torch.float32, 32, (), 6, "half_steps"),
     cs.Case(ONE_BIT_HIGH, 2, 1, 1, 8, torch.bfloat16, 26, (), 7, "normal"),
 )
+#: Shapes and calls at which every claimed combination of bits, scale dtype and input dtype runs
+#: (`strategies.claimed_combinations`): a flushed page, sinks, and a residual left.
+COMBINATIONS = cs.Case(PNMixConfig(group_size=8, residual_length=8, n_sink=1), 1, 2, 2, 8, torch.float16, 19, (6,), 60)
 REFERENCE_NUMERICS = pytest.mark.requires(
     "reference_numerics", "the reference's numerics (reference.quant) bit for bit"
 )
@@ -51,6 +54,7 @@ def assert_within_bound(x, x_hat, levels, cfg, midpoint, group_size, dim, what):
     assert bool(exact.all()), f"a constant {what} group does not reconstruct exactly"
 
 
+@covers_claimed_combinations(COMBINATIONS)
 @given(case=cs.cases(kinds=cs.KINDS))
 @with_examples
 def test_quantized_tokens_reconstruct_within_half_a_step(impl, device, case):
@@ -104,11 +108,11 @@ def assert_codes_match(got, ref, x, group_size, dim, what):
 @given(case=cs.cases(kinds=cs.KINDS))
 @with_examples
 def test_codes_and_scales_are_the_reference_numerics(impl, device, case):
-    case = fitted(impl, case, device)
-    cfg = case.config
     if impl.capabilities.residual == "requantize":
         pytest.skip(f"{impl.name} re-quantizes its cache as it grows; the reference's codes are compared on the "
                     "shared or sliding residuals it models")  # fmt: skip
+    case = fitted(impl, case, device)
+    cfg = case.config
     state = final_state(impl, case, device)
     tokens = token_layout(cfg, state.length)
     region = slice(tokens.n_sink, tokens.n_sink + tokens.n_quantized)

@@ -13,13 +13,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conformance import strategies as cs
-from conformance.harness import final_state, fitted, judge
+from conformance.harness import covers_claimed_combinations, final_state, fitted, judge
 from reference import PNMixConfig, attention_ref
 
 CFG = PNMixConfig(group_size=8, residual_length=16, n_sink=4)
 
 
 # record_property only collects one number per example: sharing it across examples is harmless.
+@covers_claimed_combinations(cs.Case(CFG, 1, 2, 2, 8, torch.float16, 21, (5,), 70), {"n_queries": 2})
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cs.cases(), n_queries=st.integers(1, 3))
 @example(case=cs.Case(CFG, 3, 2, 8, 16, torch.float16, 54, (1, 17), 1), n_queries=1)
@@ -78,13 +79,17 @@ def _workload_attention(impl, case: cs.Case, device, record_property, name: str)
 
 
 EDGE = PNMixConfig(b_high=3, b_low=1, group_size=16, residual_length=16, n_sink=2, value_bits=2)
+EDGE_DTYPES = (torch.float16, torch.bfloat16)  # float32's edges overflow attention in the spec too
 
 
 # A quarter of the profile's examples besides the three below: finiteness, not accuracy, is under test.
+@covers_claimed_combinations(
+    cs.Case(EDGE, 1, 1, 2, 16, torch.float16, 36, (4,), 80, "edges"), {"n_queries": 1}, dtypes=EDGE_DTYPES
+)
 @settings(
     max_examples=max(2, settings().max_examples // 4), suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(case=cs.cases(kinds=(cs.EDGE_KIND,), dtypes=(torch.float16, torch.bfloat16)), n_queries=st.integers(1, 2))
+@given(case=cs.cases(kinds=(cs.EDGE_KIND,), dtypes=EDGE_DTYPES), n_queries=st.integers(1, 2))
 # Whole-group tiles: queries times a float16 key scale of 65504 pass float16's range as dot operands.
 @example(case=cs.Case(EDGE, 1, 1, 2, 16, torch.float16, 40, (16,), 5, "edges"), n_queries=1)
 # Groups of 8, dequantized per element: keys and values of 65504 reconstruct to 65536.

@@ -60,6 +60,8 @@ def bad_prefill(what, q, k, v):
         return q[:0], k[:0], v[:0]
     if what == "no_kv_heads":
         return q[:, :0], k[:, :0], v[:, :0]
+    if what == "no_query_heads":  # keys and values as they are: no query to choose the salient pairs from
+        return q[:, :0], k, v
     raise AssertionError(what)
 
 

@@ -37,6 +37,13 @@ RESIDUAL_POLICIES = {
 }
 
 
+#: Whose arithmetic an implementation's `attend` computes, by claim (`Capabilities.attention`).
+ATTENTION = {
+    "own": "its own attention, as it runs in production",
+    "spec": "judged on the spec's attention (reference.attention_ref, float32) over its dequantized cache, "
+    "not on its own attention arithmetic",
+}
+
 #: The opt-in claims of an implementation that reproduces this spec's bytes and numerics bit for bit.
 BIT_EXACT = {"reference_layout": True, "reference_numerics": True}
 
@@ -71,6 +78,12 @@ class Capabilities:
     "pairs": role-aware PN-Mix; property 11): `create` then also takes that config and returns a
     `TokenCache`.
 
+    attention: whose arithmetic `attend` computes. "own" (the default): the implementation's own,
+    as it runs in production (a library adapter calls the library's attention, in its dtypes).
+    "spec": `reference.attention_ref` (float32 scores and softmax) over the dequantized cache, so
+    property 7 judges what the cache holds, not how the implementation attends; the report says so
+    beside the verdict.
+
     Opt-in, bit for bit: reference_layout (packed bytes are `reference.packing`'s) and
     reference_numerics (codes, scales and zeros follow `reference.quant`'s numerics rules).
     Without them an implementation is judged on its own format and its own dequantized values.
@@ -98,12 +111,15 @@ class Capabilities:
     head_dims: tuple[int, ...] | None = None
     token_multiple: int = 1
     pack_word_bits: int = 8
+    attention: str = "own"
     reference_layout: bool = False
     reference_numerics: bool = False
 
     def __post_init__(self) -> None:
         if self.key_groups not in ("tokens", "channels"):
             raise ValueError(f"key_groups must be 'tokens' or 'channels', got {self.key_groups!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {self.attention!r}")
         if self.residual not in RESIDUAL_POLICIES:
             raise ValueError(f"residual must be one of {sorted(RESIDUAL_POLICIES)}, got {self.residual!r}")
         for name in ("token_multiple", "pack_word_bits", "max_tokens", "max_head_dim"):

@@ -101,7 +101,10 @@ def check_prefill(q: object, k: object, v: object, config: PNMixConfig, *, value
 
 
 def check_query_heads(q: torch.Tensor, batch: int, kv_heads: int, head_dim: int) -> None:
-    """q's batch and head_dim match the cache and its heads are a multiple of the KV heads."""
+    """q's batch and head_dim match the cache and its heads are a multiple of the KV heads (at least one:
+    a prefill chooses the salient pairs from the queries)."""
+    if q.shape[1] < 1:
+        raise ValueError("q must hold at least one head: q heads (dim 1) is 0")
     if q.shape[0] != batch:
         raise ValueError(f"q batch (dim 0) must be {batch}, got {q.shape[0]}")
     if q.shape[-1] != head_dim:

@@ -179,6 +179,9 @@ class TemplateImplementation:
         # (here: uniform b_low-bit keys, Eq. 2 at 1 bit, as KIVI); `residual` then sets the value residual.
         preset=kivi_preset,
         residual="shared",
+        # `attend` below runs the spec's float32 attention: say so. An adapter whose `attend` calls its
+        # library's own attention (its dtypes and functions) claims "own", the default.
+        attention="spec",
     )
 
     def create(self, config: PNMixConfig) -> TemplateCache:

@@ -9,8 +9,10 @@ to `residual_length`, then every token is quantized again from its dequantized v
 channels (the backend's axis over the last dimension: "key_groups" = "channels"), with one
 `nbits` for both and scale and zero in the input dtype; no NaN/Inf or shape checks beyond what
 it does itself. Attention is computed, as a transformers model would, over the keys and values
-`update` returns (its dequantized states in the input dtype, then the exact residual), with a
-float32 softmax. Genuine differences from the spec are listed, each with its reason, in
+`update` returns (its dequantized states in the input dtype, then the exact residual), with
+transformers' own attention arithmetic: its default attention implementation ("sdpa",
+`sdpa_attention_forward`, in the input dtype) under the causal mask its `masking_utils` builds.
+Genuine differences from the spec are listed, each with its reason, in
 conformance/xfails/transformers-<backend>.txt.
 """
 
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import types
 
 import torch
 
 from reference import PNMixConfig, StorageReport
-from reference.attention import attention_ref
 from reference.contract import Capabilities
 from reference.methods import kivi_preset
 
@@ -89,6 +91,22 @@ BACKENDS = {
 }
 
 
+def model_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the newest q.shape[2] positions over k, v as a transformers model computes
+    it: `sdpa_attention_forward` (its default "sdpa" implementation; scores, softmax and sums in the
+    states' dtype, as torch's SDPA does them), the mask from `masking_utils.sdpa_mask`. [B, H, T, d]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    batch, heads, new, head_dim = q.shape
+    length = k.shape[-2]
+    mask = sdpa_mask(batch_size=batch, q_length=new, kv_length=length, q_offset=length - new, device=q.device)
+    # What the function reads of a model's attention module: its GQA ratio and that it is causal.
+    module = types.SimpleNamespace(num_key_value_groups=heads // k.shape[1], is_causal=True)
+    out, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=head_dim**-0.5)
+    return out.transpose(1, 2).contiguous()  # it returns [B, T, H, d], as a model's o_proj takes it
+
+
 def _empty_residual(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The layer's residual as [B, H_kv, T, d] (after a flush it holds a 1-D empty tensor)."""
     return t.clone() if t.dim() == 4 else like[:, :, :0].clone()
@@ -140,8 +158,7 @@ class QuantizedLayerCache:
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
         self._require_prefill()
-        k, v = self._states()
-        return attention_ref(q, k, v, causal=True, upcast=True)
+        return model_attention(q, *self._states())
 
     def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
         self._require_prefill()

@@ -139,3 +139,14 @@ def test_a_run_whose_implementation_does_not_load_stops_with_one_line(broken_mod
     said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and len(said) == 1, said[-30:]
     assert said[0].startswith("ERROR: ") and name.partition(":")[0] in said[0]
+
+
+def test_two_implementations_under_one_name_are_refused_naming_both_origins():
+    cmd = [sys.executable, "-m", "pytest", "conformance", "--impl", "reference"]
+    cmd += ["--impl", "reference.implementation:make", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--no-conformance-json"]
+    result = subprocess.run(cmd, cwd=Path(__file__).parents[2], capture_output=True, text=True)
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR and len(said) == 1, said[-30:]
+    assert "--impl reference.implementation:make is named 'reference', as is reference" in said[0]
+    assert "reference = reference.implementation:make (pnmix" in said[0] and "must be unique" in said[0]

@@ -48,6 +48,9 @@ MUTANTS = [
     ("storage_hides_class_map", "test_p11_token_precision.py", "test_storage_is_the_accounting"),
     ("token_bits_unchecked", "test_p11_token_precision.py", "test_bad_token_bits_are_refused_and_change_nothing"),
     ("no_rollback", "test_p11_token_precision.py", "test_a_fault_leaves_the_cache_as_it_was"),
+    # A defect of one combination (3-bit groups, float32 scales) that the drawn cases rarely reach:
+    # caught by the explicit examples of every claimed combination.
+    ("truncates_rare_combination", "test_p5_codes.py", "test_quantized_tokens_reconstruct_within_half_a_step"),
     # The common workload's measurements keep the verdicts of the properties they belong to.
     ("wrong_gqa", "test_p7_attention.py", "test_the_common_workload_attention"),
     ("unscaled_attention", "test_p7_attention.py", "test_the_common_workload_attention"),
@@ -192,7 +195,7 @@ def test_known_failures_results_file_and_no_overwrite(tmp_path):
     assert (
         outcomes.pop(f"{append}[accepts_nan-nan_in_k]") == outcomes.pop(f"{append}[accepts_nan-inf_in_v]") == "xfailed"
     )
-    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 20  # the other 7 + 8 + 4 kinds, edits
+    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 21  # the other 7 + 9 + 4 kinds, edits
     reasons = {r["reason"] for r in data["results"] if r["outcome"] == "xfailed"}
     assert reasons == {"NaN accepted", "Inf accepted"}
     before = out.read_text()
