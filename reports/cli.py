@@ -17,6 +17,9 @@ report cannot be rendered, the results the steps wrote are kept in the staging f
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import re
 import shlex
 import sys
 import traceback
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from conformance.loader import available_names, load
+from conformance import loader
 from reference import records
 
 from . import currency, environment, files, inputs, interrupts, steps
@@ -37,6 +40,32 @@ from .sections import history as history_section
 
 DEFAULT_OUT = Path(__file__).resolve().parent
 COMMITTED = ROOT / "benchmarks" / "results"
+#: A report folder's name: a word character first (not '.', which hides it, nor '-', which reads as an
+#: option), then word characters and . + = @ , - ; no separator, space, quote or control character.
+NAME = re.compile(r"\w[\w.+=@,-]*")
+#: At most this many characters: the staging folder beside it adds its own, within a file system's 255 bytes.
+NAME_MAX = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """An implementation given with --impl or --only, as the argument check loaded it (the only import of
+    it in this process; each step imports it again in its own)."""
+
+    given: str  # as on the command line: a plug-in's name or 'package.module:factory'
+    name: str  # the name it reports, under which its results are filed
+    version: str
+    file: str  # the file of the module that holds its factory
+    origin: str  # `conformance.loader.origin`
+
+
+def loaded(given: str) -> Given:
+    """Load an implementation once (ValueError, one line, when it does not load) and say what it is."""
+    impl = loader.load(given)
+    module = sys.modules.get(loader.factory_module(given))
+    file = getattr(module, "__file__", None)
+    return Given(given, str(impl.name), str(impl.version), display_path(file) if file else "unknown",
+                 loader.origin(given))  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -103,11 +132,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Given]:
+    """Refuse what cannot run, before anything runs; the implementations given, each loaded once."""
     name = args.name
-    if name is not None and (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\")):
-        p.error(f"--name must be a plain folder name (no path separators, not starting with '.'), got {name!r}")
-    known = set(available_names())
+    if name is not None and (not NAME.fullmatch(name) or len(name) > NAME_MAX):
+        p.error(
+            f"--name must be a plain folder name of at most {NAME_MAX} characters: letters, digits and . _ + = @ , - "
+            f"(no path separator, space or control character; not starting with '.' or '-'), got {name!r}"
+        )
+    known = set(loader.available_names())
     for flag, names in (("--impl", args.impl), ("--only", args.only)):
         for impl in names:
             if impl not in known and ":" not in impl:
@@ -117,11 +150,30 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.impl and args.only:
         p.error("--impl adds to the default set and --only replaces it; give one of them")
     # a named implementation that does not load is refused now, not as a failed step minutes later
-    for impl in (*args.impl, *args.only):
+    given = []
+    for impl in dict.fromkeys((*args.impl, *args.only)):
         try:
-            load(impl)
+            given.append(loaded(impl))
         except ValueError as err:
             p.error(f"--impl {impl!r}: {err}")
+    clash = name_clash(given, [] if args.only else implementations(args))
+    if clash:
+        p.error(clash)
+    return given
+
+
+def name_clash(given: list[Given], default: list[str]) -> str | None:
+    """Two implementations of this run under one name would have their results filed together: say which,
+    with both origins. A built-in's name is its plug-in name (`conformance.loader.builtins`)."""
+    seen = {n: f"the built-in {n!r} ({loader.origin(n)})" for n in default if n in steps.ALL_IMPLS}
+    for g in given:
+        if g.given == g.name and g.name in default:
+            continue  # a built-in named again: the same implementation
+        if g.name in seen:
+            return (f"implementation {g.given!r} ({g.origin}) is named {g.name!r}, as is {seen[g.name]}: their "
+                    "results would be filed under one name; give one of them, or rename one")  # fmt: skip
+        seen[g.name] = f"{g.given!r} ({g.origin})"
+    return None
 
 
 def implementations(args: argparse.Namespace) -> list[str]:
@@ -208,7 +260,9 @@ HISTORY_KINDS = (
 )
 
 
-def render_report(name: str, command: str, git: dict, started: str, outcomes, sources, args) -> tuple[str, dict]:
+def render_report(
+    name: str, command: str, git: dict, started: str, outcomes, sources, args, given: list[Given] = ()
+) -> tuple[str, dict]:
     """REPORT.md's text and its figures. Only results of the code in this tree are compared; the others
     go to History (`reports.currency`)."""
     note = notes(args, outcomes)
@@ -236,7 +290,7 @@ def render_report(name: str, command: str, git: dict, started: str, outcomes, so
             )
     claims = [c for s in sections for c in s.claims]
     env = environment_section.render(
-        records.machine(), records.versions(), git, started, records.now_utc(), command, outcomes, sources
+        records.machine(), records.versions(), git, started, records.now_utc(), command, outcomes, sources, given
     )
     intro = (
         f"Generated by `{command}` on {started}. Every number carries its provenance: **measured** (device, "
@@ -252,6 +306,22 @@ def fail(*lines: str, code: int = 2) -> int:
     for line in lines:
         print(f"pnmix-report: {line}", file=sys.stderr)
     return code
+
+
+def destination_problem(final: Path, force: bool) -> str | None:
+    """Why the report cannot be published at `final` (None: it can), found before any work: a link
+    (never written through, even when it leads nowhere), something that is no report folder, or a
+    report folder that only --force replaces."""
+    if final.is_symlink():
+        return (f"{final} is a symbolic link (to {os.readlink(final)}); a report is never published through one: "
+                "choose another --name")  # fmt: skip
+    if final.exists() and not final.is_dir():
+        return f"{final} exists and is not a folder; choose another --name"
+    if final.exists() and not (final / "REPORT.md").exists():
+        return f"{final} exists and is not a report folder (no REPORT.md); choose another --name"
+    if final.exists() and not force:
+        return f"{final} exists; choose another --name or pass --force to replace it"
+    return None
 
 
 def remove_stale(out_dir: Path) -> None:
@@ -301,13 +371,12 @@ def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     args = p.parse_args(argv)
-    check_args(p, args)
+    impls = check_args(p, args)
     name = args.name or f"report-{records.utc_stamp()}"
     final = args.out_dir / name
-    if final.exists() and not (final / "REPORT.md").exists():
-        p.error(f"{final} exists and is not a report folder (no REPORT.md); choose another --name")
-    if final.exists() and not args.force:  # now, not after minutes of work
-        return fail(f"{final} exists; choose another --name or pass --force to replace it")
+    refused = destination_problem(final, args.force)
+    if refused:  # now, not after minutes of work
+        return fail(refused)
     try:
         given = given_sources(args)
     except inputs.InputError as err:
@@ -325,7 +394,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         outcomes = steps.run_all(plan(args, staging / "data"))
         sources = unique(this_run_sources(outcomes, staging, final) + given)
-        text, figs = render_report(name, command, git, started, outcomes, sources, args)
+        text, figs = render_report(name, command, git, started, outcomes, sources, args, impls)
         # the steps ran in the staging folder and their files record it; readers know it by its final name
         records.write_atomic(staging / "REPORT.md", text.replace(str(staging), display_path(final)))
         for fig_name, png in figs.items():

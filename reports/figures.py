@@ -102,19 +102,38 @@ def _legend_below(fig, axes) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize="small", frameon=False)
 
 
+#: Characters no font draws (control characters other than a line break), which text from result files may hold.
+_UNPRINTABLE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]+")
+
+
+def _printable(fig) -> None:
+    """Replace what no font can draw in every text and series label of `fig` by a space."""
+    containers = [c for ax in fig.axes for c in ax.containers]  # error bars and bars: labelled, not in the tree
+    for artist in [*fig.findobj(lambda a: hasattr(a, "get_label")), *containers]:
+        label = artist.get_label()
+        if isinstance(label, str) and _UNPRINTABLE.search(label):
+            artist.set_label(_UNPRINTABLE.sub(" ", label))
+    for text in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "set_text")):
+        if _UNPRINTABLE.search(text.get_text()):
+            text.set_text(_UNPRINTABLE.sub(" ", text.get_text()))
+
+
 @contextlib.contextmanager
 def drawn(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> Iterator:
     """A new matplotlib figure of `ncols` panels drawn by draw(*axes), with grids and its legend
     below the panels; closed on exit."""
-    fig, axes = plt.subplots(1, ncols, figsize=(size[0] * ncols, size[1]), squeeze=False, layout="constrained")
-    try:
-        draw(*axes[0])
-        for ax in axes[0]:
-            ax.grid(True, alpha=0.3)
-        _legend_below(fig, axes[0])
-        yield fig
-    finally:
-        plt.close(fig)
+    # names and devices come from result files: a '$' in one is text, not the start of a formula that may not parse
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig, axes = plt.subplots(1, ncols, figsize=(size[0] * ncols, size[1]), squeeze=False, layout="constrained")
+        try:
+            draw(*axes[0])
+            _printable(fig)
+            for ax in axes[0]:
+                ax.grid(True, alpha=0.3)
+            _legend_below(fig, axes[0])
+            yield fig
+        finally:
+            plt.close(fig)
 
 
 def png(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> bytes | None:

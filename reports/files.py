@@ -75,10 +75,13 @@ def remove_stale(folder: str | os.PathLike) -> list[tuple[Path, int]]:
     file system) and kept ones are left alone."""
     removed = []
     for p in sorted(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else ():
+        if p.is_symlink() or not p.is_dir():  # never one of ours: mkdtemp makes a folder
+            continue
         pid = _owner(p)
         if pid is not None and not _alive(pid):
             shutil.rmtree(p, ignore_errors=True)
-            removed.append((p, pid))
+            if not os.path.lexists(p):  # said removed only when it is gone
+                removed.append((p, pid))
     return removed
 
 

@@ -60,8 +60,20 @@ def kind_of(data: object, path: str | os.PathLike) -> str:
         raise InputError([f"{path}: {err}"]) from None
 
 
+def _suite_of(bench: dict) -> str | None:
+    """The suite of a benchmark the report reads (its extra_info has every key the suite needs and a
+    known scale); None for one it leaves out (`benchmark_problems` says why)."""
+    info = bench.get("extra_info") or {}
+    suite = info.get("suite")
+    if suite not in SUITE_KEYS or any(k not in info for k in (*COMMON_KEYS, *SUITE_KEYS[suite])):
+        return None
+    return suite if info["scale"] in SCALES else None
+
+
 def benchmark_problems(data: dict) -> list[str]:
-    """Why some benchmarks of a pytest-benchmark file cannot be used (the rest can)."""
+    """Why some benchmarks of a pytest-benchmark file are left out (the rest are used): another suite,
+    or one written before a key existed. A benchmark the report reads with a value out of its range
+    is no reason to leave it out but to refuse the file (`benchmark_value_problems`)."""
     problems = []
     for bench in data["benchmarks"]:
         info = bench.get("extra_info") or {}
@@ -76,20 +88,48 @@ def benchmark_problems(data: dict) -> list[str]:
             problems.append(f"{bench.get('name')}: extra_info lacks {', '.join(missing)}")
         elif info["scale"] not in SCALES:
             problems.append(f"{bench.get('name')}: extra_info['scale'] is {info['scale']!r}, not one of {SCALES}")
-        else:
-            problems += [f"{bench.get('name')}: {p}" for p in schema.extra_info_problems(info, suite)]
     return problems
+
+
+def benchmark_value_problems(data: dict) -> list[str]:
+    """The values out of type or range in the benchmarks the report reads, each with its JSON path."""
+    return [
+        p
+        for i, bench in enumerate(data["benchmarks"])
+        if (suite := _suite_of(bench)) is not None
+        for p in schema.extra_info_problems(bench["extra_info"], suite, f"benchmarks[{i}].extra_info")
+    ]
+
+
+def _cause(err: BaseException) -> str:
+    """An error on one line: a parser's message can be long (the digits of an integer past Python's limit)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+def parse(path: Path) -> object:
+    """The JSON content of `path`; InputError, one line naming the file, for any file that is not JSON
+    (unreadable, not UTF-8, malformed, nested past the parser's depth, an integer past Python's digits)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError([f"{path}: cannot read it as JSON (not UTF-8 text: {_cause(err)})"]) from None
+    except OSError as err:
+        raise InputError([f"{path}: cannot read it ({err.strerror or _cause(err)})"]) from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError, as are int's digit limits
+        raise InputError([f"{path}: cannot read it as JSON ({_cause(err)})"]) from None
 
 
 def load(path: str | os.PathLike, origin: str, command: str | None = None, shown_as: str | None = None) -> Source:
     """One result file, parsed and checked against the schema of its kind (InputError otherwise)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError([f"{path}: cannot read it as JSON ({err})"]) from None
+    data = parse(path)
     kind = kind_of(data, path)
     problems = schema.problems(kind, data)
+    if kind == BENCHMARK and not problems:
+        problems = schema.capped(benchmark_value_problems(data))
     if problems:
         raise InputError([f"{path} ({kind}): {p}" for p in problems])
     return Source(kind, path, data, origin, command, shown_as)
@@ -154,11 +194,10 @@ def of_kind(sources: Iterable[Source], kind: str) -> list[Source]:
 def usable(source: Source) -> list[dict]:
     """The benchmarks of a pytest-benchmark source that the report can use, each as its extra_info
     plus `name`, `wall_median_s` (pytest-benchmark's own host-clock median) and `source`."""
-    bad = {p.split(":")[0] for p in benchmark_problems(source.data)}
     return [
         {**b["extra_info"], "name": b["name"], "wall_median_s": b.get("stats", {}).get("median"), "source": source}
         for b in source.data["benchmarks"]
-        if b.get("name") not in bad and (b.get("extra_info") or {}).get("suite") not in COMPUTED_SUITES
+        if _suite_of(b) is not None
     ]
 
 

@@ -1,17 +1,48 @@
 """Markdown building blocks of the report: tables that always carry their source, sections, claims.
 
 Every table goes through `table`, which writes a "Source:" line under it, so a number without
-provenance cannot be rendered by accident.
+provenance cannot be rendered by accident. Text read from result files (names, devices, commands,
+reasons) is markdown-safe only once `escape`d: `table` escapes every cell, header and source line,
+`Citations`, `details` and `figure` their text, and a section escapes what it writes into prose.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 from tabulate import tabulate
 
 SOURCE = "Source: "
+#: What ends a line for markdown or for `str.splitlines` (which the report's own markdown tools use).
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+#: An `&` that does not start a character reference: escaping leaves those alone, so escaping twice is harmless.
+_AMPERSAND = re.compile(r"&(?!(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});)")
+
+
+def escape(text: object) -> str:
+    """`text` made safe to place in a line of markdown: control characters and line breaks become one
+    space (a name cannot start a table row or a heading), and `&`, `<` and `>` become character
+    references (no HTML of a result file reaches the page). Inside backticks those references show
+    as written, which is the price of a page no input can inject into."""
+    text = _BREAKS.sub(" ", str(text))
+    return _AMPERSAND.sub("&amp;", text).replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cell(value: object) -> object:
+    """A table cell: text escaped, with `|` escaped too (a cell cannot end early); numbers as they are."""
+    return escape(value).replace("|", "\\|") if isinstance(value, str) else value
+
+
+def escaped(data: object) -> object:
+    """A result's content with every text in it (keys and values) a safe table cell, for the markdown of
+    a module that does not escape what it writes (`benchmarks.fidelity.markdown`)."""
+    if isinstance(data, dict):
+        return {cell(k): escaped(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [escaped(v) for v in data]
+    return cell(data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +96,7 @@ class Citations:
         """Every cited source, in full, under its label (nothing when none was cited)."""
         if not self._labels:
             return ""
-        return f"{heading}:\n\n" + "\n".join(f"- {label} {d}" for d, label in self._labels.items()) + "\n"
+        return f"{heading}:\n\n" + "\n".join(f"- {label} {escape(d)}" for d, label in self._labels.items()) + "\n"
 
 
 @dataclasses.dataclass
@@ -82,8 +113,9 @@ def table(rows: Sequence[Sequence], headers: Sequence[str], source: str, floatfm
     """A GitHub table followed by its source line."""
     if not source:
         raise ValueError("source must say where the table's numbers come from, got an empty string")
-    rows = [[cell.replace("|", "\\|") if isinstance(cell, str) else cell for cell in row] for row in rows]
-    return tabulate(rows, headers=list(headers), tablefmt="github", floatfmt=floatfmt) + f"\n\n{SOURCE}{source}\n"
+    rows = [[cell(c) for c in row] for row in rows]
+    md = tabulate(rows, headers=[cell(h) for h in headers], tablefmt="github", floatfmt=floatfmt)
+    return md + f"\n\n{SOURCE}{escape(source)}\n"
 
 
 def sources_under_tables(md: str, source: str) -> str:
@@ -95,7 +127,7 @@ def sources_under_tables(md: str, source: str) -> str:
         if ends_table:
             following = next((x for x in lines[i + 1 :] if x.strip()), "")
             if not following.startswith(SOURCE):
-                out += ["", SOURCE + source]
+                out += ["", SOURCE + escape(source)]
     return "\n".join(out) + "\n"
 
 
@@ -106,10 +138,12 @@ def demote(md: str, levels: int) -> str:
 
 def details(summary: str, body: str) -> str:
     """A collapsed block (GitHub renders markdown inside when blank lines surround it)."""
-    return f"<details><summary>{summary}</summary>\n\n{body}\n</details>\n"
+    return f"<details><summary>{escape(summary)}</summary>\n\n{body}\n</details>\n"
 
 
 def figure(name: str, caption: str) -> str:
+    """A figure of this report (`name`: a file name it writes) with its caption, escaped."""
+    caption = escape(caption).replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
     return f"![{caption}]({name})\n\n*{caption}*\n"
 
 

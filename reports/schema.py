@@ -1,30 +1,33 @@
-"""What the report reads of each kind of result file: the keys and types its sections use, checked
-when a file is loaded so that a malformed file stops the run before any step, not after it.
+"""What the report reads of each kind of result file: the keys, types and ranges its sections use,
+checked when a file is loaded so that a malformed file stops the run before any step, not after it.
 
 A schema is written with plain values:
 - a type or a tuple of types: the value is one of them (true/false is never a number);
+- `Range(low, high, integer, above)`: a finite number (never NaN or infinite) within the bounds;
+  `Figure(range)`: a measured figure, null only at a point that did not run (`null_figures`);
+- `OneOf(values)`: one of these values (an outcome the conformance plug-in writes);
 - a dict: an object with these keys; "key?" marks a key that may be absent, "*" is the schema of
   every other key (without "*" other keys are allowed and not looked at);
 - `ListOf(schema, nonempty)`: a list of such items; `Maybe(schema)`: null or such a value.
 
 Each schema lists only what the code reads (`reports/sections/`, and the `markdown`/`verdicts` of
 `benchmarks.fidelity` and `benchmarks.long_output` that the fidelity section calls), so files
-written before a field existed still load where the sections read it with a default.
+written before a field existed still load where the sections read it with a default. The upper
+bounds are far past any real run: a value beyond one is a damaged or hand-edited file, not a measurement.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from benchmarks.fidelity import ORDER
 from reference import paper
 from reference.records import BENCHMARK
 
-NUM = (int, float)
 NONE = type(None)
 TEXT = (str, NONE)
-FIGURE = (int, float, NONE)  # a measured figure: null where the point ran out of memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,88 @@ class Maybe:
     schema: object
 
 
+@dataclasses.dataclass(frozen=True)
+class Figure(Maybe):
+    """A measured figure of a benchmark point: null only where the point did not run (`null_figures`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A finite number from `low` to `high` (None: no bound); `above`: greater than `low`, not equal;
+    `integer`: a whole number written as one."""
+
+    low: float | None = None
+    high: float | None = None
+    integer: bool = False
+    above: bool = False
+
+    def holds(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.above and value == self.low)):
+            return False
+        return self.high is None or value <= self.high
+
+    def __str__(self) -> str:
+        what = "an integer" if self.integer else "a finite number"
+        if self.low is not None and self.high is not None:
+            return f"{what} in {'(' if self.above else '['}{_bound(self.low)}, {_bound(self.high)}]"
+        if self.low is not None:
+            return f"{what} {'>' if self.above else '>='} {_bound(self.low)}"
+        return what if self.high is None else f"{what} <= {_bound(self.high)}"
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    values: tuple
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(map(repr, self.values))
+
+
+# -- the ranges ---------------------------------------------------------------------------------
+
+MAX_BATCH = 2**20
+MAX_TOKENS = 2**24  # prompt, generated, context and position counts
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_GIB = 2.0**20  # a pebibyte
+MAX_GBPS = 1e6
+MAX_BITS = 32  # per element: FP16 is 16
+
+FINITE = Range()
+NONNEGATIVE = Range(0)
+FRACTION = Range(0, 1)
+#: KL divergence: >= 0, less a rounding margin (two nearly equal distributions give a few ulps below 0).
+DIVERGENCE = Range(-1e-6)
+COUNT = Range(0, MAX_TOKENS, integer=True)
+POSITIVE_COUNT = Range(1, MAX_TOKENS, integer=True)
+BATCH = Range(1, MAX_BATCH, integer=True)
+SECONDS = Range(0, MAX_SECONDS)  # a duration; 0 for a skipped test
+ELAPSED_S = Range(0, MAX_SECONDS, above=True)  # a timed run
+MILLISECONDS = Range(0, MAX_SECONDS * 1e3, above=True)
+GIB = Range(0, MAX_GIB)
+GBPS = Range(0, MAX_GBPS, above=True)
+BYTES = Range(1, 2**50, integer=True)
+BITS = Range(0, MAX_BITS, above=True)
+BIT_WIDTH = Range(0, MAX_BITS, integer=True)
+#: Bandwidth against the device's copy: 1.0 is the roofline; caches can take a small working set past it.
+COPY_FRACTION = Range(0, 1000, above=True)
+LAUNCH_PARAMETER = Range(1, 2**16, integer=True)  # tile, warps, stages, splits
+EXIT_CODE = Range(-255, 255, integer=True)  # negative: ended by that signal
+LAYER = Range(0, 2**16, integer=True)
+EXAMPLES = Range(0, 2**31, integer=True)
+#: What a conformance property measured: any number (a failing implementation may measure inf or NaN).
+MEASURED = (int, float, str)
+#: The outcomes the conformance plug-in records (`conformance.plugin.pytest_runtest_makereport`).
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+
+
 # -- the kinds ----------------------------------------------------------------------------------
 
 CONFORMANCE = {
@@ -46,11 +131,13 @@ CONFORMANCE = {
             "implementation": str,
             "module": str,
             "property": str,
-            "outcome": str,
-            "duration_s": NUM,
+            "outcome": OneOf(OUTCOMES),
+            "duration_s": SECONDS,
             "reason?": TEXT,
             "example?": TEXT,  # a failure's example, fitted to the claims and shrunk
-            "measured?": Maybe({"*": (int, float, str)}),  # figures (the largest of each is shown) and descriptions
+            "measured?": Maybe({"*": MEASURED}),  # figures (the largest of each is shown) and descriptions
+            # examples run and dropped (outside the claims); results written before they were counted lack it
+            "examples?": {"run": EXAMPLES, "dropped": EXAMPLES},
         }
     ),
     "device?": TEXT,
@@ -61,26 +148,31 @@ CONFORMANCE = {
     "implementation_details?": ListOf({"name": str}),
 }
 
-_TABLE9 = {"mse": NUM, "kl": NUM}
+_TABLE9 = {"mse": NONNEGATIVE, "kl": DIVERGENCE}
 FIDELITY = {
     "model": str,
     "device": str,
     "date_utc": str,
     "command": str,  # its "--smoke" tells a smoke run
-    "prompts": int,
-    "prompt_tokens": int,
-    "new_tokens": int,
+    "prompts": POSITIVE_COUNT,
+    "prompt_tokens": POSITIVE_COUNT,
+    "new_tokens": COUNT,
     "versions": dict,
     "model_fingerprint?": TEXT,
     "summary": {
         # benchmarks.fidelity.verdicts reads every criterion of Fig. 4's order at both scopes and both r
         "fig4_jaccard_mean": {
-            **{f"{c} ({scope}), r={r}": NUM for c in ORDER for scope in ("prefill", "full") for r in ("10%", "50%")},
-            "*": NUM,
+            **{
+                f"{c} ({scope}), r={r}": FRACTION
+                for c in ORDER
+                for scope in ("prefill", "full")
+                for r in ("10%", "50%")
+            },
+            "*": FRACTION,
         },
-        "fig4_aggregated_jaccard_mean?": {"*": NUM},
-        "fig4_pairs?": {"per_layer_and_prompt": ListOf(int), "exact": bool, "max_pairs": int},
-        "fig5_share_median": {**{str(p): NUM for p in paper.FIG5_TOP_PERCENT}, "*": NUM},
+        "fig4_aggregated_jaccard_mean?": {"*": FRACTION},
+        "fig4_pairs?": {"per_layer_and_prompt": ListOf(COUNT), "exact": bool, "max_pairs": COUNT},
+        "fig5_share_median": {**{str(p): FRACTION for p in paper.FIG5_TOP_PERCENT}, "*": FRACTION},
         # the methods benchmarks.fidelity.verdicts names; the others are listed in the table
         "table9_mean": {
             "KIVI-style uniform 2-bit": _TABLE9,
@@ -88,77 +180,96 @@ FIDELITY = {
             "H3(50%)L1, qk-pair-norm (prefill)": _TABLE9,
             "*": _TABLE9,
         },
-        "table11_overlap_mean": {"*": {"*": NUM}},
+        "table11_overlap_mean": {"*": {"*": FRACTION}},
     },
     "end_to_end?": {
         "methods": {
             "*": {
-                "identical_fraction": ListOf(NUM, nonempty=True),
-                "first_divergence": ListOf((int, NONE)),
-                "nll": NUM,
-                "quantized_reads?": Maybe(ListOf({"tokens": int, "tokens_with_quantized_pages": int})),
+                "identical_fraction": ListOf(FRACTION, nonempty=True),
+                "first_divergence": ListOf(Maybe(COUNT)),
+                "nll": NONNEGATIVE,
+                "quantized_reads?": Maybe(ListOf({"tokens": COUNT, "tokens_with_quantized_pages": COUNT})),
             }
         },
-        "fp16_nll": NUM,
-        "heldout_tokens": int,
-        "prefix": int,
+        "fp16_nll": NONNEGATIVE,
+        "heldout_tokens": COUNT,
+        "prefix": COUNT,
         "warnings?": ListOf(str),
     },
 }
 
-_CURVE = ListOf(NUM, nonempty=True)  # one mean per span of positions; its quarters are averaged
+
+def _curves(kl: object = DIVERGENCE) -> dict:
+    """A method's curves over a long output: one mean per span of positions (its quarters are averaged)."""
+    return {"kl?": ListOf(kl, nonempty=True), "top1?": ListOf(FRACTION, nonempty=True),
+            "nll?": ListOf(NONNEGATIVE, nonempty=True)}  # fmt: skip
+
+
 LONG_OUTPUT = {
     "model": str,
     "device": str,
     "date_utc": str,
     "command": str,
-    "prompts": int,
-    "chunk": int,
-    "key_bits?": {"*": NUM},
+    "prompts": POSITIVE_COUNT,
+    "chunk": POSITIVE_COUNT,
+    "key_bits?": {"*": BITS},
     "model_fingerprint?": TEXT,
     "summary": {
-        "positions": int,
-        "bin_edges": ListOf(int, nonempty=True),
-        "methods": {"FP16": {"nll": _CURVE}, "*": {"kl?": _CURVE, "top1?": _CURVE, "nll?": _CURVE}},
+        "positions": POSITIVE_COUNT,
+        "bin_edges": ListOf(COUNT, nonempty=True),
+        "methods": {"FP16": {"nll": ListOf(NONNEGATIVE, nonempty=True)}, "*": _curves()},
     },
 }
 
 ROLE_CALIBRATION = {
     "model": {"name": str, "fingerprint": str},
     "command": str,
-    "layers": ListOf(int, nonempty=True),
-    "group_size": int,
+    "layers": ListOf(LAYER, nonempty=True),
+    "group_size": POSITIVE_COUNT,
     "calibration": {
         "tags": ListOf(str, nonempty=True),
-        "tokens": ListOf(int, nonempty=True),
-        "distortion": ListOf(ListOf(NUM, nonempty=True), nonempty=True),
-        "requests": int,
+        "tokens": ListOf(COUNT, nonempty=True),
+        "distortion": ListOf(ListOf(NONNEGATIVE, nonempty=True), nonempty=True),
+        "requests": COUNT,
     },
-    "allocations": ListOf({"budget": NUM, "bits": ListOf(int), "average_bits": NUM, "distortion": NUM, "search": str}),
+    "allocations": ListOf(
+        {"budget": BITS, "bits": ListOf(BIT_WIDTH), "average_bits": BITS, "distortion": NONNEGATIVE, "search": str}
+    ),
 }
 
-_EQUAL_BITS_METHOD = {"bits": NUM, "config": str, "stored_bits": NUM, "attention_kl": NUM, "output_mse": NUM,
-                      "e2e_kl?": NUM, "e2e_top1?": NUM, "e2e_nll": NUM, "low_share?": NUM}  # fmt: skip
+_EQUAL_BITS_METHOD = {"bits": BITS, "config": str, "stored_bits": BITS, "attention_kl": DIVERGENCE,
+                      "output_mse": NONNEGATIVE, "e2e_kl?": DIVERGENCE, "e2e_top1?": FRACTION,
+                      "e2e_nll": NONNEGATIVE, "low_share?": FRACTION}  # fmt: skip
+#: The methods `benchmarks.equal_bits.findings` compares (and divides by the KL of TriAxialKV and PN-Mix).
+_COMPARED = {**_EQUAL_BITS_METHOD, "e2e_kl": DIVERGENCE}
+_DIVISOR = {**_COMPARED, "attention_kl": Range(0, above=True), "e2e_kl": Range(0, above=True)}
 EQUAL_BITS = {
     "model": str,
     "device": str,
     "date_utc": str,
     "command": str,  # its "--smoke" tells a smoke run
     "model_fingerprint?": TEXT,
-    "layers": ListOf(int, nonempty=True),
-    "conversations": {"calibration": ListOf(str), "evaluation": ListOf(str), "evaluation_tokens": ListOf(int)},
+    "layers": ListOf(LAYER, nonempty=True),
+    "conversations": {"calibration": ListOf(str), "evaluation": ListOf(str), "evaluation_tokens": ListOf(COUNT)},
     "results": ListOf(
         {
-            "budget": NUM,
-            "methods": {"*": _EQUAL_BITS_METHOD},
-            "long_output": {"*": {"kl?": _CURVE, "top1?": _CURVE, "nll?": _CURVE}},
-            "long_positions": int,
+            "budget": BITS,
+            "methods": {
+                "TriAxialKV": _DIVISOR,
+                "PN-Mix": _DIVISOR,
+                "role-aware PN-Mix": _COMPARED,
+                "KIVI": _COMPARED,
+                "Kitty": _COMPARED,
+                "*": _EQUAL_BITS_METHOD,
+            },
+            "long_output": {"*": _curves()},
+            "long_positions": POSITIVE_COUNT,
             "memory": ListOf(
                 {
                     "method": str,
-                    "fig6a_longest_generation": (int, NONE),
-                    "fig6b_max_batch": int,
-                    "cache_gib_at_b32_8k": NUM,
+                    "fig6a_longest_generation": Maybe(COUNT),
+                    "fig6b_max_batch": Range(0, MAX_BATCH, integer=True),
+                    "cache_gib_at_b32_8k": GIB,
                 }
             ),
         },
@@ -171,31 +282,31 @@ GPU_CHECK = {
     "device?": TEXT,
     "date_utc?": TEXT,
     "command?": TEXT,
-    "steps?": {"*": {"command": str, "exit_code": (int, NONE), "seconds": FIGURE, "json?": TEXT}},
+    "steps?": {"*": {"command": str, "exit_code": Maybe(EXIT_CODE), "seconds": Maybe(SECONDS), "json?": TEXT}},
 }
 
 #: The file as a whole; each benchmark's extra_info is judged by `EXTRA_INFO`, and one outside it is
 #: left out with a note (a pytest-benchmark file may hold benchmarks of other suites).
 PYTEST_BENCHMARK = {
     "machine_info": {"cpu?": {"brand_raw?": TEXT}},
-    "benchmarks": ListOf({"name": str, "extra_info?": Maybe(dict), "stats?": {"median?": FIGURE}}),
+    "benchmarks": ListOf({"name": str, "extra_info?": Maybe(dict), "stats?": {"median?": Maybe(SECONDS)}}),
 }
 
-_TASK_RESULT = {"correct": ListOf((int, bool), nonempty=True)}
+_TASK_RESULT = {"correct": ListOf(OneOf((0, 1)), nonempty=True)}  # true and false are 1 and 0
 TASK_ACCURACY = {
     "model": str,
     "device": str,
     "date_utc": str,
     "command": str,
     "model_fingerprint?": TEXT,
-    "tasks": ListOf({"name": str, "items": int, "chance": NUM}, nonempty=True),
+    "tasks": ListOf({"name": str, "items": Range(1, 10**9, integer=True), "chance": FRACTION}, nonempty=True),
     "runs": ListOf(
         {
             "label": str,
             "role": str,
-            "key_bits?": (int, float, NONE),
-            "value_bits?": (int, float, NONE),
-            "budget?": (int, float, NONE),
+            "key_bits?": Maybe(BITS),
+            "value_bits?": Maybe(BITS),
+            "budget?": Maybe(BITS),
             "results": {"*": _TASK_RESULT},
         },
         nonempty=True,
@@ -225,17 +336,21 @@ EXTRA_INFO_COMMON = {
     "method": str,
     "timing": str,
 }
+_POINT = {"batch": BATCH, "prompt": COUNT}
 EXTRA_INFO = {
-    "fig6-memory": {"batch": NUM, "prompt": NUM, "generation": NUM, "oom": bool,
-                    "peak_allocated_gib": FIGURE, "model_peak_gib": FIGURE},
-    "fig6c-throughput": {"batch": NUM, "prompt": NUM, "generation": NUM, "protocol": str,
-                         "tokens_per_s": FIGURE, "total_s": FIGURE, "oom": bool},
-    "fig7-latency": {"batch": NUM, "prompt": NUM, "step": NUM, "step_ms": FIGURE},
-    "kernel": {"batch": NUM, "context": NUM, "ms": FIGURE, "bytes": FIGURE, "gbps": FIGURE, "copy_gbps": FIGURE,
-               "fraction_of_copy": FIGURE},
-    "kernel-launch": {"batch": NUM, "context": NUM, "block_n": NUM, "warps": NUM, "stages": NUM, "split_factor": NUM,
-                      "fits": (bool, NONE), "ms": FIGURE, "gbps": FIGURE, "copy_gbps": FIGURE,
-                      "fraction_of_copy": FIGURE, "max_error?": FIGURE, "error_bound?": FIGURE, "splits?": NUM},
+    "fig6-memory": {**_POINT, "generation": POSITIVE_COUNT, "oom": bool, "peak_allocated_gib": Figure(GIB),
+                    "model_peak_gib": Figure(GIB), "peak_reserved_gib?": Maybe(GIB)},
+    "fig6c-throughput": {**_POINT, "generation": POSITIVE_COUNT, "protocol": str,
+                         "tokens_per_s": Figure(Range(0, 1e9, above=True)), "total_s": Figure(ELAPSED_S), "oom": bool},
+    "fig7-latency": {**_POINT, "step": COUNT, "step_ms": Figure(MILLISECONDS)},
+    "kernel": {"batch": BATCH, "context": POSITIVE_COUNT, "ms": Figure(MILLISECONDS), "bytes": Figure(BYTES),
+               "gbps": Figure(GBPS), "copy_gbps": GBPS, "fraction_of_copy": Figure(COPY_FRACTION),
+               "roofline_ms?": Maybe(MILLISECONDS), "oom?": bool},
+    "kernel-launch": {"batch": BATCH, "context": POSITIVE_COUNT, "block_n": LAUNCH_PARAMETER, "warps": LAUNCH_PARAMETER,
+                      "stages": LAUNCH_PARAMETER, "split_factor": LAUNCH_PARAMETER, "fits": (bool, NONE),
+                      "ms": Figure(MILLISECONDS), "gbps": Figure(GBPS), "copy_gbps": Figure(GBPS),
+                      "fraction_of_copy": Figure(COPY_FRACTION), "max_error?": Maybe(NONNEGATIVE),
+                      "error_bound?": Maybe(Range(0, above=True)), "splits?": LAUNCH_PARAMETER, "oom?": bool},
 }  # fmt: skip
 
 
@@ -246,7 +361,8 @@ _NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or 
 
 
 def _expected(types: tuple) -> str:
-    names = ["a number" if t in (int, float) and set(NUM) <= set(types) else _NAMES.get(t, t.__name__) for t in types]
+    number = {int, float} <= set(types)
+    names = ["a number" if t in (int, float) and number else _NAMES.get(t, t.__name__) for t in types]
     return " or ".join(dict.fromkeys(names))
 
 
@@ -264,7 +380,13 @@ def _key(path: str, key: str) -> str:
 def _check(schema: object, value: object, path: str) -> list[tuple[str, str]]:
     """(path, problem) of every place where `value` departs from `schema`."""
     if isinstance(schema, Maybe):
-        return [] if value is None else _check(schema.schema, value, path)
+        if value is None:
+            return []
+        found = _check(schema.schema, value, path)
+        return [(p, f"{problem} or null") if p == path else (p, problem) for p, problem in found]
+    if isinstance(schema, (Range, OneOf)):
+        ok = schema.holds(value) if isinstance(schema, Range) else any(value == v for v in schema.values)
+        return [] if ok else [(path, f"is {_found(value)}, expected {schema}")]
     if isinstance(schema, type):
         schema = (schema,)
     if isinstance(schema, tuple):
@@ -300,11 +422,38 @@ def _items(schema: object, items: list, path: str) -> list[tuple[str, str]]:
     for i, item in enumerate(items):
         for p, problem in _check(schema, item, f"{path}[{i}]"):
             generic = p.replace(f"{path}[{i}]", f"{path}[*]", 1)
-            seen.setdefault((generic, problem), [p, 0])[1] += 1
-    out = []
-    for (_, problem), (first, n) in seen.items():
-        out.append((first, problem + (f" (and in {n - 1} more items)" if n > 1 else "")))
-    return out
+            # the same problem with another value is the same problem: counted, said with the first value
+            kind = re.sub(r"^is .*?, expected", "is ..., expected", problem)
+            seen.setdefault((generic, kind), [p, problem, 0])[2] += 1
+    return [
+        (first, problem + (f" (and in {n - 1} more items)" if n > 1 else "")) for first, problem, n in seen.values()
+    ]
+
+
+def _bad_text(data: object) -> tuple[str, str] | None:
+    """The first string (key or value) of `data` that is not valid Unicode (a lone surrogate, which JSON's
+    \\ud800 escapes can write and no file or page can hold), as (path, repr); None when there is none."""
+    stack = [("", data)]
+    while stack:  # not recursive: the parser accepts deeper nesting than a recursive walk could follow
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not _encodable(k):
+                    return path or "the file", f"has a key that is not valid Unicode ({k!r})"
+                stack.append((_key(path, k), v))
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, str) and not _encodable(value):
+            return path or "the file", f"is a string that is not valid Unicode ({_found(value)})"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: Problems said per file at most: past that the file is plainly of another shape.
@@ -313,13 +462,75 @@ MAX_PROBLEMS = 20
 
 def problems(kind: str, data: object) -> list[str]:
     """Why the report cannot read `data` as a result of `kind`, one line per problem (none: it can)."""
-    found = [f"{path or 'the file'}: {problem}" for path, problem in _check(SCHEMAS[kind], data, "")]
-    if len(found) > MAX_PROBLEMS:
-        found = [*found[: MAX_PROBLEMS - 1], f"and {len(found) - MAX_PROBLEMS + 1} more problems"]
-    return found
+    found = _check(SCHEMAS[kind], data, "")
+    if not found and kind in CONSISTENT:  # the shapes are right: the parts can be compared
+        found = CONSISTENT[kind](data)
+    bad = _bad_text(data)
+    found += [bad] if bad else []
+    return capped([f"{path or 'the file'}: {problem}" for path, problem in found])
 
 
-def extra_info_problems(info: dict, suite: str) -> list[str]:
+def capped(lines: list[str]) -> list[str]:
+    """At most MAX_PROBLEMS lines, the last saying how many more there are."""
+    if len(lines) <= MAX_PROBLEMS:
+        return lines
+    return [*lines[: MAX_PROBLEMS - 1], f"and {len(lines) - MAX_PROBLEMS + 1} more problems"]
+
+
+def _long_output(data: dict) -> list[tuple[str, str]]:
+    """Each curve has one mean per span of positions (the figure plots it against the spans' middles)."""
+    spans = len(data["summary"]["bin_edges"]) - 1
+    return [(_key(_key("summary.methods", name), metric), f"has {len(curve)} values, expected one per span of "
+             f"bin_edges ({spans})") for name, curves in data["summary"]["methods"].items()
+            for metric, curve in curves.items() if metric in ("kl", "top1", "nll") and len(curve) != spans]  # fmt: skip
+
+
+def _task_accuracy(data: dict) -> list[tuple[str, str]]:
+    """One FP16 baseline run, and every run with an outcome for each item of every task (runs are paired
+    item by item)."""
+    out = [] if any(r["role"] == "baseline" for r in data["runs"]) else [("runs", "has no run of role 'baseline'")]
+    for i, run in enumerate(data["runs"]):
+        for t in data["tasks"]:
+            path = _key(f"runs[{i}].results", t["name"])
+            if t["name"] not in run["results"]:
+                out.append((path, "missing: every run has a result for every task of `tasks`"))
+            elif len(run["results"][t["name"]]["correct"]) != t["items"]:
+                out.append((f"{path}.correct", f"has {len(run['results'][t['name']]['correct'])} outcomes, "
+                            f"expected the task's {t['items']} items"))  # fmt: skip
+    return out
+
+
+def _equal_bits(data: dict) -> list[tuple[str, str]]:
+    """The memory of FP16 and TriAxialKV at every budget (the concurrency claim divides one by the other)."""
+    out = []
+    for i, r in enumerate(data["results"]):
+        batch = {m["method"]: m["fig6b_max_batch"] for m in r["memory"]}
+        if batch.get("FP16", 0) < 1 or "TriAxialKV" not in batch:
+            out.append((f"results[{i}].memory", "lacks FP16 (with a largest batch of at least 1) or TriAxialKV"))
+    return out
+
+
+#: What a file of a kind must agree with itself on, past the shape of each value.
+CONSISTENT = {"long-output": _long_output, "task-accuracy": _task_accuracy, "equal-bits": _equal_bits}
+
+
+def did_not_run(info: dict) -> bool:
+    """Whether a benchmark point did not run: out of memory, or a launch choice that does not fit."""
+    return info.get("oom") is True or info.get("fits") is False
+
+
+def null_figures(info: dict, suite: str, path: str = "extra_info") -> list[tuple[str, str]]:
+    """The figures that are null at a full-scale point that ran: the sections compute with each of them
+    (the tiny harness on a CPU leaves out what it cannot measure there, and its table shows "-")."""
+    if info.get("scale") != "full" or did_not_run(info):
+        return []
+    why = "is null at a full-scale point that ran (neither out of memory nor a launch choice that does not fit)"
+    return [(_key(path, k), f"{why}: expected a number") for k, sub in EXTRA_INFO[suite].items()
+            if isinstance(sub, Figure) and k in info and info[k] is None]  # fmt: skip
+
+
+def extra_info_problems(info: dict, suite: str, path: str = "extra_info") -> list[str]:
     """Why the report cannot use a benchmark of `suite` with this extra_info (none: it can)."""
     schema = {**EXTRA_INFO_COMMON, **EXTRA_INFO[suite]}
-    return [f"{path}: {problem}" for path, problem in _check(schema, info, "extra_info")]
+    found = _check(schema, info, path)
+    return [f"{p}: {problem}" for p, problem in found or null_figures(info, suite, path)]

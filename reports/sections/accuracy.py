@@ -11,7 +11,7 @@ from benchmarks.accuracy_stats import accuracy, items_to_resolve, paired
 
 from .. import figures
 from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, details, figure, table
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, details, escape, figure, table
 
 #: FP16 within this much of chance is uninformative: no method can be told from it there.
 INFORMATIVE_MARGIN = 0.15
@@ -90,7 +90,8 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         ]
         for t in data["tasks"]
     ]
-    head = f"#### {data['model']} ({len(names)} tasks, {sum(t['items'] for t in data['tasks'])} items) {cite}\n"
+    items = sum(t["items"] for t in data["tasks"])
+    head = escape(f"#### {data['model']} ({len(names)} tasks, {items} items) {cite}") + "\n"
     overall_table = table(
         rows,
         ["run", "key bits", "value bits", "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"],

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from conformance.loader import builtins
 
 from ..inputs import Source
-from ..markdown import Section, table
+from ..markdown import Section, escape, table
 
 LABELS = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
 OUTCOMES = tuple(LABELS)
 NOT_CLAIMED = "not claimed"
+#: A property none of whose examples ran (every one outside the claims): neither a pass nor a skip.
+NOT_RUN = "not run"
 #: How every skip for a missing claim reads (conformance.plugin): "<name> does not claim <what>".
 _CLAIM_SKIP = re.compile(r"^\S+ does not claim ")
 #: Outcomes that break conformance: a counterexample, or a listed known failure that no longer fails.
@@ -48,6 +50,12 @@ def short_property(record: dict) -> str:
 
 def is_not_claimed(record: dict) -> bool:
     return record["outcome"] == "skipped" and bool(_CLAIM_SKIP.match(record.get("reason") or ""))
+
+
+def is_not_run(record: dict) -> bool:
+    """Counted, and no example ran (results that predate the count are judged by their outcome)."""
+    examples = record.get("examples")
+    return examples is not None and examples["run"] == 0 and record["outcome"] in ("passed", "skipped")
 
 
 def first_line(text: str | None, limit: int = 300) -> str:
@@ -85,13 +93,16 @@ def verdict(records: Sequence[dict]) -> str:
     broken = sorted({short_property(r) for r in records if r["outcome"] in BREAKING})
     if broken:
         return "FAILS " + "; ".join(broken)
-    counts = collections.Counter(r["outcome"] for r in records)
+    counts = collections.Counter(r["outcome"] for r in records if not is_not_run(r))
     if not counts["passed"]:
         return "not run: no property applies"
     parts = [f"{counts['passed']} pass"]
-    claimed_out = sum(is_not_claimed(r) for r in records)
+    claimed_out = sum(is_not_claimed(r) and not is_not_run(r) for r in records)
     if claimed_out:
         parts.append(f"{claimed_out} not claimed")
+    not_run = sum(map(is_not_run, records))
+    if not_run:
+        parts.append(f"{not_run} {NOT_RUN}: no example fits the claims")
     if counts["xfailed"]:  # listed by whoever runs it, with a reason each: not a pass
         return f"conforms except {counts['xfailed']} listed differences (" + ", ".join(parts) + ")"
     return "conforms (" + ", ".join(parts) + ")"
@@ -171,7 +182,7 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         + (" (device, date, hypothesis profile and command of each: the list of result files)")
     )
     details = details_of(sources)
-    claims = [f"- **{name}** ({identity(details.get(name))}): {claims_text(details.get(name))}"
+    claims = [escape(f"- **{name}** ({identity(details.get(name))}): {claims_text(details.get(name))}")
               for name in order({n for n, _ in columns})]  # fmt: skip
     parts = [
         (note + "\n") if note else "",
@@ -179,9 +190,10 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         "on every example drawn; not claimed: the implementation does not claim what the property needs (its "
         "claims are listed below); xfail [n]: a known difference listed for it, note n; FAIL [n]: a "
         "counterexample, note n gives the property's message and the example (fitted to the claims, shrunk); "
+        "not run [n]: no example of the property fits the claims, so none ran (note n says why); "
         "n/a [n]: the property does not apply, note n says why.\n",
         table(matrix, ["property", *heads.values()], source_line),
-        "Notes:\n\n" + "\n".join(f"{n}. {text}" for text, n in notes.items()) + "\n" if notes else "",
+        "Notes:\n\n" + "\n".join(f"{n}. {escape(text)}" for text, n in notes.items()) + "\n" if notes else "",
         "Claims of each implementation (`reference.contract.Capabilities`):\n\n" + "\n".join(claims) + "\n",
     ]
     return Section("Conformance matrix", "\n".join(p for p in parts if p))
@@ -201,6 +213,9 @@ def _ranges(numbers: list[int]) -> str:
 def _cell(record: dict, notes: dict[str, int]) -> str:
     """The matrix cell of one result; its note (message, example, reason) numbered in `notes`."""
     outcome = record["outcome"]
+    if is_not_run(record) and not is_not_claimed(record):
+        why = first_line(record.get("reason")) or "no example ran"
+        return f"{NOT_RUN} [{notes.setdefault(why, len(notes) + 1)}]"
     if outcome == "passed":
         return "pass"
     if is_not_claimed(record):

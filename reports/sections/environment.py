@@ -36,7 +36,9 @@ def render(
     command: str,
     outcomes: Sequence[Outcome],
     sources: Sequence[Source],
+    given: Sequence = (),
 ) -> Section:
+    """`given`: the implementations of --impl/--only as the argument check loaded them (`reports.cli.Given`)."""
     cite = Citations("R")
     this = "measured: this report's run " + cite.cite(
         "this report's run: the machine and versions from `reference.records` (platform, importlib.metadata), "
@@ -73,6 +75,13 @@ def render(
             or [["(nothing: every step was switched off)", "", "", "", ""]],
             ["step", "command", "status", "wall s", "results"],
             this + "; results and logs are in this folder's `data/`",
+        ),
+        "### Implementations given\n",
+        table(
+            [[f"`{g.given}`", g.name, g.version, f"`{g.file}`", g.origin] for g in given]
+            or [["(none: the built-ins only)", "", "", "", ""]],
+            ["given as", "name", "version", "module file", "origin"],
+            this + "; loaded once, by the argument check, before any step (each step imports it again itself)",
         ),
         "### Result files read\n",
         table(

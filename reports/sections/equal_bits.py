@@ -11,7 +11,7 @@ from reference import paper
 
 from .. import figures
 from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, figure, fmt, table
+from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, escape, figure, fmt, table
 from ..provenance import computed, measured, quoted
 from .claims import claims_table
 
@@ -163,13 +163,13 @@ def render(sources: Sequence[Source]) -> Section:
     cite = Citations("E")
     label = cite.cite(_provenance(s))
     stored_label = cite.cite(_provenance(stored)) if stored is not None else None
-    shows = [f"- {x}" for x in equal_bits.findings(s.data)]
+    shows = [f"- {escape(x)}" for x in equal_bits.findings(s.data)]
     if stored is not None:
-        shows += [f"- Equal stored memory: {x}" for x in equal_bits.findings(stored.data)]
-    parts = [intro, "SOURCES", "### What it shows\n", *shows, "", f"Run {label}: " + _run_line(s.data)]
+        shows += [f"- Equal stored memory: {escape(x)}" for x in equal_bits.findings(stored.data)]
+    parts = [intro, "SOURCES", "### What it shows\n", *shows, "", escape(f"Run {label}: " + _run_line(s.data))]
     parts += _tables(s.data, label, 3, cite)
     if s.data.get("model_fingerprint"):
-        parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
+        parts.append(escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n")
     figs = {}
     png = figures.png(_draw(s.data), ncols=len(s.data["results"]), size=(4.6, 3.6))
     if png is None:
@@ -183,7 +183,7 @@ def render(sources: Sequence[Source]) -> Section:
             "The same measurements with each channel method's configuration matched on what its cache stores for "
             "the evaluated conversations, exact residual and sinks included (`--match stored`): at under 1K tokens "
             "none of them stores less than about 3.9 bits per element, so this is run at 4 bits only.\n",
-            f"Run {stored_label}: " + _run_line(stored.data),
+            escape(f"Run {stored_label}: " + _run_line(stored.data)),
             *_tables(stored.data, stored_label, 4, cite),
         ]
     parts += [

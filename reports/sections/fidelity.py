@@ -21,6 +21,8 @@ from ..markdown import (
     Section,
     demote,
     details,
+    escape,
+    escaped,
     figure,
     sources_under_tables,
 )
@@ -142,7 +144,7 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
         "`benchmarks.fidelity.markdown`; the paper's claims are quoted next to what was measured. "
         + (
-            f"The paper's claims are judged on the {_label(main)}."
+            escape(f"The paper's claims are judged on the {_label(main)}.")
             if main
             else "Only smoke runs are present: they check the harness, not the claims."
         )
@@ -150,12 +152,12 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
     )
     parts = []
     for s in ordered:
-        body = fidelity.markdown(_said_once(s.data)).split("\n", 1)[1]  # its own title is replaced by ours
+        body = fidelity.markdown(escaped(_said_once(s.data))).split("\n", 1)[1]  # its own title is replaced by ours
         kind = "smoke" if is_smoke(s) else "full"
         body = sources_under_tables(demote(body, 2), f"measured: fidelity {kind} run {cite.cite(provenance(s))}")
-        head = f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})\n"
+        head = escape(f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})") + "\n"
         if s.data.get("model_fingerprint"):  # results before --model carry the name alone
-            head += f"\nModel fingerprint: `{s.data['model_fingerprint']}`.\n"
+            head += "\n" + escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n"
         parts.append(head + "\n" + (body if s is main else details(f"{_label(s)}: tables", body)))
     figs = {"fig5-importance-share.png": _fig5(ordered)}
     if main is not None:

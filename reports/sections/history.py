@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..currency import Verdict
 from ..inputs import BENCHMARK, Source, usable
-from ..markdown import Section, details, fmt, table
+from ..markdown import Section, details, escape, fmt, table
 from . import conformance as matrix
 from .performance import POINT_KEYS, TINY_FIGURE
 
@@ -23,7 +23,7 @@ def _measured(source: Source) -> str:
             for r in recs
             if r["outcome"] == "failed"
         ]
-        return "\n".join(lines + failures)
+        return "\n".join(map(escape, lines + failures))
     if source.kind == BENCHMARK:
         rows = []
         for e in usable(source):
@@ -37,7 +37,8 @@ def _measured(source: Source) -> str:
         return table(rows, ["suite", "scale", "method", "point", "figure", "value"], f"measured, `{source.name}`")
     d = source.data
     what = d.get("model") if isinstance(d.get("model"), str) else (d.get("model") or {}).get("name")
-    return f"{source.kind} result" + (f" on {what}" if what else "") + f", command `{d.get('command', 'not recorded')}`"
+    command = d.get("command", "not recorded")
+    return escape(f"{source.kind} result" + (f" on {what}" if what else "") + f", command `{command}`")
 
 
 def _date(source: Source) -> str:

@@ -9,7 +9,18 @@ from benchmarks import long_output
 
 from .. import figures
 from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, demote, figure, sources_under_tables
+from ..markdown import (
+    CONFIRMED,
+    NOT_CONFIRMED,
+    NOT_MEASURED,
+    Citations,
+    Claim,
+    demote,
+    escape,
+    escaped,
+    figure,
+    sources_under_tables,
+)
 from ..provenance import measured
 
 FIGURE = "long-output-{}.png"  # one figure per run, numbered in the order of the runs' dates
@@ -46,8 +57,9 @@ def claims(sources: Sequence[Source]) -> list[Claim]:
         status = NOT_MEASURED if holds is None else CONFIRMED if holds else NOT_CONFIRMED
         nll = long_output.quarter_means(s.data["summary"]["methods"]["FP16"]["nll"])
         if key == "accumulates" and nll[-1] < nll[0] / 4:
+            more = f"{nll[0] / nll[-1]:.0f}x more" if nll[-1] > 0 else "fully"
             evidence += (
-                f"; FP16's own text gets {nll[0] / nll[-1]:.0f}x more predictable over the output (it repeats "
+                f"; FP16's own text gets {more} predictable over the output (it repeats "
                 "itself), which lowers every method's KL: this run cannot tell accumulation from that"
             )
         out.append(Claim(CLAIMS[key], status, "measured" if holds is not None else "-", evidence, _provenance(s)))
@@ -84,10 +96,10 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
     figs = {}
     for i, s in enumerate(sorted(sources, key=lambda s: s.data.get("date_utc", "")), start=1):
         label = cite.cite(_provenance(s))
-        body = long_output.markdown(s.data).split("\n", 1)[1]
+        body = long_output.markdown(escaped(s.data)).split("\n", 1)[1]
         parts.append(sources_under_tables(demote(body, 2), f"measured: long-output run {label}"))
         if s.data.get("model_fingerprint"):
-            parts.append(f"Model fingerprint: `{s.data['model_fingerprint']}`.\n")
+            parts.append(escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n")
         png = figures.png(_draw(s), ncols=len(PANELS), size=(4.6, 3.6))
         if png is not None:
             figs[FIGURE.format(i)] = png

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from benchmarks.analysis import FIG7_FIT, latency_slope_us
 
 from ..inputs import Source
+from ..markdown import escape
 from ..provenance import measured
 
 FP16, KITTY, PN_MIX = "FP16", "Kitty", "PN-Mix"
@@ -73,4 +74,4 @@ def gpu_check_lines(s: Source) -> list[str]:
              + (f" ({step['reason']})" if step.get("reason") else
                 " (no reason recorded)" if step.get("exit_code") not in (0, None) else "")
              for name, step in d.get("steps", {}).items()]  # fmt: skip
-    return [head + " " + "; ".join(steps) + "."]
+    return [escape(head + " " + "; ".join(steps) + ".")]

@@ -13,7 +13,7 @@ from reference import paper
 from .. import figures
 from ..inputs import BENCHMARK as BENCH
 from ..inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
-from ..markdown import SOURCE, Citations, Section, details, figure, fmt, ratio, table
+from ..markdown import SOURCE, Citations, Section, details, escape, figure, fmt, ratio, table
 from ..provenance import quoted
 from .gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
 from .measured import (
@@ -334,7 +334,7 @@ def render(sources: Sequence[Source]) -> Section:
         )
     every = [r for rows in full.values() for r in rows]
     for n, ((name, device), run) in enumerate(runs(every).items()):
-        parts.append(f"### {device}: `{name}`\n")
+        parts.append(escape(f"### {device}: `{name}`") + "\n")
         for suite, (prefix, render_suite) in RENDERERS.items():
             rows = [r for r in run if r["suite"] == suite]
             if not rows:
@@ -356,7 +356,7 @@ def render(sources: Sequence[Source]) -> Section:
     if problems:
         parts.append(
             "Benchmarks not used here (outside the schema this report reads):\n\n"
-            + "\n".join(f"- {p}" for p in problems)
+            + "\n".join(f"- {escape(p)}" for p in problems)
             + "\n"
         )
     shown = [label for suite, label in TITLES.items() if full.get(suite)]

@@ -18,7 +18,7 @@ from conformance.strategies import REALISTIC, describe
 from reference import PNMixConfig
 
 from ..inputs import Source, benchmarks
-from ..markdown import Section, fmt, table
+from ..markdown import Section, escape, fmt, table
 from . import conformance as matrix
 from .measured import is_fp16
 
@@ -102,6 +102,13 @@ def as_run(description: str | None) -> str:
     return f"{keys}, {values}, G {config['group_size']}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")
 
 
+def attention_note(details: dict | None) -> str:
+    """What an implementation claimed of its attention where it is not its own (`Capabilities.attention`)."""
+    if ((details or {}).get("claims") or {}).get("attention") == "spec":
+        return "; attention judged: the spec's float32 attention over its cache, not its own arithmetic"
+    return ""
+
+
 def render(conformance: Sequence[Source], sources: Sequence[Source], history: int) -> Section:
     columns = matrix.records_by_column(conformance)
     by_impl: dict[str, dict[str, list[dict]]] = collections.defaultdict(dict)
@@ -125,7 +132,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         rows.append(
             [
                 f"{name} {details[name]['version']}" if name in details else name,
-                "; ".join(verdicts) or "not checked here",
+                ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
                 "; ".join(sorted(as_run(d) for d in ran)) or "-",
                 _bits(every),
                 fmt(error, ".3g"),
@@ -184,4 +191,4 @@ def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:
             f"Fewest bits per element among those that conform: {', '.join(n for n, b in bits.items() if b == fewest)} "
             f"({fewest:.2f})."
         )
-    return " ".join(out) + "\n"
+    return escape(" ".join(out)) + "\n"

@@ -299,3 +299,37 @@ def task_accuracy() -> dict:
         "tasks": [{"name": "a_1k", "items": 40, "chance": 0.25}, {"name": "b_1k", "items": 40, "chance": 0.25}],
         "runs": runs,
     }
+
+
+#: Text a result file may carry in any name, device or command: a new table row, HTML, a formula that
+#: does not parse, a control character.
+HOSTILE = "x\n| injected | row |\r\n<script>alert(1)</script> & <b>b</b> $\\frac{$ \x1b[31m"
+#: The keys whose text the report shows (names, devices, commands, reasons, labels).
+SHOWN_TEXT = ("implementation", "implementations", "device", "command", "model", "reason", "example", "name",
+              "label", "method", "version", "origin", "date_utc", "protocol", "timing", "config", "claim",
+              "evidence", "warnings", "model_fingerprint", "realistic_workload", "datetime", "brand_raw")  # fmt: skip
+
+
+#: Methods the report's schemas require by name (`reports.schema`).
+REQUIRED_METHODS = ("FP16", "TriAxialKV", "PN-Mix", "role-aware PN-Mix", "KIVI", "Kitty")
+
+
+def hostile(data: object, keys: tuple[str, ...] = SHOWN_TEXT) -> object:
+    """`data` with HOSTILE appended to every text under `keys` (and in lists of text under them), and to
+    the names of tasks and of methods (dict keys the sections show) other than those the schemas require."""
+
+    def spoil(value: object) -> object:
+        if isinstance(value, str):
+            return value if value in REQUIRED_METHODS else value + HOSTILE
+        return [spoil(v) for v in value] if isinstance(value, list) else value
+
+    def walk(value: object, under: str = "") -> object:
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                key = k + HOSTILE if under in ("methods", "results") and k not in REQUIRED_METHODS else k
+                out[key] = spoil(v) if k in keys and not isinstance(v, dict) else walk(v, k)
+            return out
+        return [walk(v) for v in value] if isinstance(value, list) else value
+
+    return walk(data)

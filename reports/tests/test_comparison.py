@@ -153,3 +153,22 @@ def test_a_cell_of_many_noted_outcomes_is_one_short_entry(tmp_path):
     row = next(r for r in table_after(body, "Every property") if r["property"] == "P1 packing: c")
     assert row["reference"] == "xfail x5 [1-4]"
     assert conformance._ranges([1, 2, 3, 6, 8, 9]) == "1-3, 6, 8-9"
+
+
+def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_said(tmp_path):
+    data = synthetic.conformance()
+    for r in data["results"]:
+        r["examples"] = {"run": 12, "dropped": 0}
+    reason = "no example fits its claims: reference: no head_dim within its claims (14 examples)"
+    nothing = {**data["results"][3], "outcome": "skipped", "examples": {"run": 0, "dropped": 14}, "reason": reason}
+    data["results"][3] = nothing  # reference's test_b
+    data["implementation_details"][0]["claims"] = {"attention": "spec"}
+    source = load(tmp_path, "c.json", data)
+    body = conformance.render([source]).body
+    cells = {r["property"]: r for r in table_after(body, "Every property")}
+    assert cells["P1 packing: b"]["reference"].startswith("not run [")
+    assert "no example fits its claims: reference: no head_dim" in body.split("Notes:")[1]
+    rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    assert "1 not run: no example fits the claims" in rows["reference"]["verdict"]
+    assert "the spec's float32 attention over its cache, not its own" in rows["reference"]["verdict"]
+    assert "spec's float32" not in rows["triton"]["verdict"]

@@ -177,3 +177,32 @@ def test_each_long_output_run_has_a_figure_of_its_own(every_figure):
     runs = [f for f in every_figure if f.axes[0].get_title().startswith("KL(FP16 || method), nats")]
     assert [len(f.axes[0].get_lines()[0].get_xdata()) for f in runs] == [4, 4]
     assert [max(f.axes[0].get_lines()[0].get_xdata()) for f in runs] == [14.0, 28.0]  # each its own positions
+
+
+def _unlegended(fig) -> list[str]:
+    """Labels of series drawn in a figure that no legend of it names."""
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    named = {t.get_text() for legend in legends for t in legend.get_texts()}
+    return sorted({label for label, _ in _series(fig)} - named)
+
+
+def test_every_series_of_every_figure_has_a_legend_entry(every_figure):
+    assert [_unlegended(fig) for fig in every_figure] == [[]] * len(every_figure)
+
+
+def test_the_long_output_tools_figure_names_fp16_and_colours_each_method_once(tmp_path, monkeypatch):
+    """`benchmarks.long_output` draws FP16 in its NLL panel only: its legend must still name it."""
+    from matplotlib.figure import Figure
+
+    from benchmarks import long_output as bench_long
+
+    saved, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
+    data = _long_output(tmp_path, "a.json", 16, "2026-12-01T00:00:00+00:00").data
+    bench_long.figure(data, tmp_path / "long.png")
+    (fig,) = saved
+    assert "FP16" in {label for label, _ in _series(fig)} and _unlegended(fig) == []
+    colours = {}
+    for label, colour in _series(fig):
+        colours.setdefault(label, set()).add(colour)
+    assert all(len(c) == 1 for c in colours.values()) and len({c.pop() for c in colours.values()}) == len(colours)

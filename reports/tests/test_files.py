@@ -74,3 +74,18 @@ def test_only_staging_folders_of_dead_runs_of_this_host_are_removed(tmp_path):
     files.keep(kept)  # a run that failed after its steps kept its results there
     assert files.remove_stale(tmp_path) == [(dead, pid)]
     assert sorted(tmp_path.iterdir()) == sorted([live, elsewhere, kept, unmarked])
+
+
+@pytest.mark.skipif(os.name != "posix", reason="processes are probed with signal 0; symbolic links")
+def test_a_link_named_like_a_staging_folder_is_left_alone_and_never_said_removed(tmp_path):
+    """Only a folder this code made (mkdtemp) can be a stale staging folder; a link to one is someone's."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / files.OWNER).write_text(json.dumps({"mark": files.MARK, "pid": dead_pid(), "host": socket.gethostname()}))
+    out = tmp_path / "out"
+    out.mkdir()
+    link = out / ".r.planted.tmp"
+    link.symlink_to(target)
+    (out / ".file.tmp").write_text("not a folder")
+    assert files.remove_stale(out) == []
+    assert link.is_symlink() and (target / files.OWNER).exists() and (out / ".file.tmp").exists()

@@ -2,6 +2,7 @@
 
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,17 +10,19 @@ import pytest
 from benchmarks import memory as bench_memory
 from benchmarks.models import ARCHITECTURES
 from reference import PNMixConfig, bit_widths
-from reports import cli, steps
+from reports import cli, files, steps
 from reports.sections import conformance as conformance_section
+from reports.sections import summary as summary_section
 
-from . import synthetic
-from .mdtables import table_after, tables_without_source
+from . import synthetic, test_files, test_inputs
+from .mdtables import table_after, tables, tables_without_source
 
 ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 SECTIONS = ("## 1. Summary", "## 2. Conformance matrix", "## 3. Storage and bit widths",
             "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
-            "## 7. Channels or token roles at equal bits (TriAxialKV)", "## 8. Task accuracy (Table 2, Fig. 3, Table 8)",
+            "## 7. Channels or token roles at equal bits (TriAxialKV)",
+            "## 8. Task accuracy (Table 2, Fig. 3, Table 8)",
             "## 9. The paper's claims", "## 10. History", "## 11. Environment and provenance")  # fmt: skip
 #: A third party's implementation, written from the README: the report takes it with one --impl.
 PLUGIN = "reports.tests.thirdparty:make"
@@ -66,7 +69,8 @@ def test_quick_report_numbers_match_their_sources(quick):
     matrix = table_after(md, "## 2. Conformance matrix")
     for name in names:
         mine = [r for r in data["results"] if r["implementation"] == name]
-        assert summary[name]["verdict"] == conformance_section.verdict(mine)
+        details = next(d for r in results for d in r["implementation_details"] if d["name"] == name)
+        assert summary[name]["verdict"] == conformance_section.verdict(mine) + summary_section.attention_note(details)
         passed = sum(int(c.partition(" x")[2] or 1) for c in (row[name] for row in matrix) if c.startswith("pass"))
         assert passed == sum(r["outcome"] == "passed" for r in mine), name
     realistic = [r["measured"] for r in data["results"] if r["implementation"] == "thirdparty-kivi"
@@ -129,6 +133,9 @@ def test_a_bad_input_fails_at_once_naming_the_file(tmp_path, monkeypatch, capsys
 @pytest.mark.parametrize(
     ("argv", "says"),
     [(["--name", "a/b"], "--name must be a plain folder name"), (["--name", ".hidden"], "--name must be"),
+     (["--name", "a\nb"], "--name must be"), (["--name", "a b"], "--name must be"), (["--name=-r"], "--name must be"),
+     (["--name", "r$(x)"], "--name must be"), (["--name", "r" * 201], "--name must be"),
+     (["--name", ""], "--name must be"),
      (["--impl", "nonesuch"], "--impl 'nonesuch'"), (["--impl", "kivi", "--no-conformance"], "contradict"),
      (["--only", "nonesuch"], "--only 'nonesuch'"), (["--impl", "kivi", "--only", "fp16"], "give one of them")],
 )  # fmt: skip
@@ -153,11 +160,33 @@ def test_an_implementation_that_does_not_load_stops_the_run_at_once(tmp_path, mo
     assert not (tmp_path / "r").exists()
 
 
-def test_a_folder_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
-    (tmp_path / "tests").mkdir()
-    with pytest.raises(SystemExit):
-        cli.main(["--out-dir", str(tmp_path), "--name", "tests", "--force", *NOTHING_RUN])
-    assert "is not a report folder" in capsys.readouterr().err and (tmp_path / "tests").is_dir()
+def _plant(kind: str, at: Path) -> None:
+    """What may already be at a report folder's path."""
+    if kind == "dangling link":
+        at.symlink_to(at.parent / "nowhere")
+    elif kind == "link to a report":
+        (at.parent / "elsewhere").mkdir()
+        (at.parent / "elsewhere" / "REPORT.md").write_text("theirs")
+        at.symlink_to(at.parent / "elsewhere")
+    elif kind == "file":
+        at.write_text("not a folder")
+    else:
+        at.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("planted", "says"),
+    [("dangling link", "is a symbolic link (to "), ("link to a report", "is a symbolic link (to "),
+     ("file", "exists and is not a folder"), ("folder", "exists and is not a report folder (no REPORT.md)")],
+)  # fmt: skip
+def test_what_is_at_the_report_folder_path_is_refused_before_any_work(tmp_path, monkeypatch, capsys, planted, says):
+    _plant(planted, tmp_path / "r")
+    before = sorted((p.name, p.is_symlink()) for p in tmp_path.iterdir())
+    monkeypatch.setattr(steps, "run_all", no_steps)
+    assert cli.main(["--out-dir", str(tmp_path), "--name", "r", "--force", "--no-committed-results", *NOTHING_RUN]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pnmix-report: {tmp_path / 'r'} {says}") and "--name" in line
+    assert sorted((p.name, p.is_symlink()) for p in tmp_path.iterdir()) == before  # nothing made, moved or removed
 
 
 def test_given_gpu_results_reach_the_report(tmp_path):
@@ -248,3 +277,94 @@ def test_a_run_whose_report_cannot_be_rendered_keeps_its_results(tmp_path, monke
     monkeypatch.undo()
     assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r2", "--no-committed-results", *NOTHING_RUN]) == 0
     assert staging.is_dir() and "removed" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("probe", [*test_inputs.BAD_VALUES, *test_inputs.NOT_JSON], ids=lambda p: str(p[:2])[:50])
+def test_every_bad_input_stops_the_run_before_any_step_with_one_line(tmp_path, monkeypatch, capsys, probe):
+    if len(probe) == 4:
+        path, says = test_inputs.bad_file(tmp_path, *probe)
+    else:
+        path, says = tmp_path / "broken.json", f"{tmp_path / 'broken.json'}: cannot read it {probe[1]}"
+        path.write_bytes(probe[0])
+    monkeypatch.setattr(steps, "run_all", no_steps)
+    argv = ["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", "--input", str(path)]
+    assert cli.main([*argv, *NOTHING_RUN]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pnmix-report: {says}") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's, for a character no font draws
+def test_text_of_the_inputs_cannot_add_rows_html_or_formulas_to_the_report(tmp_path):
+    """Every name, device, command and reason of every kind of result carries synthetic.HOSTILE, in results
+    of this tree's code (compared) and of other code (History): the report renders, its tables keep their
+    columns and none of that text reaches it raw."""
+    results = ROOT / "benchmarks" / "results"
+    valid = {**{k: v for k, v in test_inputs.VALID.items()}, "equal-bits-bits": lambda: json.loads(
+        min(results.glob("equal-bits-*.json")).read_text())}  # fmt: skip
+    argv = []
+    for name, make in valid.items():
+        for current in (True, False):
+            data = synthetic.hostile(synthetic.current(make()) if current else make())
+            argv += ["--input", str(synthetic.write(tmp_path, f"{name}-{current}.json", data))]
+    out = ["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", *NOTHING_RUN]
+    assert cli.main([*out, *argv]) == 0
+    md = (tmp_path / "out" / "r" / "REPORT.md").read_text()
+    assert md.count("injected") > 50  # the text is shown, escaped
+    for raw in ("<script>", "<b>", "\x1b", "\r"):
+        assert raw not in md, raw
+    assert not [line for line in md.splitlines() if line.startswith(("| injected", "<script", "$\\frac"))]
+    assert tables(md) and tables_without_source(md) == []  # every row has its table's columns
+
+
+def _counting_loads(monkeypatch) -> list[str]:
+    loads = []
+    real = cli.loader.load
+
+    def load(name):
+        loads.append(name)
+        return real(name)
+
+    monkeypatch.setattr(cli.loader, "load", load)
+    return loads
+
+
+def test_a_plugin_is_loaded_once_and_its_module_file_and_version_are_recorded(tmp_path, monkeypatch):
+    loads = _counting_loads(monkeypatch)
+    monkeypatch.setattr(cli, "plan", lambda args, data: [])  # the steps import it in their own processes
+    argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--impl", PLUGIN, "--impl", PLUGIN]
+    assert cli.main([*argv, "--no-benchmarks", "--fidelity", "off"]) == 0
+    assert loads == [PLUGIN]
+    (row,) = table_after((tmp_path / "r" / "REPORT.md").read_text(), "### Implementations given")
+    assert row == {"given as": f"`{PLUGIN}`", "name": "thirdparty-kivi", "version": "0.1.0",
+                   "module file": "`reports/tests/thirdparty.py`", "origin": PLUGIN}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [(["--impl", "reference.implementation:make"],
+      "implementation 'reference.implementation:make' (reference.implementation:make) is named 'reference', as is the "
+      "built-in 'reference' (reference = reference.implementation:make (pnmix "),
+     (["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_cuda_only"],
+      "implementation 'reports.tests.thirdparty:make_cuda_only' (reports.tests.thirdparty:make_cuda_only) is named "
+      f"'thirdparty-kivi', as is '{PLUGIN}' ({PLUGIN}): their results would be filed under one name")],
+)  # fmt: skip
+def test_two_implementations_under_one_name_are_refused_naming_both_origins(tmp_path, monkeypatch, capsys, argv, says):
+    monkeypatch.setattr(steps, "run_all", no_steps)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--out-dir", str(tmp_path), "--name", "r", *argv, "--no-benchmarks", "--fidelity", "off"])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_the_builtins_report_their_plugin_names():
+    """The name check takes a built-in's name to be its plug-in name, without loading every built-in."""
+    assert {n: cli.loader.load(n).name for n in steps.ALL_IMPLS} == {n: n for n in steps.ALL_IMPLS}
+
+
+def test_a_planted_link_in_the_out_dir_is_not_said_removed(tmp_path, capsys):
+    (tmp_path / "target").mkdir()
+    owner = {"mark": files.MARK, "pid": test_files.dead_pid(), "host": socket.gethostname()}
+    (tmp_path / "target" / files.OWNER).write_text(json.dumps(owner))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".r.x.tmp").symlink_to(tmp_path / "target")
+    assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", *NOTHING_RUN]) == 0
+    assert "removed" not in capsys.readouterr().err and (tmp_path / "out" / ".r.x.tmp").is_symlink()
