@@ -1,7 +1,7 @@
 """Channels or token roles? Every method at matched average key + value bits, on one harness.
 
     python -m benchmarks.equal_bits [--model M] [--budgets 3.25 3.5 4] [--layers 5] [--long-tokens 512]
-                                    [--chunk 128] [--smoke] [--out DIR]
+                                    [--chunk 128] [--smoke] [--out DIR] [--chat-template FILE]
 
 Methods: FP16; KIVI, Kitty and PN-Mix (bits spent per channel); TriAxialKV (per token, by role tag:
 arXiv 2605.17170); role-aware PN-Mix (TriAxialKV's per-tag budget with PN-Mix's pair saliency in
@@ -42,7 +42,6 @@ import functools
 import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tabulate import tabulate
@@ -60,11 +59,12 @@ from reference.token_cache import TokenPrecisionCache
 from reference.token_precision import TokenPrecisionConfig
 from reference.token_precision import storage_model as token_storage_model
 
-from . import memory
+from . import memory, preflight
+from .chat_format import add_options
 from .long_output import binned, greedy_outputs, measure_sequence, quarter_means
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import for_command
 from .role_calibration import allocations, calibrate, capture, spread_layers
+from .saving import save
 
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
 CHANNEL_METHODS = ("KIVI", "Kitty", "PN-Mix")
@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS),
                         help="average key + value bits per element")  # fmt: skip
     parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
-    parser.add_argument("--long-tokens", type=int, default=512, help="greedy tokens per long output (0: none)")
+    parser.add_argument("--long-tokens", type=preflight.non_negative_int, default=512,
+                        help="greedy tokens per long output (0: none)")  # fmt: skip
     parser.add_argument("--chunk", type=positive_int, default=128, help="tokens per teacher-forced forward")
     parser.add_argument("--bins", type=positive_int, default=8, help="spans of output positions in the curves")
     parser.add_argument("--match", choices=MATCHES, default="asymptotic",
@@ -458,15 +459,14 @@ def main(argv: list[str] | None = None) -> int:
                         "stored for the evaluated conversations (equal memory on this workload)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="one budget, two conversations each, 32 long tokens")
     parser.add_argument("--out", default="benchmarks/results")
+    add_options(parser, plain=False)  # the tags are read from the template's markers: no plain prompts
     args = parser.parse_args(argv)
     for budget in args.budgets:
         if not (3.0 <= budget < float("inf")):
             parser.error(f"--budgets must be finite and at least 3.0 (TriAxialKV's INT2 floor), got {budget}")
-    if args.long_tokens < 0:
-        parser.error(f"--long-tokens must be >= 0, got {args.long_tokens}")
-    source = for_command(parser, args.model)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.ROLES, fmt)
+    out_dir = preflight.output_folder(parser, args.out)
     from pnmix.hf import detect_pair_layout
 
     from . import conversations
@@ -477,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         cal_rows, eval_rows = cal_rows.select(range(2)), eval_rows.select(range(2))
         budgets, long_tokens = budgets[:1], min(long_tokens, 32)
     model, tokenizer = source.load("sdpa")
+    fmt.apply(tokenizer)
     layout = detect_pair_layout(model.config)
     if layout is None:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}")
@@ -489,14 +490,14 @@ def main(argv: list[str] | None = None) -> int:
     options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k.replace("-", "_"))))
     if list(args.budgets) != list(DEFAULT_BUDGETS):
         options += " --budgets " + " ".join(f"{b:g}" for b in args.budgets)
-    result = record("equal-bits", model.device,
-                    command="python -m benchmarks.equal_bits" + options + (" --smoke" if args.smoke else ""),
-                    model=source.describe(), model_fingerprint=source.fingerprint,
+    options += fmt.options() + (" --smoke" if args.smoke else "")
+    result = record("equal-bits", model.device, command="python -m benchmarks.equal_bits" + options,
+                    model=source.describe(), model_fingerprint=source.fingerprint, chat_template=fmt.describe(),
                     seconds=round(time.monotonic() - started, 1), **out)  # fmt: skip
-    stem = out_dir / f"equal-bits-{utc_stamp()}"
-    write_json(stem.with_suffix(".json"), result)
-    path = write_atomic(stem.with_suffix(".md"), markdown(result))
-    print(markdown(result))
+    stem, text = f"equal-bits-{utc_stamp()}", markdown(result)
+    print(text)  # first: on screen whatever happens to the files
+    _, path = save(parser.prog, out_dir, {f"{stem}.json": lambda p: write_json(p, result),
+                                          f"{stem}.md": lambda p: write_atomic(p, text)})  # fmt: skip
     print(f"written to {path} (and .json)")
     return 0
 

@@ -1,6 +1,7 @@
 """The paper's fidelity analyses re-measured on a real model: SmolLM2-135M-Instruct (GGUF) by default.
 
     python -m benchmarks.fidelity [--smoke] [--new-tokens N] [--out DIR] [--model GGUF|FOLDER|PACKAGE]
+                                  [--chat-template FILE | --plain-prompts]
 
 Post-RoPE queries and keys of every layer and KV head are recorded during prefill and greedy
 generation of the prompts in benchmarks/data/prompts.jsonl (loaded with `datasets`). Then:
@@ -47,6 +48,7 @@ from tqdm import tqdm
 
 from reference import PNMixConfig, ReferenceCache, prefill_pair_mask, quant, token_layout
 from reference.attention import attention_logits_ref
+from reference.cli import positive_int
 from reference.methods import METHODS
 from reference.paper import FIG5_SHARE_PERCENT, FIG5_TOP_PERCENT, TABLE11_OVERLAP
 from reference.polar import polar_dequantize, polar_quantize
@@ -60,8 +62,10 @@ from reference.saliency import (
     select_salient_pairs,
 )
 
+from . import preflight
+from .chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import for_command
+from .saving import save
 
 DATA = Path(__file__).parent / "data"
 TRACE = "pnmix-trace"
@@ -84,18 +88,18 @@ def register_tracer() -> None:
     AttentionMaskInterface.register(TRACE, sdpa_mask)
 
 
-def chat_ids(tokenizer, prompt: str) -> dict:
-    chat = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+def chat_ids(tokenizer, prompt: str, fmt: ChatFormat = MODEL_TEMPLATE) -> dict:
+    """The input ids (and attention mask) of a one-turn chat asking `prompt`, formatted by `fmt`."""
+    return fmt.encode(tokenizer, fmt.render(tokenizer, [{"role": "user", "content": prompt}]), return_tensors="pt")
 
 
 @torch.no_grad()
-def collect(model, tokenizer, prompt: str, new_tokens: int):
+def collect(model, tokenizer, prompt: str, new_tokens: int, fmt: ChatFormat = MODEL_TEMPLATE):
     """Per layer (q [H, T, d], k [H_kv, T, d]) over prompt + generation, the prompt length, and the tokens."""
     layers = [layer.self_attn for layer in model.model.layers]
     for attn in layers:
         attn._pnmix_trace = []
-    inputs = chat_ids(tokenizer, prompt)
+    inputs = chat_ids(tokenizer, prompt, fmt)
     out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     traces = [
         (torch.cat([q for q, _ in a._pnmix_trace], 1), torch.cat([k for _, k in a._pnmix_trace], 1)) for a in layers
@@ -368,8 +372,9 @@ def quantization_warnings(e2e: dict) -> list[str]:
 
 @torch.no_grad()
 def end_to_end(
-    model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress, layout: str = LAYOUT
-) -> dict:
+    model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress, layout: str = LAYOUT,
+    fmt: ChatFormat = MODEL_TEMPLATE,
+) -> dict:  # fmt: skip
     """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
     import pnmix.hf  # noqa: F401  (registers "pnmix")
     from pnmix.hf import PNMixHFCache, cache_argument
@@ -381,7 +386,7 @@ def end_to_end(
         for name in names
     }
     for prompt in progress(prompts, desc="end to end"):
-        inputs = chat_ids(tokenizer, prompt)
+        inputs = chat_ids(tokenizer, prompt, fmt)
         n0 = inputs["input_ids"].shape[1]
         model.set_attn_implementation("sdpa")
         ref = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)[0, n0:]
@@ -560,8 +565,9 @@ def claim_holds(s: dict) -> dict[str, bool | None]:
     }
 
 
-def verdicts(s: dict) -> dict[str, str]:
-    """Plain statements of whether each claim of the paper holds on the measured numbers."""
+def verdicts(s: dict, model: str | None = None) -> dict[str, str]:
+    """Plain statements of whether each claim of the paper holds on the measured numbers (`model`: the
+    result's, named in them)."""
     holds = claim_holds(s)
     jac = s["fig4_jaccard_mean"]
     gap = max(abs(jac[f"{c} (prefill), r={r}"] - jac[f"{c} (full), r={r}"]) for c in ORDER for r in ("10%", "50%"))
@@ -588,7 +594,7 @@ def verdicts(s: dict) -> dict[str, str]:
     shares = {str(k): x for k, x in s["fig5_share_median"].items()}  # int keys, or str after JSON
     out["fig5"] = (
         f"top 10/30/50% hold {shares['10']:.1%}/{shares['30']:.1%}/{shares['50']:.1%} "
-        "here (a 135M model, not the paper's 14B/32B)"
+        f"here ({'on ' + model.split(' (')[0] + ', ' if model else ''}not the paper's 14B/32B models)"
     )
     overlaps = _overlaps(s)
     out["table11"] = (
@@ -627,7 +633,7 @@ def _fig4_lines(s: dict) -> list[str]:
 
 def markdown(result: dict) -> str:
     s = result["summary"]
-    v = verdicts(s)
+    v = verdicts(s, result.get("model"))
     lines = [
         f"# Fidelity analyses on {result['model']}",
         "",
@@ -710,8 +716,10 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="one prompt, few tokens: checks the harness")
-    parser.add_argument("--new-tokens", type=int, default=None, help="generated tokens per prompt (default 200)")
-    parser.add_argument("--e2e-prompts", type=int, default=None, help="prompts for the end-to-end run (default 2)")
+    parser.add_argument("--new-tokens", type=positive_int, default=None,
+                        help="generated tokens per prompt (default 200)")  # fmt: skip
+    parser.add_argument("--e2e-prompts", type=preflight.non_negative_int, default=None,
+                        help="prompts for the end-to-end run (default 2; 0: none)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -725,8 +733,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("split", "adjacent"),
         help="the model's RoPE pairs, where they cannot be probed from its rotary function",
     )
+    add_options(parser)
     args = parser.parse_args(argv)
-    source = for_command(parser, args.model)
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.CHAT, fmt)
+    out = preflight.output_folder(parser, args.out)
     torch.manual_seed(args.seed)
     new_tokens = args.new_tokens or (24 if args.smoke else 200)
     e2e_prompts = args.e2e_prompts if args.e2e_prompts is not None else (1 if args.smoke else 2)
@@ -738,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     pages = {"group_size": 16, "residual_length": 16, "n_sink": 4} if args.smoke else {}
     register_tracer()
     model, tokenizer = source.load(TRACE)
+    fmt.apply(tokenizer)
     from pnmix.hf import detect_pair_layout
 
     layout = args.pair_layout or detect_pair_layout(model.config)
@@ -745,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}: pass --pair-layout split or adjacent")
     per_prompt, prompt_tokens = [], 0
     for row in tqdm(prompts, desc="trace and analyse", unit="prompt"):
-        traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens)
+        traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens, fmt)
         prompt_tokens += prompt_len
         per_prompt.append(analyse_prompt(traces, prompt_len, pages, layout))
     result = record(
@@ -753,9 +765,11 @@ def main(argv: list[str] | None = None) -> int:
         model.device,  # where the traces were taken and analysed
         command="python -m benchmarks.fidelity"
         + (" --smoke" if args.smoke else "")
-        + ("" if args.model == DEFAULT_MODEL else f" --model {args.model}"),
+        + ("" if args.model == DEFAULT_MODEL else f" --model {args.model}")
+        + fmt.options(),
         model=source.describe(),
         model_fingerprint=source.fingerprint,
+        chat_template=fmt.describe(),
         pair_layout=layout,
         seed=args.seed,
         prompt_set="benchmarks/data/prompts.jsonl",
@@ -778,12 +792,12 @@ def main(argv: list[str] | None = None) -> int:
             pages,
             lambda it, desc: tqdm(it, desc=desc),
             layout,
+            fmt,
         )
-    stamp = utc_stamp()
-    out = Path(args.out)
-    write_json(out / f"fidelity-{stamp}.json", result)
-    path = write_atomic(out / f"fidelity-{stamp}.md", markdown(result))
-    print(markdown(result))
+    stamp, text = utc_stamp(), markdown(result)
+    print(text)  # first: on screen whatever happens to the files
+    _, path = save(parser.prog, out, {f"fidelity-{stamp}.json": lambda p: write_json(p, result),
+                                      f"fidelity-{stamp}.md": lambda p: write_atomic(p, text)})  # fmt: skip
     print(f"written to {path} (and .json)")
     return 0
 

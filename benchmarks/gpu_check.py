@@ -28,6 +28,10 @@ the paper's claims). --tiny runs the same steps at tiny scale on any device (the
 Triton interpreter: the harness check, timings not predictive). Results: the conformance
 JSON, one pytest-benchmark JSON per benchmark step and `gpu-check-<device>-<time>.json` (each
 step's command, budget, seconds and outcome, and the figures above); nothing is overwritten.
+`--out` is checked before the first step (a folder this process can write, created if missing);
+each step's files are written as it ends, so a fault later in the run (a full disk) keeps what
+the earlier steps measured, and a record that cannot be written in `--out` is kept in a temporary
+folder, named in the one line that ends the run.
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
+from reference.cli import positive_float
 from reference.paper import FIG6C_TOKENS_PER_S
 from reference.records import device_name, record, utc_stamp, write_json
 
+from . import preflight
 from .memory import DEFAULT_BUDGET_GIB
+from .saving import save
 from .workloads import SCALES, fig6c_throughput, fig7_latency, kernel_decode, kernel_launch
 
 SUITES = {
@@ -157,9 +164,12 @@ TAIL_LINES = 60
 
 def failure_reason(lines: list[str]) -> str | None:
     """Why a pytest run failed, from the end of its output: the exception of each traceback ('E   '
-    lines naming an error class, else the last 'E' line) and its 'FAILED'/'ERROR' summary lines
-    (None when there is neither)."""
+    lines naming an error class, else the last 'E' line; also pytest's 'INTERNALERROR>' lines and the
+    last line of a traceback pytest did not catch, as when a plug-in cannot write its result file at
+    the session's end) and its 'FAILED'/'ERROR' summary lines (None when there is none)."""
     errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    errors += [line.removeprefix("INTERNALERROR>").strip() for line in lines if line.startswith("INTERNALERROR>")]
+    errors += [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
     named = [e for e in errors if re.match(r"^[\w.]+(Error|Exception|Exit)\b", e)]
     summary = [line.strip() for line in lines if line.startswith(("FAILED ", "ERROR "))]
     parts = list(dict.fromkeys(named or errors[-1:])) + summary
@@ -256,18 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="the steps that fit a 15-minute GPU lease, each budgeted")
     names = [s.name for s in short_steps(True, Path(), "", "", DEFAULT_BUDGET_GIB)]
     parser.add_argument("--steps", nargs="+", choices=names, default=names, help="with --short: these steps only")
-    parser.add_argument("--time-budget", type=float, default=TIME_BUDGET_S, help="with --short: seconds for all steps")
+    parser.add_argument("--time-budget", type=positive_float, default=TIME_BUDGET_S,
+                        help="with --short: seconds for all steps")  # fmt: skip
     parser.add_argument("--sweep", choices=("short", "all"), default="short")
     parser.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=sorted(SUITES))
-    parser.add_argument("--budget-gib", type=float, default=DEFAULT_BUDGET_GIB)
+    parser.add_argument("--budget-gib", type=positive_float, default=DEFAULT_BUDGET_GIB, help="GPU memory (> 0)")
     parser.add_argument("--skip-conformance", action="store_true")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
         print("gpu_check: CUDA is not available; nothing to measure (use --tiny to exercise the harness)")
         return 0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = preflight.output_folder(parser, args.out)
     device = torch.device("cuda" if cuda else "cpu")
     safe = "".join(ch if ch.isalnum() else "-" for ch in device_name(device)).strip("-")[:40]
     stamp = utc_stamp()
@@ -290,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
              "--bench-sweep", args.sweep, "--budget-gib", str(args.budget_gib), "--benchmark-json", str(bench_json)]
         )  # fmt: skip
         steps["benchmarks"]["json"] = str(bench_json)
-    path = write_json(out / f"gpu-check-{safe}-{stamp}.json", result)
-    for name, step in result["steps"].items():
+    for name, step in result["steps"].items():  # first: on screen whatever happens to the record
         print(f"gpu_check: {name}: exit {step['exit_code']} in {step['seconds']} s: {step['command']}")
         if step.get("results"):
             print(tabulate(step["results"], headers="keys", tablefmt="github", floatfmt=".4g"))
+    (path,) = save(parser.prog, out, {f"gpu-check-{safe}-{stamp}.json": lambda p: write_json(p, result)})
     print(f"gpu_check: written to {path}")
     failed = [name for name, step in result["steps"].items()
               if step["exit_code"] != 0 and not (name in OPTIONAL and step["exit_code"] is None)]  # fmt: skip

@@ -29,8 +29,10 @@ model_args:
   continuations of one context share its cache instead (below).
 Everything that can be checked before the weights load is checked first (`check`), each refusal
 one line naming the argument: the method or implementation, the overrides and their types, the
-model path, the allocation and budget, the chat template file, and, from the model's config alone,
-its RoPE pair layout, head_dim and context against the configuration and the implementation's claims.
+model path and its file as it will load (`benchmarks.preflight.model_problem`: a GGUF's header and
+tensor index, a folder's config.json), the allocation and budget, the chat template file, and, from
+the model's config alone, its RoPE pair layout, head_dim and context against the configuration and
+the implementation's claims.
 
 Semantics. A context may hold `DECODE_MARK`; the mark is no text (it is removed before
 tokenization, so a marked and an unmarked context have the same tokens) but says where the prompt
@@ -89,7 +91,7 @@ from reference.methods import METHODS, TOKEN_METHODS
 from reference.roles import CHATML, USER, Tag, tag_tokens
 from reference.token_precision import TokenPrecisionConfig
 
-from . import model_source
+from . import model_source, preflight
 from .tasks import DECODE_MARK
 
 log = logging.getLogger(__name__)
@@ -284,11 +286,16 @@ def _device(name: str | None) -> torch.device:
 
 
 def _source(pretrained: str) -> model_source.ModelSource:
+    """The model pretrained= names, its file checked as it will load (`preflight.model_problem`)."""
     try:
-        return model_source.resolve(pretrained)
+        source = model_source.resolve(pretrained)
     except ValueError as error:
         raise ModelArgsError(f"model_args pretrained={pretrained}: "
                              f"{str(error).removeprefix(f'--model {pretrained}: ')}") from None  # fmt: skip
+    problem = preflight.model_problem(source)
+    if problem is not None:
+        raise ModelArgsError(f"model_args pretrained={pretrained}: {problem}")
+    return source
 
 
 def _template(value: str | None) -> str | None:
@@ -349,20 +356,13 @@ def check_chat(settings: Settings) -> None:
         return
     if value is not None and value.lower() == NO_TEMPLATE:
         raise ModelArgsError("--apply_chat_template with model_args chat_template=none: no template to apply")
-    if not model_has_template(settings.source):
+    try:
+        has = preflight.has_chat_template(settings.source)
+    except ValueError as error:  # a tokenizer_config.json that is no JSON object
+        raise ModelArgsError(f"--apply_chat_template: {error}") from None
+    if not has:
         raise ModelArgsError(f"--apply_chat_template: {settings.source.name} ships no chat template; give "
                              "model_args chat_template=FILE (a Jinja template)")  # fmt: skip
-
-
-def model_has_template(source: model_source.ModelSource) -> bool:
-    if source.gguf_file is not None:
-        from gguf import GGUFReader
-
-        return "tokenizer.chat_template" in GGUFReader(source.folder / source.gguf_file).fields
-    if any((source.folder / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
-        return True
-    config = source.folder / "tokenizer_config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
 
 
 def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:

@@ -2,6 +2,7 @@
 the output grows (the reason PN-Mix exists: errors that accumulate over 8K-32K generated tokens).
 
     python -m benchmarks.long_output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
+                                     [--chat-template FILE | --plain-prompts]
 
 For each prompt of benchmarks/data/prompts.jsonl the FP16 model generates `--tokens` tokens
 greedily (up to its context); then every method reads that same sequence, teacher-forced, through
@@ -13,7 +14,10 @@ Tokens go through the caches `--chunk` at a time with stepwise attention
 (`reference.ReferenceCache.attend_stepwise`): each position attends exactly as it would in
 token-by-token decoding (pnmix/tests/test_hf_models.py checks it), at one forward per chunk.
 Methods run at the paper's pages (G = N = 128, 32 sinks) and default bits; the curves bin the
-positions. Results: JSON and markdown (and a PNG of the curves) written atomically to new files.
+positions. Within a chunk the methods run one after the other, each method's logits freed before
+the next runs (with a 262K-token vocabulary they are the largest thing held); the result records
+the run's peak resident memory. Results: JSON and markdown (and a PNG of the curves) written
+atomically to new files.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import resource
+import sys
 import time
 from pathlib import Path
 
@@ -33,19 +39,37 @@ from reference.methods import METHODS
 from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.storage import bit_widths
 
+from . import preflight
+from .chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import for_command
+from .saving import save
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_METHODS = ("KIVI-2 +32 sinks", "Kitty", "PN-Mix")  # about 2.3 key bits each
 METRICS = ("kl", "top1", "nll")
 
 
-def _forward(model, ids: torch.Tensor, cache, attn: str) -> torch.Tensor:
+def _log_probs(model, ids: torch.Tensor, cache, attn: str, last_only: bool) -> torch.Tensor:
+    """Next-token log-probabilities (float64) at each position of `ids` ([T, V]; the last only: [1, V])."""
     from pnmix.hf import cache_argument
 
     model.set_attn_implementation(attn)
-    return model(input_ids=ids, **{cache_argument(model): cache}).logits[0].double()
+    logits = model(input_ids=ids, **{cache_argument(model): cache}).logits[0]
+    return torch.log_softmax((logits[-1:] if last_only else logits).double(), -1)
+
+
+#: Positions whose KL is computed at once: bounds the float64 temporaries to a few vocabularies' worth.
+KL_ROWS = 32
+
+
+def _kl(ref: torch.Tensor, log_p: torch.Tensor) -> list[float]:
+    """KL(ref || log_p) of each row of two [T, V] log-probability tensors, KL_ROWS rows at a time (a
+    function: the row views, which keep their tensors alive, end with it)."""
+    out = []
+    for a in range(0, ref.shape[0], KL_ROWS):
+        r, q = ref[a : a + KL_ROWS], log_p[a : a + KL_ROWS]
+        out += (r.exp() * (r - q)).sum(-1).clamp_min(0).tolist()
+    return out
 
 
 @torch.no_grad()
@@ -59,25 +83,21 @@ def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, c
     caches = {"FP16": DynamicCache()}  # a config, or a function that returns a cache (per-token precision)
     caches |= {n: c() if callable(c) else PNMixHFCache(model.config, c, backend="reference", stepwise=True)
                for n, c in configs.items()}  # fmt: skip
-    attn = {n: "sdpa" if n == "FP16" else "pnmix" for n in caches}
     out = {n: {m: [] for m in METRICS} for n in configs} | {"FP16": {"nll": []}}
     bounds = [(0, prompt_len)] + [
         (a, min(a + chunk, ids.shape[1] - 1)) for a in range(prompt_len, ids.shape[1] - 1, chunk)
     ]
     for first, last in bounds:
-        logits = {n: _forward(model, ids[:, first:last], c, attn[n]) for n, c in caches.items()}
-        if first == 0:  # the prompt: only its last position predicts a generated token
-            logits = {n: x[-1:] for n, x in logits.items()}
-            targets = ids[0, prompt_len : prompt_len + 1]
-        else:
-            targets = ids[0, first + 1 : last + 1]
-        ref = torch.log_softmax(logits["FP16"], -1)
+        prompt = first == 0  # the prompt: only its last position predicts a generated token
+        targets = ids[0, prompt_len : prompt_len + 1] if prompt else ids[0, first + 1 : last + 1]
+        ref = _log_probs(model, ids[:, first:last], caches["FP16"], "sdpa", prompt)
         out["FP16"]["nll"] += (-ref.gather(-1, targets[:, None])[:, 0]).tolist()
-        for name in configs:
-            log_p = torch.log_softmax(logits[name], -1)
-            out[name]["kl"] += (ref.exp() * (ref - log_p)).sum(-1).clamp_min(0).tolist()
+        for name in configs:  # one method's outputs at a time: each is freed before the next runs
+            log_p = _log_probs(model, ids[:, first:last], caches[name], "pnmix", prompt)
+            out[name]["kl"] += _kl(ref, log_p)
             out[name]["top1"] += (log_p.argmax(-1) == ref.argmax(-1)).double().tolist()
             out[name]["nll"] += (-log_p.gather(-1, targets[:, None])[:, 0]).tolist()
+            del log_p
     return out
 
 
@@ -97,21 +117,27 @@ class _Progress:
 
 
 @torch.no_grad()
-def greedy_outputs(model, tokenizer, prompts: list, tokens: int, context: float) -> list[tuple[torch.Tensor, int]]:
+def greedy_outputs(model, tokenizer, prompts: list, tokens: int, context: float,
+                   fmt: ChatFormat = MODEL_TEMPLATE) -> list[tuple[torch.Tensor, int]]:  # fmt: skip
     """The FP16 model's greedy continuation of each prompt (a string: a one-turn chat; or a list of chat
-    messages), `tokens` long or up to
-    the context: (ids [1, prompt + output], prompt length) per prompt. All prompts decode as one
+    messages, formatted by `fmt`), `tokens` long or up to the context: (ids [1, prompt + output], prompt
+    length) per prompt. All prompts decode as one
     left-padded batch: on a CPU a decode step reads every weight whatever the batch, so this costs
     about one prompt's time. Padding can flip a near-tie of the greedy choice; that changes which
     sequence is teacher-forced, not the comparison, which reads every method on the same tokens."""
     chats = [[{"role": "user", "content": p}] if isinstance(p, str) else list(p) for p in prompts]
-    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    texts = [fmt.render(tokenizer, c) for c in chats]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    padless = tokenizer.pad_token_id is None  # padding needs a token; the mask keeps it out of attention
+    if padless:
+        tokenizer.pad_token = tokenizer.eos_token
+    pad = tokenizer.pad_token_id
     try:
-        inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        inputs = fmt.encode(tokenizer, texts, return_tensors="pt", padding=True)
     finally:
         tokenizer.padding_side = side
+        if padless:
+            tokenizer.pad_token = None
     width = inputs["input_ids"].shape[1]
     n = int(min(tokens, context - width))
     if n < 1:
@@ -126,6 +152,12 @@ def greedy_outputs(model, tokenizer, prompts: list, tokens: int, context: float)
         skip = width - int(mask.sum())  # the left padding
         result.append((row[None, skip:], width - skip))
     return result
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
 
 def rounded(per_prompt: list[dict]) -> list[dict]:
@@ -229,15 +261,18 @@ def figure(result: dict, path: Path) -> Path:
     s = result["summary"]
     mids = [(a + b) / 2 for a, b in itertools.pairwise(s["bin_edges"])]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    # one colour per method in every panel, and one legend for all of them: FP16 is drawn in the NLL panel only
+    colors = {name: f"C{i}" for i, name in enumerate(s["methods"])}
     for ax, metric, title in zip(axes, METRICS, ("KL(FP16 || method)", "top-1 agreement", "NLL"), strict=True):
         for name, m in s["methods"].items():
             if metric in m:
-                ax.plot(mids[: len(m[metric])], m[metric], marker="o", label=name)
+                ax.plot(mids[: len(m[metric])], m[metric], marker="o", color=colors[name], label=name)
         ax.set_xlabel("output position")
         ax.set_title(title)
-    axes[0].legend()
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), frameon=False)
     fig.suptitle(f"{result['model'].split(' (')[0]}: fidelity over the output (measured)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the panels
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
@@ -260,14 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="64 tokens, one prompt, small pages: checks the harness")
     parser.add_argument("--out", default="benchmarks/results")
+    add_options(parser)
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.methods.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS or n == "FP16"]
     if unknown or not names:
         parser.error(f"--methods: unknown {unknown}; choose from {[n for n in METHODS if n != 'FP16']}")
-    source = for_command(parser, args.model)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.CHAT, fmt)
+    out_dir = preflight.output_folder(parser, args.out)
     tokens, prompts_n, pages = args.tokens, args.prompts, {}
     if args.smoke:
         tokens, prompts_n, pages = min(tokens, 64), 1, {"group_size": 16, "residual_length": 16, "n_sink": 4}
@@ -278,13 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
     prompts = prompts.select(range(min(prompts_n, len(prompts))))
     model, tokenizer = source.load("sdpa")
+    fmt.apply(tokenizer)
     layout = detect_pair_layout(model.config)
     if layout is None:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}")
     configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
     context = getattr(model.config, "max_position_embeddings", None) or math.inf
     started = time.monotonic()
-    sequences = greedy_outputs(model, tokenizer, [row["prompt"] for row in prompts], tokens, context)
+    try:
+        sequences = greedy_outputs(model, tokenizer, [row["prompt"] for row in prompts], tokens, context, fmt)
+    except ValueError as err:  # the prompts fill the context: known once the tokenizer has counted them
+        parser.error(str(err))
     per_prompt, lengths = [], []
     for ids, prompt_len in tqdm(sequences, desc="teacher-forced methods", unit="prompt"):
         lengths.append(ids.shape[1] - prompt_len)
@@ -295,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     result = record(
         "long-output",
         model.device,
-        command="python -m benchmarks.long_output" + options + (" --smoke" if args.smoke else ""),
+        command="python -m benchmarks.long_output" + options + fmt.options() + (" --smoke" if args.smoke else ""),
         model=source.describe(),
         model_fingerprint=source.fingerprint,
+        chat_template=fmt.describe(),
         pair_layout=layout,
         prompt_set="benchmarks/data/prompts.jsonl",
         prompts=len(prompts),
@@ -306,14 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
         key_bits={n: round(bit_widths(c, head_dim(model.config)).key_total, 4) for n, c in configs.items()},
         seconds=round(time.monotonic() - started, 1),
+        peak_rss_mib=peak_rss_mib(),
         summary=summarize(per_prompt, args.bins),
         per_prompt=rounded(per_prompt),
     )
-    stamp = utc_stamp()
-    write_json(out_dir / f"long-output-{stamp}.json", result, compact=True)  # 8K positions x metrics x methods
-    path = write_atomic(out_dir / f"long-output-{stamp}.md", markdown(result))
-    figure(result, out_dir / f"long-output-{stamp}.png")
-    print(markdown(result))
+    stamp, text = utc_stamp(), markdown(result)
+    print(text)  # first: on screen whatever happens to the files
+    _, path, _ = save(parser.prog, out_dir, {
+        f"long-output-{stamp}.json": lambda p: write_json(p, result, compact=True),  # 8K positions x metrics x methods
+        f"long-output-{stamp}.md": lambda p: write_atomic(p, text),
+        f"long-output-{stamp}.png": lambda p: figure(result, p),
+    })  # fmt: skip
     print(f"written to {path} (and .json, .png)")
     return 0
 

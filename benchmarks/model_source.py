@@ -63,13 +63,35 @@ def _sha256(path: Path) -> str:
 
 
 def _from_gguf(path: Path, origin: str) -> ModelSource:
-    return ModelSource(path.parent, path.name, path.stem, origin, f"sha256:{_sha256(path)}")
+    try:
+        digest = _sha256(path)
+    except OSError as err:
+        raise ValueError(f"--model {origin}: {path}: cannot read it ({err.strerror or err})") from None
+    return ModelSource(path.parent, path.name, path.stem, origin, f"sha256:{digest}")
+
+
+def json_object(path: Path) -> dict:
+    """The JSON object a model's file holds; ValueError naming the file and what is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except (ValueError, RecursionError) as err:  # JSON, UTF-8 and int-size errors are ValueErrors
+        raise ValueError(f"{path}: not valid JSON ({err}); restore the file from the model's original") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not an object; restore the file from the "
+                         "model's original")  # fmt: skip
+    return data
 
 
 def _from_folder(folder: Path, origin: str) -> ModelSource:
     config = folder / "config.json"
     ggufs = sorted(folder.glob("*.gguf"))
     if config.is_file():
+        try:
+            name = json_object(config).get("_name_or_path") or folder.name
+        except ValueError as err:
+            raise ValueError(f"--model {origin}: {err}") from None
         if folder.parent.name == "snapshots":  # a Hugging Face cache: the folder is named by the revision
             fingerprint = f"revision:{folder.name}"
         else:
@@ -77,7 +99,6 @@ def _from_folder(folder: Path, origin: str) -> ModelSource:
             listing = json.dumps([[p.name, p.stat().st_size] for p in weights])
             digest = hashlib.sha256(config.read_bytes() + listing.encode()).hexdigest()
             fingerprint = f"sha256:{digest} (config.json and weight sizes)"
-        name = json.loads(config.read_text()).get("_name_or_path") or folder.name
         return ModelSource(folder, None, Path(str(name)).name or folder.name, origin, fingerprint)
     if len(ggufs) == 1:
         return _from_gguf(ggufs[0], origin)

@@ -1,10 +1,11 @@
 """TriAxialKV calibration (arXiv 2605.17170): per-tag distortion on a real model, and the allocation.
 
-    python -m benchmarks.role_calibration [--model M] [--layers 5] [--budgets 3.25 3.5 4]
+    python -m benchmarks.role_calibration [--model M] [--layers 5] [--budgets 3.25 3.5 4] [--chat-template FILE]
 
 Runs the prefill of every conversation of the calibration split (`benchmarks.conversations`)
 through the model, captures the queries, keys and values (after RoPE) of `--layers` layers spread
-across depth, tags every token (`reference.roles`, the model's own chat template), and measures
+across depth, tags every token (`reference.roles`, from the markers of the model's own ChatML chat
+template, or of `--chat-template FILE`'s for a model that ships none), and measures
 for every tag and precision D_k(b) = the sum over layers of the mean over the requests that hold
 the tag of the worst query head's attention-output MSE (`reference.tag_distortion`: the tag's
 tokens at b bits, the rest exact), for TriAxialKV's storage (or, by `calibrate`'s config, role-aware
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 import torch
 from tabulate import tabulate
@@ -32,8 +32,10 @@ from reference.roles import tag_conversation, tag_table
 from reference.tag_distortion import tag_distortion
 from reference.token_precision import TokenPrecisionConfig, precision_cost
 
+from . import preflight
+from .chat_format import add_options
 from .model_source import DEFAULT as DEFAULT_MODEL
-from .model_source import for_command
+from .saving import save
 
 CAPTURE = "pnmix_capture"
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
@@ -169,35 +171,38 @@ def main(argv: list[str] | None = None) -> int:
                         help="average key+value bits per element, everything stored counted")  # fmt: skip
     parser.add_argument("--group-size", type=positive_int, default=TokenPrecisionConfig().group_size)
     parser.add_argument("--out", default="benchmarks/results")
+    add_options(parser, plain=False)  # the tags are read from the template's markers: no plain prompts
     args = parser.parse_args(argv)
     for budget in args.budgets:
         if not (budget > 0 and budget < float("inf")):
             parser.error(f"--budgets must be positive finite numbers, got {budget}")
-    from . import conversations
-
-    source = for_command(parser, args.model)
-    model, tokenizer = source.load("sdpa")
-    layers = spread_layers(model.config.num_hidden_layers, args.layers)
     try:
         config = TokenPrecisionConfig(group_size=args.group_size)
     except ValueError as err:
         parser.error(f"--group-size: {err}")
+    from . import conversations
+
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.ROLES, fmt)
+    out = preflight.output_folder(parser, args.out)
+    model, tokenizer = source.load("sdpa")
+    fmt.apply(tokenizer)
+    layers = spread_layers(model.config.num_hidden_layers, args.layers)
     cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, config)
     result = record(
         "role-calibration",
         command=shlex.join(["python", "-m", "benchmarks.role_calibration", *(sys.argv[1:] if argv is None else argv)]),
         model={"name": source.name, "fingerprint": source.fingerprint, "source": source.describe()},
+        chat_template=fmt.describe(),
         layers=layers,
         group_size=args.group_size,
         calibration=cal,
         allocations=allocations(cal, args.budgets, config),
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"role-calibration-{utc_stamp()}"
-    write_json(stem.with_suffix(".json"), result)
-    write_atomic(stem.with_suffix(".md"), render(result))
-    print(render(result))
+    stem, text = f"role-calibration-{utc_stamp()}", render(result)
+    print(text)  # first: on screen whatever happens to the files
+    save(parser.prog, out, {f"{stem}.json": lambda p: write_json(p, result),
+                            f"{stem}.md": lambda p: write_atomic(p, text)})  # fmt: skip
     return 0
 
 

@@ -15,8 +15,9 @@ then scores each run from its log-likelihoods (its own metrics and per-document 
 The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
 every document's outcome per run and task, so that the report pairs each method with FP16 on the same
 items (exact McNemar) and gives Wilson intervals (`benchmarks.accuracy_stats`). Bad arguments (an
-unknown task, a run that does not exist, a task longer than the model's context) are refused in one
-line before the model loads.
+unknown task, a run that does not exist, a task longer than the model's context, a model file that
+cannot load, an `--out` that cannot be written) are refused in one line before the model loads
+(`benchmarks.preflight`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from tqdm import tqdm
 
 from reference.records import record, utc_stamp, write_atomic, write_json
 
-from . import accuracy_sweep, model_source
+from . import accuracy_sweep, model_source, preflight
+from .saving import save
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = Path(__file__).parent / "tasks" / "configs"
-#: The suite run by default, and by --smoke (a few documents of the shortest length).
+#: The suite's lengths, and the one run by default and by --smoke (a few documents of the shortest).
+LENGTHS = ("1k", "2k", "4k", "8k")
 DEFAULT_LENGTHS = ("1k",)
 
 
@@ -43,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.task_accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=model_source.DEFAULT, help="a .gguf, a transformers folder or a model package")
     p.add_argument("--tasks", nargs="+", default=None, help="lm-eval task names (default: the suite at --lengths)")
-    p.add_argument("--lengths", nargs="+", default=list(DEFAULT_LENGTHS), help="the suite's lengths (1k 2k 4k 8k)")
+    p.add_argument("--lengths", nargs="+", choices=LENGTHS, default=list(DEFAULT_LENGTHS), help="the suite's lengths")
     p.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     p.add_argument("--budgets", type=float, nargs="+", default=list(accuracy_sweep.BUDGETS), help="key-bit budgets")
     p.add_argument("--runs", nargs="+", default=None, help="only the runs with these labels (FP16 always runs)")
@@ -60,8 +63,8 @@ def suite_tasks(lengths, manager) -> list[str]:
     return [n for n in names if n in manager.all_subtasks]
 
 
-def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager) -> tuple[list[str], object, object]:
-    """Everything that needs no weights: tasks, runs, lengths against the model's context; one line each."""
+def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The numbers and folders given, before anything is read; one line each."""
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit must be a positive number of documents, got {args.limit}")
     if args.threads is not None and args.threads < 1:
@@ -69,23 +72,27 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager) ->
     for b in args.budgets:
         if not 1.0 <= b <= 16.0:
             p.error(f"--budgets must be key bits between 1 and 16, got {b}")
+    for folder in args.include_path:
+        if not folder.is_dir():
+            p.error(f"--include-path {folder}: no such folder")
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, source) -> tuple[list[str], object]:
+    """What needs the task index and the model's config, not its weights: tasks, and their lengths against
+    the model's context; one line each."""
     tasks = args.tasks or suite_tasks(args.lengths, manager)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         p.error(f"--tasks: unknown task(s) {unknown}; the suite's are {suite_tasks(('1k', '2k', '4k', '8k'), manager)}"
                 f" (lm-eval's own tasks are found too, offline data only)")  # fmt: skip
     if not tasks:
-        p.error(f"--lengths {args.lengths}: no task of the suite at these lengths (expected some of 1k 2k 4k 8k)")
-    try:
-        source = model_source.resolve(args.model)
-    except ValueError as err:
-        p.error(str(err))
+        p.error(f"--lengths {args.lengths}: no task of the suite at these lengths")
     config = model_config(source)
     context = int(getattr(config, "max_position_embeddings", None) or 2048)
     too_long = [t for t in tasks if task_tokens(t) is not None and task_tokens(t) > context]
     if too_long:
         p.error(f"--tasks {too_long}: longer than the model's context ({context} tokens)")
-    return tasks, source, config
+    return tasks, config
 
 
 def model_config(source):
@@ -214,13 +221,13 @@ def markdown(data: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    check_ranges(p, args)
+    source = preflight.model(p, args.model)  # the suite's prompts are plain text: no chat template needed
+    args.out = preflight.output_folder(p, args.out)
     from lm_eval.tasks import TaskManager
 
-    for folder in args.include_path:
-        if not folder.is_dir():
-            p.error(f"--include-path {folder}: no such folder")
     manager = TaskManager(include_path=[str(CONFIGS), *map(str, args.include_path)])
-    tasks, source, config = check_args(p, args, manager)
+    tasks, config = check_args(p, args, manager, source)
     limit = args.limit
     from pnmix.hf import detect_pair_layout
 
@@ -240,9 +247,6 @@ def main(argv: list[str] | None = None) -> int:
             check({"pretrained": args.model, **r.model_kwargs()})
         except ModelArgsError as err:
             p.error(f"run {r.label!r}: {err}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    if not os.access(args.out, os.W_OK):
-        p.error(f"--out {args.out}: cannot write there")
     import torch
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
@@ -268,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         lm_eval_version=__import__("lm_eval").__version__,
         seconds=round(time.monotonic() - start, 1),
     )
-    stamp = utc_stamp()
-    path = write_json(args.out / f"task-accuracy-{stamp}.json", data)
-    write_atomic(args.out / f"task-accuracy-{stamp}.md", markdown(data))
+    stamp, text = utc_stamp(), markdown(data)
+    print(text)  # first: on screen whatever happens to the files
+    path, _ = save(p.prog, args.out, {f"task-accuracy-{stamp}.json": lambda path: write_json(path, data),
+                                      f"task-accuracy-{stamp}.md": lambda path: write_atomic(path, text)})  # fmt: skip
     print(f"task accuracy written to {path}")
     return 0
 

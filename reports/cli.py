@@ -344,6 +344,9 @@ def kept(staging: Path, err: Exception) -> int:
         lines, code = err.lines, 1
     elif isinstance(err, FileExistsError):  # the report folder appeared while this run worked
         lines, code = [str(err)], 2
+    elif isinstance(err, OSError):  # the machine's fault (disk full, a folder made read-only): no traceback
+        where = f": {err.filename}" if err.filename else ""
+        lines, code = [f"the report could not be written ({err.strerror or err}{where})"], 1
     else:  # a fault of the report itself: its traceback is what fixes it
         traceback.print_exc()
         lines, code = [f"the report could not be written ({type(err).__name__}: {err})"], 1

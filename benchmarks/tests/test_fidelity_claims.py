@@ -60,3 +60,10 @@ def test_the_committed_full_result_follows_the_paper_definitions():
     assert fidelity.fig4_per_pair(newest["summary"]) and newest["definitions"] == fidelity.DEFINITIONS
     holds = fidelity.claim_holds(newest["summary"])
     assert set(holds) == {"fig4", "table9", "table11", "fig5"} and holds["fig4"] in (True, False)
+
+
+def test_the_fig5_sentence_names_the_model_measured():
+    summary = summary_where_every_claim_holds()
+    said = fidelity.verdicts(summary, "gemma-3-270m-q4_k_m (GGUF gemma-3-270m-q4_k_m.gguf; --model g.gguf)")["fig5"]
+    assert "on gemma-3-270m-q4_k_m, not the paper's 14B/32B" in said and "135M" not in said
+    assert "135M" not in fidelity.verdicts(summary)["fig5"]  # no model given: none named

@@ -198,3 +198,13 @@ def test_the_reason_falls_back_to_the_last_error_line():
     assert gpu_check.failure_reason(lines) == "RuntimeError: CUDA error: out of memory"
     assert gpu_check.failure_reason(["E   first", "E   last"]) == "last"
     assert gpu_check.failure_reason(["ok"]) is None
+
+
+def test_a_step_that_cannot_write_its_results_says_so(tmp_path):
+    """A full disk when pytest writes a step's result file: the step's reason names it (pytest's own
+    INTERNALERROR lines)."""
+    full = "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'bench.json')\n"
+    (tmp_path / "conftest.py").write_text("import errno, os\n\n\ndef pytest_sessionfinish(session):\n" + full)
+    (tmp_path / "test_step.py").write_text("def test_step():\n    pass\n")
+    ran = gpu_check.run_pytest([str(tmp_path), f"--rootdir={tmp_path}"], 120)
+    assert ran["exit_code"] != 0 and "OSError: [Errno 28] No space left on device: 'bench.json'" in ran["reason"]

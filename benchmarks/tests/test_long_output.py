@@ -2,6 +2,7 @@
 and the tool's results say what they measured."""
 
 import json
+import weakref
 
 import pytest
 import torch
@@ -32,6 +33,26 @@ def test_the_chunk_size_does_not_change_what_is_measured():
             assert len(values) == 60, (name, metric)
             torch.testing.assert_close(torch.tensor(chunked[name][metric]), torch.tensor(values), rtol=1e-5, atol=1e-6)
     assert max(one["PN-Mix"]["kl"]) > 0 and all(v >= 0 for v in one["PN-Mix"]["kl"])
+
+
+def test_each_methods_outputs_are_freed_before_the_next_method_runs(monkeypatch):
+    """At most one distribution over the vocabulary is held when the next is computed: the chunk's FP16
+    reference (a 262K vocabulary makes each of them the largest thing held)."""
+    import pnmix.hf  # noqa: F401  (registers "pnmix")
+
+    held, seen, log_probs = [], [], long_output._log_probs
+
+    def tracked(*args):
+        held.append(sum(ref() is not None for ref in seen))
+        out = log_probs(*args)
+        seen.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(long_output, "_log_probs", tracked)
+    configs = {n: METHODS[n](group_size=8, residual_length=8, n_sink=2) for n in ("KIVI-2", "Kitty", "PN-Mix")}
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(5))
+    long_output.measure_sequence(tiny_llama(), ids, 10, configs, chunk=13)
+    assert len(held) == 4 * 4 and max(held) == 1  # (prompt + 3 chunks) x (FP16 + 3 methods)
 
 
 class ByteTokenizer:

@@ -67,7 +67,7 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
         why = "only a smoke run (one prompt, a harness check)" if smoke_only else "no fidelity results"
         out = [Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", NOT_MEASURED, "-", why, "-") for k in keys]
     else:
-        v, holds = fidelity.verdicts(s.data["summary"]), fidelity.claim_holds(s.data["summary"])
+        v, holds = fidelity.verdicts(s.data["summary"], s.data.get("model")), fidelity.claim_holds(s.data["summary"])
         out = []
         for k in keys:
             basis = "measured"

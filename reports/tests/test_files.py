@@ -89,3 +89,16 @@ def test_a_link_named_like_a_staging_folder_is_left_alone_and_never_said_removed
     (out / ".file.tmp").write_text("not a folder")
     assert files.remove_stale(out) == []
     assert link.is_symlink() and (target / files.OWNER).exists() and (out / ".file.tmp").exists()
+
+
+def test_a_full_disk_at_the_end_is_one_line_and_the_results_are_kept(tmp_path, capsys):
+    from reports import cli
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    full = OSError(28, "No space left on device", str(staging / "REPORT.md"))
+    assert cli.kept(staging, full) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert "the report could not be written (No space left on device: " in err
+    assert f"results are kept in {cli.display_path(staging)}" in err

@@ -344,8 +344,8 @@ def test_a_plugin_is_loaded_once_and_its_module_file_and_version_are_recorded(tm
     [(["--impl", "reference.implementation:make"],
       "implementation 'reference.implementation:make' (reference.implementation:make) is named 'reference', as is the "
       "built-in 'reference' (reference = reference.implementation:make (pnmix "),
-     (["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_cuda_only"],
-      "implementation 'reports.tests.thirdparty:make_cuda_only' (reports.tests.thirdparty:make_cuda_only) is named "
+     (["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_twin"],
+      "implementation 'reports.tests.thirdparty:make_twin' (reports.tests.thirdparty:make_twin) is named "
       f"'thirdparty-kivi', as is '{PLUGIN}' ({PLUGIN}): their results would be filed under one name")],
 )  # fmt: skip
 def test_two_implementations_under_one_name_are_refused_naming_both_origins(tmp_path, monkeypatch, capsys, argv, says):

@@ -34,9 +34,18 @@ def make() -> ThirdPartyKivi:
     return ThirdPartyKivi()
 
 
+def make_twin() -> ThirdPartyKivi:
+    """The same implementation under a second factory: its name clashes with `make`'s."""
+    return ThirdPartyKivi()
+
+
 def make_cuda_only() -> ThirdPartyKivi:
-    return ThirdPartyKivi(devices=("cuda",))
+    impl = ThirdPartyKivi(devices=("cuda",))
+    impl.name = "thirdparty-kivi-cuda"  # results are filed by name: a variant has its own
+    return impl
 
 
 def make_bfloat16_only() -> ThirdPartyKivi:
-    return ThirdPartyKivi(dtypes=(torch.bfloat16,))
+    impl = ThirdPartyKivi(dtypes=(torch.bfloat16,))
+    impl.name = "thirdparty-kivi-bf16"
+    return impl
