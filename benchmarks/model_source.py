@@ -132,4 +132,6 @@ def for_command(parser, model: str) -> ModelSource:
     try:
         return resolve(model)
     except ValueError as error:
-        parser.error(str(error))
+        from .preflight import refuse  # preflight builds on this module
+
+        refuse(parser, str(error))

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NoReturn
 
 from reference.roles import CHATML
 
@@ -35,6 +36,11 @@ FETCH_AGAIN = "download it again (or reinstall the package that ships it)"
 
 
 # -- arguments ------------------------------------------------------------------------------------
+
+
+def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """End the command before any work: one line on stderr, exit 2 (the arguments parsed, so no usage)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 def non_negative_int(text: str) -> int:
@@ -76,7 +82,7 @@ def output_folder(parser: argparse.ArgumentParser, path: str | os.PathLike, flag
     path = Path(path).expanduser()
     problem = output_problem(path)
     if problem is not None:
-        parser.error(f"{flag} {path}: {problem}")
+        refuse(parser, f"{flag} {path}: {problem}")
     return path
 
 
@@ -293,10 +299,10 @@ def model(parser: argparse.ArgumentParser, name: str, need: str | None = None,
     source = for_command(parser, name)
     problem = model_problem(source)
     if problem is not None:
-        parser.error(f"--model {name}: {problem.removeprefix(f'{name}: ')}")  # the file itself: named once
+        refuse(parser, f"--model {name}: {problem.removeprefix(f'{name}: ')}")  # the file itself: named once
     problem = chat_problem(source, need, given, name)
     if problem is not None:
-        parser.error(problem)
+        refuse(parser, problem)
     return source
 
 
@@ -311,14 +317,14 @@ def chat_format(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Ch
     try:
         template = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        parser.error(f"--chat-template {path}: cannot read it as text ({getattr(err, 'strerror', None) or err})")
+        refuse(parser, f"--chat-template {path}: cannot read it as text ({getattr(err, 'strerror', None) or err})")
     if not template.strip():
-        parser.error(f"--chat-template {path}: the file is empty; give a Jinja chat template")
+        refuse(parser, f"--chat-template {path}: the file is empty; give a Jinja chat template")
     from jinja2 import TemplateError
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     try:
         _compile_jinja_template(template)
     except TemplateError as err:
-        parser.error(f"--chat-template {path}: not a Jinja template (line {getattr(err, 'lineno', '?')}: {err})")
+        refuse(parser, f"--chat-template {path}: not a Jinja template (line {getattr(err, 'lineno', '?')}: {err})")
     return ChatFormat(template, Path(path))
