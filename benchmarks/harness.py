@@ -405,7 +405,8 @@ def measured_cache_bytes(cache) -> int:
 class Generation:
     """One batch of greedy generation under the static protocol: a cache preallocated to
     `capacity`, the prompt through the model, then synthetic fill and timed decode steps.
-    check_finite: the packed caches' finite-value checks (the FP16 path has none).
+    check_finite: the packed caches' finite-value checks (`pnmix.cache.PNMixCache`'s modes: True,
+    on the device and read back on request; "eager", before every call; False; the FP16 path has none).
     plugin: a `benchmarks.plugins.Plugin` whose caches the model runs instead (`method` is then
     its name): `PNMixHFCache(impl=)`, not preallocated (the protocol has no capacity; `capacity`
     still bounds the generation), its input checks its own."""
@@ -418,7 +419,7 @@ class Generation:
         prompt: int,
         capacity: int,
         seed: int = 0,
-        check_finite: bool = CHECK_FINITE,
+        check_finite: bool | str = CHECK_FINITE,
         plugin=None,
     ) -> None:
         from transformers import StaticCache

@@ -10,6 +10,8 @@ selection when a page is flushed, never stored.
 from __future__ import annotations
 
 import dataclasses
+import math
+import struct
 
 import torch
 
@@ -33,6 +35,31 @@ COUNTS = 5
 LAYOUT_COUNTS = 4
 #: Bytes a cache holds beyond its layout's components (the counts), whatever its size.
 BOOKKEEPING_BYTES = COUNTS * 4
+#: The inputs the deferred checks watch, in the order they are reported.
+WATCHED = ("k", "v", "q")
+#: Bytes of the deferred checks' flags (check_finite=True): float32 [2, len(WATCHED)], on top of BOOKKEEPING_BYTES.
+FLAG_BYTES = 2 * len(WATCHED) * 4
+
+
+def check_finite_mode(value: object) -> bool | str:
+    """`check_finite` as given, checked: True (on the device, reported later), "eager" or False."""
+    if isinstance(value, bool) or (isinstance(value, str) and value == "eager"):
+        return value
+    raise TypeError(f"check_finite must be True, False or 'eager', got {value!r}")
+
+
+def check_caches(caches: list[PNMixCache], where: str) -> None:
+    """`PNMixCache.check()` of several caches (a model's layers) with one device->host read per
+    device; `where` names the caller in the error."""
+    by_device: dict[torch.device, list[PNMixCache]] = {}
+    for cache in caches:
+        cache._require_prefill()
+        cache._refuse_if_failed()
+        if cache._flags is not None:
+            by_device.setdefault(cache._flags.device, []).append(cache)
+    for group in by_device.values():
+        for cache, worst in zip(group, torch.stack([c._flags[1] for c in group]).tolist(), strict=True):
+            cache._judge(worst, where)
 
 
 class _Rows:
@@ -81,6 +108,20 @@ class _Rows:
         self.used = rows.shape[2]
 
 
+@dataclasses.dataclass
+class _PageWork:
+    """What a capturable cache launches every decode step to complete a residual page: the page
+    quantized into `scratch` (one tensor per quantized component, one page of rows), then
+    committed to page n_quantized / N of each component where the device count says the
+    residual is full, and written back unchanged where it is not."""
+
+    pages: int  # whole pages the quantized region has room for (> 0)
+    bits: torch.Tensor  # int32 [B, H_kv, d]: each key channel's bits (the fixed selection)
+    index: torch.Tensor  # int32 [B, H_kv, high channels]: the high plane's channels
+    scratch: dict[str, torch.Tensor]
+    delta: torch.Tensor  # int32 [3]: what a completed page adds to (n_quantized, n_residual, n_value_quantized)
+
+
 @dataclasses.dataclass(eq=False)  # compared by identity: _open is searched for a checkpoint
 class _Checkpoint:
     """A `PNMixCache` state to return to: host fields, each buffer's (tensor, rows used), and the
@@ -117,23 +158,55 @@ class PNMixCache:
     Triton interpreter on the CPU (pnmix._runtime). The buffers are the components of its
     `reference.layout.CacheLayout`; every append carries out the layout's plan.
 
-    check_finite: check that inputs hold no NaN or Inf (and that keys and values fit the
-    scale/zero dtype). Each check of a tensor reads its answer back, one device->host sync (up
-    to five a decode step: k and v finite and in range, q finite), and these are the only syncs
-    of a decode step; on by default, off in the benchmarks, which record the setting.
+    check_finite: check that inputs hold no NaN or Inf and that keys and values fit the
+    scale/zero dtype (the errors of `reference.validation`, naming the argument).
+
+    - True (the default): `prefill` checks q, k and v before it stores anything (ValueError,
+      the cache stays empty). `append` and `attend` never wait on the device: each reduces its
+      inputs to max |x| (NaN and Inf carry through) into flags the cache holds (a reduction per
+      input and a maximum per call: five aten ops a decode step, FLAG_BYTES held) and reads
+      nothing back, so a decode step stays three launches the host issues without waiting,
+      and can be captured in a CUDA graph. Bad input goes through as given (NaN in, NaN out)
+      and is reported at the first read of the flags: `check()`, `sync_length()` (one read,
+      shared with the counts), `pnmix.hf.PNMixHFCache.check()` and the HF cache's next forward
+      of more than one token. That read raises ValueError with the eager check's message,
+      naming the first bad argument in the order k, v, q ("k contains NaN or Inf", "v has
+      magnitude ...") and saying it was given since prefill; the cache then holds (or has
+      attended with) what it was given, and every later `append`, `attend`, `check` and
+      `sync_length` raises the same ValueError without a read: build a new cache. The inputs
+      of a call that failed and was rolled back count too.
+    - "eager": every call reads its checks back before it changes anything (up to five
+      device->host syncs a decode step: k and v finite and in range, q finite); a bad input
+      raises at once and leaves the cache as it was. What the implementation protocol
+      promises (`pnmix.protocol`); cannot be captured in a CUDA graph.
+    - False: no checks (the benchmarks, which record the setting).
 
     The token counts are held on the device too, next to the host mirror `length`, so that a
     decode step (an append that neither writes sinks nor completes a page, then attend) is
     three launches (append, attention splits, merge) that the host issues without waiting,
-    and can be captured in a CUDA graph on a preallocated cache with check_finite=False.
+    and can be captured in a CUDA graph on a preallocated cache (check_finite True or False).
     Eager calls keep `length` exact; after replaying captured steps call `sync_length()`.
+
+    capturable (needs max_cache_len, a selection fixed at prefill and values flushed with their
+    keys: PN-Mix, KIVI with value_residual="shared"): every one-token decode step also launches
+    the work of completing a residual page (quantize the residual's N rows, commit them to the
+    next page of the quantized region where the device count says the residual is full, write
+    that page back unchanged where it is not, move the counts), so the host makes no decision
+    from the length and every step launches the same kernels with the same arguments: one
+    captured step replays across page completions. It costs every step that page's kernels
+    (group_params and encode_pack on N rows of keys and of values) and a few aten ops.
 
     `prefill` and `append` are all or nothing: whatever fails inside (a rejected argument, an
     allocation, a kernel, an interrupt), the cache is left as it was (`reference.cache.all_or_nothing`).
     """
 
     def __init__(
-        self, config: PNMixConfig | None = None, *, max_cache_len: int | None = None, check_finite: bool = True
+        self,
+        config: PNMixConfig | None = None,
+        *,
+        max_cache_len: int | None = None,
+        check_finite: bool | str = True,
+        capturable: bool = False,
     ) -> None:
         self.config = PNMixConfig() if config is None else config
         if not isinstance(self.config, PNMixConfig):
@@ -142,10 +215,19 @@ class PNMixCache:
             isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1
         ):
             raise ValueError(f"max_cache_len must be a positive int or None, got {max_cache_len!r}")
-        if not isinstance(check_finite, bool):
-            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
+        if not isinstance(capturable, bool):
+            raise TypeError(f"capturable must be a bool, got {capturable!r}")
+        if capturable and max_cache_len is None:
+            raise ValueError("capturable=True needs max_cache_len: a captured step writes into preallocated buffers")
+        if capturable and (self.config.selector.per_group or self.config.value_residual != "shared"):
+            raise ValueError("capturable=True needs a selection fixed at prefill and values flushed with their keys "
+                             f"(value_residual='shared'); this configuration ({self.config.selector.name} selection, "
+                             f"value_residual={self.config.value_residual!r}) decides on the host what a page "
+                             "completion writes")  # fmt: skip
         self.capacity = max_cache_len
-        self.check_finite = check_finite
+        self.capturable = capturable
+        self._page: _PageWork | None = None  # capturable: set by prefill where a page fits
+        self.check_finite = check_finite_mode(check_finite)
         self.saliency_computations = 0
         self.length = 0
         self.cache_layout: CacheLayout | None = None  # set by prefill
@@ -155,6 +237,9 @@ class PNMixCache:
         # device, and the append kernel's arrival counter (0 between launches); set by prefill.
         self._counts: torch.Tensor | None = None
         self._open: list[_Checkpoint] = []  # checkpoints that may still be returned to, oldest first
+        # check_finite=True: float32 [2, WATCHED], max |x| of the last call's inputs and since prefill
+        self._flags: torch.Tensor | None = None
+        self._failure: str | None = None  # the deferred checks' verdict, once read: every later call raises it
 
     @classmethod
     def from_prefill(cls, q, k, v, config: PNMixConfig | None = None, **kwargs) -> PNMixCache:
@@ -171,7 +256,7 @@ class PNMixCache:
         for name, t in (("q", q), ("k", k), ("v", v)):
             validation.check_tensor(name, t)
             _runtime.check_device(name, t)
-        validation.check_prefill(q, k, v, self.config, values=self.check_finite)
+        validation.check_prefill(q, k, v, self.config, values=bool(self.check_finite))
         if k.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(
                 f"k must be float16 or bfloat16 for PNMixCache, got {k.dtype} (ReferenceCache takes float32)"
@@ -192,18 +277,24 @@ class PNMixCache:
             self.saliency_computations += layout.selection.prefill_evaluations
             self.cache_layout, self._rows, self._fixed = layout, rows, fixed
             self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
+            if self.check_finite is True:
+                self._flags = torch.zeros(2, len(WATCHED), dtype=torch.float32, device=k.device)
             self._store(k, v)
+            if capturable_pages := (room.n_quantized // n if self.capturable else 0):
+                self._page = self._page_work(capturable_pages)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add k, v [B, H_kv, T_new, d]; full residual pages are quantized and packed in place."""
         self._require_prefill()
+        self._refuse_if_failed()
         lay = self.cache_layout
         for name, t in (("k", k), ("v", v)):
             validation.check_tensor(name, t)
             validation.check_matches_cache(name, t, (lay.batch, lay.kv_heads, 0, lay.head_dim), lay.dtype,
                                            self._device)  # fmt: skip
         self._check_capturable(k)
-        validation.check_kv(k, v, self.config, values=self.check_finite)
+        validation.check_kv(k, v, self.config, values=self.check_finite == "eager")
+        self._watch(k=k, v=v)
         with all_or_nothing(self):
             self._store(k, v)
 
@@ -237,13 +328,56 @@ class PNMixCache:
         self._open.remove(cp)
 
     def _check_capturable(self, t: object) -> None:
-        if self.check_finite and isinstance(t, torch.Tensor) and _capturing(t):
-            raise RuntimeError("check_finite=True reads inputs back to the host, which a CUDA graph cannot capture; "
-                               "capture with PNMixCache(..., check_finite=False)")  # fmt: skip
+        if self.check_finite == "eager" and isinstance(t, torch.Tensor) and _capturing(t):
+            raise RuntimeError("check_finite='eager' reads inputs back to the host, which a CUDA graph cannot "
+                               "capture; capture with PNMixCache(..., check_finite=True) (checked on the device) "
+                               "or False")  # fmt: skip
+
+    # -- deferred input checks (check_finite=True) --------------------------------------
+
+    def _watch(self, **inputs: torch.Tensor) -> None:
+        """Fold max |x| of each input (NaN and Inf carry through) into the flags: device work only,
+        one reduction per input and one maximum, on fixed buffers (a CUDA graph replays them)."""
+        if self._flags is None:
+            return
+        last, worst = self._flags
+        with torch.no_grad():  # out= takes no autograd inputs; a check needs no graph
+            for name, t in inputs.items():
+                if t.numel():
+                    torch.linalg.vector_norm(t, math.inf, dtype=torch.float32, out=last[WATCHED.index(name)])
+            torch.maximum(worst, last, out=worst)
+
+    def _judge(self, worst: list[float], where: str) -> None:
+        """Raise the first problem the flags read back show (`reference.validation.value_problem`)."""
+        cfg = self.config
+        bits = {"k": cfg.b_low, "v": cfg.value_bits if cfg.values_quantized else None, "q": None}
+        for name, top in zip(WATCHED, worst, strict=True):
+            problem = validation.value_problem(name, top, cfg, bits[name])
+            if problem is not None:
+                self._failure = (
+                    f"{problem} (given to {'attend' if name == 'q' else 'append'} since prefill, checked on the "
+                    f"device and read back by {where}); this cache went on with it and refuses further use: build a "
+                    "new one (check_finite='eager' rejects bad input before it is used)"
+                )
+                raise ValueError(self._failure)
+
+    def _refuse_if_failed(self) -> None:
+        if self._failure is not None:
+            raise ValueError(self._failure)
+
+    def check(self) -> None:
+        """Report the deferred input checks (check_finite=True): one device->host read, which
+        waits for the calls so far. Raises ValueError naming the first bad argument given to
+        `append` or `attend` since prefill (see the class docstring); with check_finite "eager"
+        or False there is nothing deferred and nothing is read."""
+        check_caches([self], "check()")
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         step = self.cache_layout.plan(self.length, k.shape[2])
         r, s = self._rows, step.to_sink
+        if self._page is not None and not s and k.shape[2] == 1:
+            self._static_step(k, v, step)
+            return
         if not s and not step.flush and not step.value_flush:
             # The decode path: one launch, which also moves the device count. Keys and values
             # then share their residual rows (a sliding value window quantizes nothing yet).
@@ -283,6 +417,59 @@ class PNMixCache:
         self._counts[:LAYOUT_COUNTS].copy_(torch.tensor(self.layout[:LAYOUT_COUNTS], dtype=torch.int32),
                                            non_blocking=True)  # fmt: skip
 
+    def _page_work(self, pages: int) -> _PageWork:
+        cfg, lay, r = self.config, self.cache_layout, self._rows
+        channel = self._spans(0, 1)[0][2]
+        scratch = {c.name: torch.empty(lay.batch, lay.kv_heads, c.rows_per_page, c.columns, dtype=c.dtype,
+                                       device=self._device)
+                   for c in lay.components if c.region == "quantized" and c.name in r}  # fmt: skip
+        n = cfg.residual_length
+        return _PageWork(
+            pages,
+            torch.where(channel, cfg.b_high, cfg.b_low).to(torch.int32),
+            spec_packing.salient_channel_index(channel).to(torch.int32).contiguous(),
+            scratch,
+            torch.tensor([n, -n, n], dtype=torch.int32, device=self._device),
+        )
+
+    def _static_step(self, k: torch.Tensor, v: torch.Tensor, step) -> None:
+        """A one-token decode step of a capturable cache: the append, then the page completion,
+        launched whether or not the page completes (`_PageWork`); the host mirrors follow the plan."""
+        r, page, cfg = self._rows, self._page, self.config
+        rk, rv = r["residual_key"], r["residual_value"]
+        if rk.used + 1 > rk.data.shape[2]:
+            raise AssertionError("a full residual was completed by the step that filled it")
+        append_rows(k, v, rk.data, rv.data, self._counts)
+        n, g, sc = cfg.residual_length, cfg.group_size, page.scratch
+        keys, values = rk.data[:, :, :n], rv.data[:, :, :n]
+        midpoint = cfg.one_bit == "midpoint"
+        group_params(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], midpoint)
+        encode_pack(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], sc["key_low"],
+                    field_bits=cfg.b_low)  # fmt: skip
+        if cfg.b_high > cfg.b_low:
+            encode_pack(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], sc["key_high"],
+                        field_bits=cfg.b_high - cfg.b_low, shift=cfg.b_low, colmap=page.index)  # fmt: skip
+        if cfg.values_quantized:
+            vg = cfg.value_group(values.shape[-1])
+            group_params(values, vg, "channels", cfg.value_bits, sc["value_scale"], sc["value_zero"], midpoint)
+            encode_pack(values, vg, "channels", cfg.value_bits, sc["value_scale"], sc["value_zero"],
+                        sc["value_payload"], field_bits=cfg.value_bits)  # fmt: skip
+        else:
+            sc["value_payload"].copy_(values)
+        full = self._counts[2:3] == n
+        at = torch.clamp(self._counts[1:2] // n, max=page.pages - 1).long()
+        for name, new in sc.items():
+            held = r[name].data.unflatten(2, (page.pages, -1))
+            held.index_copy_(2, at, torch.where(full.view(1, 1, 1, 1, 1), new.unsqueeze(2), held.index_select(2, at)))
+        self._counts[1:4].add_(page.delta * full)
+        if step.flush:
+            for name in sc:
+                r[name].extend(sc[name].shape[2])
+            rk.used = rv.used = 0
+        else:
+            rk.extend(1), rv.extend(1)
+        self.length = step.after.length
+
     def sync_length(self) -> int:
         """Read the token counts back from the device into the host mirror `length` (one
         device->host sync) and return the length.
@@ -290,20 +477,39 @@ class PNMixCache:
         Eager calls keep `length` exact. Replaying a captured decode step moves only the device
         counts, so call this after replays, before anything that reads `length` (append, attend,
         storage, the layout). A captured step may be replayed only while no residual page
-        completes (n_residual stays below residual_length); past that this raises RuntimeError.
+        completes (n_residual stays below residual_length), unless the cache is capturable
+        (then up to the capacity); past that this raises RuntimeError.
+        With check_finite=True the same read brings the deferred checks' flags back, and bad
+        input since prefill raises ValueError as `check()` does, before `length` moves.
         """
         self._require_prefill()
-        counts = tuple(self._counts[:LAYOUT_COUNTS].tolist())
+        self._refuse_if_failed()
+        counts = self._counts[:LAYOUT_COUNTS]
+        if self._flags is None:
+            counts = tuple(counts.tolist())
+        else:  # one read: the counts and the flags' bits
+            read = torch.cat([counts, self._flags[1].view(torch.int32)]).tolist()
+            counts, bits = tuple(read[:LAYOUT_COUNTS]), read[LAYOUT_COUNTS:]
+            self._judge(list(struct.unpack(f"{len(bits)}f", struct.pack(f"{len(bits)}i", *bits))), "sync_length()")
         layout = token_layout(self.config, sum(counts[:3]))
-        if counts != layout[:LAYOUT_COUNTS] or counts[:2] != self.layout[:2] or counts[3] != self.layout[3]:
+        if self._page is not None:  # pages complete on the device: any continuation up to the capacity
+            if counts != layout[:LAYOUT_COUNTS] or counts[0] != self.layout[0] or layout.length > self.capacity:
+                raise RuntimeError(f"the device token counts {counts} do not continue the cache's layout "
+                                   f"{tuple(self.layout)}: a captured decode step was replayed past the capacity "
+                                   f"max_cache_len={self.capacity}")  # fmt: skip
+            for c in self.cache_layout.components:
+                if c.name in self._rows:
+                    self._rows[c.name].used = c.rows(layout, self.config.residual_length)
+        elif counts != layout[:LAYOUT_COUNTS] or counts[:2] != self.layout[:2] or counts[3] != self.layout[3]:
             raise RuntimeError(
                 f"the device token counts {counts} do not continue the cache's layout {tuple(self.layout)}: "
                 "a captured decode step was replayed past the end of the residual page (or the sliding value "
-                "window), whose flush only an eager append carries out"
+                "window), whose flush only an eager append (or a capturable cache) carries out"
             )
+        else:
+            self._rows["residual_key"].used = layout.n_residual
+            self._rows["residual_value"].used = layout.n_value_residual
         self.length = layout.length
-        self._rows["residual_key"].used = layout.n_residual
-        self._rows["residual_value"].used = layout.n_value_residual
         return self.length
 
     def _metadata(self) -> torch.Tensor:
@@ -448,6 +654,7 @@ class PNMixCache:
         scale: of the logits, 1/sqrt(d) by default. softcap (logit softcapping) is not in the
         kernel: anything but None raises ValueError naming it (`reference.ReferenceCache` has it)."""
         self._require_prefill()
+        self._refuse_if_failed()
         if softcap is not None:
             raise ValueError(f"softcap={softcap!r}: the Triton decode kernel does not apply attention logit "
                              "softcapping; use the reference backend")  # fmt: skip
@@ -458,7 +665,8 @@ class PNMixCache:
         lay = self.cache_layout
         self._check_capturable(q)
         validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,
-                               values=self.check_finite)  # fmt: skip
+                               values=self.check_finite == "eager")  # fmt: skip
+        self._watch(q=q)
         if q.requires_grad and torch.is_grad_enabled():  # the spec's output keeps the graph: so does this one
             return _NoBackward.apply(q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits,
                                                                    scale=scale))  # fmt: skip

@@ -1,12 +1,18 @@
 """The GPUs the ahead-of-time gate (`pnmix.aot`) judges kernels for, with where each number comes from.
 
-Boost clock, SM count and HBM bandwidth make the static issue-bound ceiling: a kernel that
-issues I warp-instructions per B bytes of cache it reads cannot read faster than
-B / I x (SMs x 4 schedulers x clock) bytes per second, whatever the memory system does.
+Two static bounds on the fraction of HBM bandwidth a decode kernel can reach, each an upper bound
+with its own assumptions (`issue_bound`, `memory_bound`); the lower one binds (`ceiling`).
+
+- Issue: a kernel that issues I warp-instructions per B bytes of cache it reads cannot read faster
+  than B / I x (SMs x 4 schedulers x clock) bytes per second, whatever the memory system does.
+- Memory (Little's law): to stream at bandwidth W with a latency of L, W x L bytes must be in
+  flight; a kernel that keeps P programs on an SM, each with S tiles of B bytes in flight, holds at
+  most P x S x B per SM, so it cannot read faster than P x S x B x SMs / L.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 
@@ -17,6 +23,7 @@ class GPU(NamedTuple):
     boost_ghz: float
     hbm_gbps: float  # GB/s, 10^9 bytes
     smem_per_block: int  # bytes a block may opt in to (the kernel's shared memory must fit)
+    dram_latency_ns: float  # an idle load's round trip to DRAM (see LATENCY_SOURCE)
     source: str
 
     @property
@@ -24,23 +31,65 @@ class GPU(NamedTuple):
         """Warp-instructions per second the whole chip can issue: 4 schedulers per SM, 1 per clock."""
         return self.sms * 4 * self.boost_ghz * 1e9
 
+    @property
+    def bytes_in_flight_per_sm(self) -> float:
+        """Little's law: the bytes each SM must have requested and not yet received to stream at HBM bandwidth."""
+        return self.hbm_gbps * 1e9 * self.dram_latency_ns * 1e-9 / self.sms
+
+
+class SMLimits(NamedTuple):
+    """What one SM of a compute capability holds at once (the occupancy calculator's inputs)."""
+
+    registers: int  # 32-bit registers per SM
+    register_unit: int  # registers are allocated per warp in units of this many
+    warps: int  # resident warps per SM
+    programs: int  # resident blocks per SM
+    shared: int  # shared memory per SM, bytes
+    shared_reserved: int  # shared memory the system reserves per block, bytes
+    source: str
+
 
 _SMEM = "CUDA C++ Programming Guide, Technical Specifications per Compute Capability, max shared memory per block"
+_GUIDE = ("CUDA C++ Programming Guide, Technical Specifications per Compute Capability (64K registers, 64 warps, "
+          "32 blocks per SM; {} KB shared memory per SM; 1 KB reserved per block) and the CUDA Occupancy Calculator "
+          "(registers allocated per warp in units of 256)")  # fmt: skip
+
+#: DRAM latency: the pointer-chasing benchmark `gpu-latency` of RRZE-HPC/gpu-benches (the suite of D. Ernst et al.,
+#: "Analytical performance estimation during code generation on modern GPUs", J. Parallel Distrib. Comput. 2023,
+#: doi:10.1016/j.jpdc.2022.11.003), its published result files at commit 1038c5d: a single thread walks a buffer
+#: in random order, one dependent load at a time, with every cache line visited once per pass. Taken at the
+#: buffers of 1.6-1.7 GB (DRAM, past every cache): A100-SXM4-80GB (`a100_80.txt`) 552.4 cycles at 1410 MHz =
+#: 392 ns; GH200 (`gh200.txt`, the H100 GPU with HBM3/HBM3e at 1980 MHz) 688.8 cycles = 348 ns. A100-SXM4-40GB has
+#: the 80 GB part's chip and clocks (HBM2 instead of HBM2e); H100-SXM and H200 take GH200's number (the same GPU
+#: and clock; H200 is H100 with HBM3e). The same files give less at 65-100 MB
+#: buffers (fewer page-table misses): A100 365-388 ns (1-7 % less), GH200 310-316 ns (9-11 % less); and a loaded
+#: memory system answers later than an idle one.
+LATENCY_SOURCE = "RRZE-HPC/gpu-benches gpu-latency (Ernst et al., JPDC 2023): A100-SXM4-80GB 392 ns, GH200 348 ns"
 
 GPUS = (
-    GPU("A100-SXM4-40GB", 80, 108, 1.41, 1555.0, 166_912,
-        f"NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, 1410 MHz boost, 1555 GB/s); {_SMEM}: 163 KB"),
-    GPU("H100-SXM", 90, 132, 1.98, 3350.0, 232_448,
-        f"NVIDIA H100 Tensor Core GPU datasheet (SXM5: 132 SMs, 1980 MHz max boost, 3.35 TB/s); {_SMEM}: 227 KB"),
-    GPU("H200", 90, 132, 1.98, 4800.0, 232_448,
-        f"NVIDIA H200 Tensor Core GPU product brief (H100 SXM chip, 4.8 TB/s HBM3e); {_SMEM}: 227 KB"),
+    GPU("A100-SXM4-40GB", 80, 108, 1.41, 1555.0, 166_912, 392.0,
+        f"NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, 1410 MHz boost, 1555 GB/s); {_SMEM}: 163 KB; "
+        f"DRAM latency: {LATENCY_SOURCE}"),
+    GPU("H100-SXM", 90, 132, 1.98, 3350.0, 232_448, 348.0,
+        f"NVIDIA H100 Tensor Core GPU datasheet (SXM5: 132 SMs, 1980 MHz max boost, 3.35 TB/s); {_SMEM}: 227 KB; "
+        f"DRAM latency: {LATENCY_SOURCE}"),
+    GPU("H200", 90, 132, 1.98, 4800.0, 232_448, 348.0,
+        f"NVIDIA H200 Tensor Core GPU product brief (H100 SXM chip, 4.8 TB/s HBM3e); {_SMEM}: 227 KB; "
+        f"DRAM latency: {LATENCY_SOURCE}"),
 )  # fmt: skip
+
+SM_LIMITS = {
+    80: SMLimits(65536, 256, 64, 32, 167_936, 1024, _GUIDE.format(164)),
+    90: SMLimits(65536, 256, 64, 32, 233_472, 1024, _GUIDE.format(228)),
+}
 
 #: The compile targets: one per distinct compute capability.
 ARCHS = tuple(sorted({g.arch for g in GPUS}))
 
-#: Static ceilings the default configuration's decode kernel must reach (fraction of HBM bandwidth).
-REQUIRED_CEILING = {"A100-SXM4-40GB": 0.70, "H100-SXM": 0.50}
+#: Targets at the default configuration (fp16 and bf16), as fractions of HBM bandwidth: the memory bound on every
+#: GPU, and the binding ceiling (the lower of the two bounds) where named.
+REQUIRED_MEMORY_BOUND = 0.90
+REQUIRED_CEILING = {"A100-SXM4-40GB": 0.30, "H100-SXM": 0.25}
 
 
 def smem_limit(arch: int) -> int:
@@ -48,6 +97,22 @@ def smem_limit(arch: int) -> int:
     return min(g.smem_per_block for g in GPUS if g.arch == arch)
 
 
-def ceiling(gpu: GPU, bytes_per_tile: float, warp_instructions_per_tile: float) -> float:
-    """Fraction of HBM bandwidth reachable when instruction issue is the only limit."""
+def issue_bound(gpu: GPU, bytes_per_tile: float, warp_instructions_per_tile: float) -> float:
+    """Fraction of HBM bandwidth reachable when instruction issue is the only limit (may exceed 1)."""
     return bytes_per_tile / warp_instructions_per_tile * gpu.issue_rate / (gpu.hbm_gbps * 1e9)
+
+
+def programs_per_sm(arch: int, registers: int, warps: int, shared_bytes: int) -> int:
+    """Programs (blocks) of this size one SM holds at once: the least of what its registers, warps, block slots and
+    shared memory allow (0: the program does not fit)."""
+    sm = SM_LIMITS[arch]
+    per_warp = math.ceil(registers * 32 / sm.register_unit) * sm.register_unit
+    by_registers = (sm.registers // per_warp) // warps if per_warp else sm.programs
+    by_shared = sm.shared // (shared_bytes + sm.shared_reserved)
+    return min(by_registers, sm.warps // warps, sm.programs, by_shared)
+
+
+def memory_bound(gpu: GPU, programs: int, stages: int, bytes_per_tile: float) -> float:
+    """Fraction of HBM bandwidth reachable with programs x stages tiles of bytes_per_tile in flight per SM
+    (Little's law; at most 1)."""
+    return min(1.0, programs * stages * bytes_per_tile / gpu.bytes_in_flight_per_sm)

@@ -40,6 +40,8 @@ from reference import PNMixConfig, ReferenceCache, attention_ref
 from reference.token_cache import TokenPrecisionCache
 from reference.token_precision import TokenPrecisionConfig
 
+from .cache import PNMixCache, check_caches, check_finite_mode
+
 ATTENTION = "pnmix"
 
 #: Attention arguments that need nothing from PN-Mix: positions come from the cache itself, and
@@ -172,13 +174,15 @@ class PNMixLayer(CacheLayerMixin):
         config: PNMixConfig,
         backend: str,
         max_cache_len: int | None = None,
-        check_finite: bool = True,
+        check_finite: bool | str = True,
         window: int | None = None,
         stepwise: bool = False,
         schedule: TokenBitsSchedule | None = None,
         impl=None,
+        capturable: bool = False,
     ) -> None:
         super().__init__()
+        self.capturable = capturable
         self.config = config
         self.impl = impl  # an implementation whose create(config) builds this layer's cache (PNMixHFCache(impl=))
         self.stale: str | None = None  # why this layer's cache cannot be used until reset()
@@ -291,9 +295,8 @@ class PNMixLayer(CacheLayerMixin):
         if self.impl is not None:
             cache = self.impl.create(self.config)
         elif self.backend == "triton":
-            from .cache import PNMixCache
-
-            cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite)
+            cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite,
+                               capturable=self.capturable)  # fmt: skip
         else:
             cache = ReferenceCache(self.config)
         cache.prefill(query_states, k, v)
@@ -341,8 +344,18 @@ class PNMixHFCache(Cache):
     backend: "reference" (CPU), "triton", or "auto" (Triton when CUDA is available).
     max_cache_len: preallocate every layer for this many tokens (the paper's static protocol;
     Triton backend); generating past it raises ValueError.
-    check_finite: check inputs for NaN and Inf (one device->host sync per tensor and step;
-    Triton backend, where False skips it, as benchmarks do; see `pnmix.PNMixCache`).
+    check_finite: check inputs for NaN, Inf and magnitude (`pnmix.PNMixCache`). True (default):
+    the prompt is checked as it is stored; a decode step's inputs on the device, with no read
+    back (Triton backend: a decode step never waits on the GPU), reported when the flags are
+    read: by `check()` (one read for every layer), by the next forward of more than one token
+    (a prompt continuation or a chunk, whose mask check waits on the device anyway), or by a
+    layer cache's `sync_length()`; the error names the argument (k, v or q) and the cache
+    refuses further use. "eager": every call checks before it stores (a few syncs per layer
+    and step). False (Triton backend): no checks, as the benchmarks run. The reference backend
+    and `impl=` check every call as they store it, whether True or "eager".
+    capturable: every layer's one-token decode step launches the same work whatever the length,
+    a residual page's completion included (`pnmix.PNMixCache`'s capturable): with max_cache_len,
+    Triton backend, a selection fixed at prefill and values flushed with their keys.
     stepwise: each of several new tokens fed in one forward (teacher forcing over chunks) attends
     as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`;
     reference backend): long-output fidelity at the cost of one forward per chunk.
@@ -373,7 +386,8 @@ class PNMixHFCache(Cache):
         backend: str = "auto",
         pair_layout: str | None = None,
         max_cache_len: int | None = None,
-        check_finite: bool = True,
+        check_finite: bool | str = True,
+        capturable: bool = False,
         stepwise: bool = False,
         token_bits=None,
         generated_bits: int | None = None,
@@ -407,8 +421,7 @@ class PNMixHFCache(Cache):
             )
         if backend not in ("auto", "reference", "triton"):
             raise ValueError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
-        if not isinstance(check_finite, bool):
-            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
+        check_finite = check_finite_mode(check_finite)
         if impl is not None:
             backend = _implementation_backend(impl, backend, per_token, max_cache_len, check_finite, stepwise)
         elif backend == "auto":
@@ -417,6 +430,10 @@ class PNMixHFCache(Cache):
             raise ValueError(f"max_cache_len (static preallocation) needs backend='triton', got backend={backend!r}")
         if not check_finite and backend != "triton":
             raise ValueError(f"check_finite=False needs backend='triton', got backend={backend!r}")
+        if capturable is not False and backend != "triton":
+            raise ValueError(f"capturable needs backend='triton', got backend={backend!r}")
+        if capturable is not False:
+            PNMixCache(config, max_cache_len=max_cache_len, capturable=capturable)  # refuses what it cannot serve
         if stepwise and backend != "reference":
             raise ValueError(f"stepwise=True needs backend='reference', got backend={backend!r}")
         self.config = config
@@ -424,7 +441,7 @@ class PNMixHFCache(Cache):
         self.impl = impl
         schedule = TokenBitsSchedule(config, token_bits, generated_bits) if per_token else None
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule, impl)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule, impl, capturable)
             for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
@@ -445,12 +462,25 @@ class PNMixHFCache(Cache):
             self.roll_back_forward()
             raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a cache "
                                "update (its attention bypasses transformers' attention interface)")  # fmt: skip
+        if not self._forward and key_states.shape[2] > 1:  # the forward's mask check waited already
+            self.check()
         self._forward[layer_idx] = self.layers[layer_idx].checkpoint()
         try:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
         except BaseException:
             self.roll_back_forward()
             raise
+
+    def check(self) -> None:
+        """Report the deferred input checks of every layer's Triton cache (`pnmix.PNMixCache.check`)
+        with one device->host read: ValueError naming the layer and the first bad argument given
+        since its prefill. Layers not started yet, and other backends (which check eagerly), pass."""
+        started = [(i, layer.cache) for i, layer in enumerate(self.layers) if isinstance(layer.cache, PNMixCache)]
+        try:
+            check_caches([cache for _, cache in started], "PNMixHFCache.check()")
+        except ValueError as error:
+            bad = next(i for i, cache in started if cache._failure is not None)
+            raise ValueError(f"layer {bad}: {error}") from None
 
     def attended(self) -> None:
         """A layer's attention ran: once every layer's has, the forward is kept (checkpoints dropped)."""

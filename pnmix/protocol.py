@@ -39,7 +39,7 @@ class TritonImplementation:
     def create(self, config: PNMixConfig | TokenPrecisionConfig) -> PNMixCache | TritonTokenPrecisionCache:
         if isinstance(config, TokenPrecisionConfig):
             return TritonTokenPrecisionCache(config)
-        return PNMixCache(config)
+        return PNMixCache(config, check_finite="eager")  # the contract: bad input raises before it is stored
 
     def pack_keys(self, codes, channel_mask, config):
         b, h, t, d = codes.shape

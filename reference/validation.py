@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import PNMixConfig, check_head_dim
@@ -46,14 +48,28 @@ def quantizable_limit(config: PNMixConfig, bits: int) -> float:
 
 def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
     """|t| within `quantizable_limit`, or the stored scale or zero would overflow."""
-    limit = quantizable_limit(config, bits)
     top = float(t.float().abs().max()) if t.numel() else 0.0
-    if top > limit:
-        hint = "; use a wider scale_dtype" if config.scale_dtype == torch.float16 else ""
-        raise ValueError(
-            f"{name} has magnitude {top:.4g}, above {limit:.4g}, the most a "
-            f"{bits}-bit group with {config.scale_dtype} scale/zero can hold{hint}"
-        )
+    if top > quantizable_limit(config, bits):
+        raise ValueError(_magnitude_message(name, top, config, bits))
+
+
+def _magnitude_message(name: str, top: float, config: PNMixConfig, bits: int) -> str:
+    hint = "; use a wider scale_dtype" if config.scale_dtype == torch.float16 else ""
+    return (
+        f"{name} has magnitude {top:.4g}, above {quantizable_limit(config, bits):.4g}, the most a "
+        f"{bits}-bit group with {config.scale_dtype} scale/zero can hold{hint}"
+    )
+
+
+def value_problem(name: str, top: float, config: PNMixConfig, bits: int | None) -> str | None:
+    """What `check_finite` and `check_quantizable` (bits: None, finiteness only) say of a tensor
+    whose largest |x| is `top` (NaN or Inf where it holds one), or None where they pass it: the
+    verdict of checks reduced on the device and read back later (`pnmix.PNMixCache.check`)."""
+    if math.isnan(top) or math.isinf(top):
+        return f"{name} contains NaN or Inf"
+    if bits is not None and top > quantizable_limit(config, bits):
+        return _magnitude_message(name, top, config, bits)
+    return None
 
 
 def check_kv(k: object, v: object, config: PNMixConfig, *, values: bool = True) -> None:

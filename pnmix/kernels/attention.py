@@ -147,6 +147,13 @@ def pair_slots(meta, cols, col_ok, d, ADJACENT: tl.constexpr, HAS_HIGH: tl.const
 
 
 @triton.jit
+def _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale):
+    """The queries of the high plane's channels [BLOCK_M, BLOCK_H], scaled as the logits are (0 past n_boost)."""
+    q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :], other=0.0)
+    return q_hi.to(tl.float32) * qk_scale
+
+
+@triton.jit
 def _chunk(split, n_splits, n, BLOCK_N: tl.constexpr):
     """This split's share [lo, hi) of a segment of n tokens, in whole tiles."""
     size = tl.cdiv(tl.cdiv(n, n_splits), BLOCK_N) * BLOCK_N
@@ -247,6 +254,9 @@ def _split_kernel(
         # High-plane column of each salient channel, from the bit-packed pair mask alone, and its inverse.
         slot = pair_slots(meta, cols, col_ok, d, ADJACENT, HAS_HIGH)
         channel = tl.sum(tl.where(slot[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
+        if FAST:
+            if HAS_HIGH:  # one selection for every tile: its queries are read once, not per tile
+                q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
     else:
         slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table
     lo, hi = _chunk(split, n_splits, n_q, BLOCK_N)
@@ -265,8 +275,7 @@ def _split_kernel(
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
                     rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
                     channel = tl.sum(tl.where(rank[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
-                q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :],
-                               other=0.0).to(tl.float32) * qk_scale  # fmt: skip
+                    q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
                 logits += _dot_wide(q_hi * s_hi[None, :], _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)

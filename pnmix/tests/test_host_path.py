@@ -1,26 +1,19 @@
 """The host path of a decode step: how many device kernels it launches, that it never waits on
-the GPU (with check_finite off), and that the token counts on the device stay right.
+the GPU (unless check_finite="eager"), and that the token counts on the device stay right.
 
-Kernels are counted by wrapping the launchers: every Triton launch (`kernel[grid](...)`), and
-every aten op that runs a device kernel (a dispatch mode that leaves out views, metadata and
-allocation). Host waits are the ops that read device data back: `.item()` and `bool(t)`
-dispatch to `_local_scalar_dense`, and `tolist()` is wrapped.
+Launches and host reads are counted by `pnmix.tests.counting`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections import Counter
-
 import pytest
 import torch
-import triton.runtime.jit
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import reference as R
 from pnmix import PNMixCache, _runtime
 from pnmix.hf import LayerMask, PNMixHFCache, pnmix_mask
 from pnmix.kernels import append_rows, decode_attention
+from pnmix.tests.counting import counting
 from reference import PNMixConfig
 from reference.methods import METHODS
 
@@ -34,71 +27,6 @@ CONFIGS = {
 }
 #: Methods whose decode step, once the prompt fills a page, only appends (no sliding value window).
 SHARED = [name for name, config in CONFIGS.items() if config.value_residual == "shared"]
-
-#: aten ops that launch nothing on the device: views, metadata, allocation, host-side tensors.
-NO_KERNEL = frozenset(
-    {
-        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_", "resize_",
-        "view", "_unsafe_view", "_reshape_alias", "slice", "select", "as_strided", "t", "transpose", "permute",
-        "expand", "unsqueeze", "squeeze", "alias", "detach", "split", "unbind",
-    }
-)  # fmt: skip
-#: aten ops whose result the host reads (a device->host sync on CUDA) or whose shape depends on data.
-SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "unique"})
-
-
-class Launches(TorchDispatchMode):
-    """Device kernels (Triton launches and aten ops) and host reads of device data, while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels: Counter[str] = Counter()
-        self.syncs: Counter[str] = Counter()
-        self._in_triton = 0  # the interpreter's own tensor traffic is part of one launch
-
-    @property
-    def total(self) -> int:
-        return sum(self.kernels.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not self._in_triton:
-            if name in SYNCS:
-                self.syncs[name] += 1
-            elif name not in NO_KERNEL:
-                self.kernels[f"aten.{name}"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def counting(monkeypatch):
-    mode = Launches()
-    launch_at = triton.runtime.jit.KernelInterface.__getitem__
-    tolist = torch.Tensor.tolist
-
-    def getitem(kernel, grid):
-        run = launch_at(kernel, grid)
-
-        def counted(*args, **kwargs):
-            mode.kernels[kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel)] += 1
-            mode._in_triton += 1
-            try:
-                return run(*args, **kwargs)
-            finally:
-                mode._in_triton -= 1
-
-        return counted
-
-    def counted_tolist(t):
-        if not mode._in_triton:
-            mode.syncs["tolist"] += 1
-        return tolist(t)
-
-    with monkeypatch.context() as m:
-        m.setattr(triton.runtime.jit.KernelInterface, "__getitem__", getitem)
-        m.setattr(torch.Tensor, "tolist", counted_tolist)
-        with mode:
-            yield mode
 
 
 def data(shape, seed, dtype=torch.float16):
@@ -175,24 +103,33 @@ def test_a_sliding_value_window_quantizes_one_value_a_step_without_waiting(monke
         assert attend.total == 2 and not attend.syncs, attend.kernels
 
 
-def test_checking_values_is_what_waits(monkeypatch):
-    cache = prefilled(check_finite=True)
-    assert cache.check_finite
+def test_eager_checks_are_what_waits_and_deferred_ones_never_wait(monkeypatch):
     k, v, q = step_tensors(0)
-    with counting(monkeypatch) as step:
-        cache.append(k, v)
-        cache.attend(q)
-    # k and v: finite and magnitude; q: finite. The kernels are the same three.
-    assert step.syncs["_local_scalar_dense"] == 5
-    assert step.kernels["_append_rows_kernel"] == 1
+    counts = {}
+    for mode in ("eager", True, False):
+        cache = prefilled(check_finite=mode)
+        assert cache.check_finite == mode
+        with counting(monkeypatch) as step:
+            cache.append(k, v)
+            cache.attend(q)
+        counts[mode] = step
+        assert step.triton == 3 and step.kernels["_append_rows_kernel"] == 1, step.kernels
+    # eager: k and v finite and in range, q finite, each read back. True: the same checks reduced on
+    # the device (a reduction per input, a maximum per call), nothing read back. False: nothing.
+    assert counts["eager"].syncs["_local_scalar_dense"] == 5
+    assert not counts[True].syncs and not counts[False].syncs
+    assert counts[True].kernels["aten.linalg_vector_norm"] == 3 and counts[True].kernels["aten.maximum"] == 2
+    assert counts[True].aten == 5 and counts[False].aten == 0
     bad = k.clone()
     bad[0, 1, 0, 3] = float("nan")
     with pytest.raises(ValueError, match="k contains NaN or Inf"):
-        cache.append(bad, v)
+        prefilled(check_finite="eager").append(bad, v)
     unchecked = prefilled(check_finite=False)
     unchecked.append(bad, v)  # taken as given: the caller vouches for its inputs
-    with pytest.raises(TypeError, match="check_finite must be a bool"):
-        PNMixCache(SMALL, check_finite=1)
+    unchecked.check()
+    for wrong in (1, None, "lazy"):
+        with pytest.raises(TypeError, match="check_finite must be True, False or 'eager'"):
+            PNMixCache(SMALL, check_finite=wrong)
 
 
 @pytest.mark.parametrize("capacity", [48, None], ids=["preallocated", "dynamic"])
@@ -306,10 +243,10 @@ def test_a_captured_decode_step_replays_like_eager_decoding(method):
 
 @pytest.mark.skipif(_runtime.INTERPRETED, reason="CUDA graphs need CUDA and compiled kernels (no TRITON_INTERPRET)")
 def test_capture_refuses_what_cannot_be_captured():
-    checked, dynamic = prefilled(check_finite=True), prefilled(capacity=None)
+    checked, dynamic = prefilled(check_finite="eager"), prefilled(capacity=None)
     sliding = prefilled(CONFIGS["KIVI-2"])  # its value window is full: every step quantizes a value
     k, v, _ = step_tensors(0)
-    for cache, match in ((checked, "check_finite=True"), (dynamic, "preallocated cache"),
+    for cache, match in ((checked, "check_finite='eager'"), (dynamic, "preallocated cache"),
                          (sliding, "sliding value window")):  # fmt: skip
         with pytest.raises(RuntimeError, match=match), torch.cuda.graph(torch.cuda.CUDAGraph()):
             cache.append(k, v)
