@@ -11,8 +11,11 @@ of steps): each step is its own pytest process with a time budget, interrupted a
 (pytest still writes what it finished) and skipped when less than its budget is left of
 --time-budget (default 510 s). Each runs only its points, so Triton compiles only the kernels
 they launch (nothing is compiled ahead or warmed up for later).
-  conformance (150 s): `pytest conformance --impl triton --device cuda --hypothesis-profile ci`
+  conformance (120 s): `pytest conformance --impl triton --device cuda --hypothesis-profile ci`
       on the decode-attention and quantization-codes properties (P7, P5), compiled.
+  capture (30 s): one decode step captured in a CUDA graph and replayed across residual-page
+      completions, with its device-side input checks (pnmix/tests/test_capturable.py,
+      test_sync_free.py), against eager decoding; after conformance, whose compiles it reuses.
   kernel (90 s): decode attention of one Qwen3-8B layer (B = 1, 8 KV heads, GQA 4, d = 128,
       fp16) over a preallocated 32K-token cache, default PN-Mix: GB/s of the bytes it reads
       against the same device's copy bandwidth (1 GiB buffer, read + write), device time and
@@ -47,6 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 import torch
 from tabulate import tabulate
@@ -76,7 +80,7 @@ SHORT_PROPERTIES = (
 TINY_PROPERTIES = ("test_key_codes_roundtrip",)
 #: Seconds each --short step may take (see the module docstring), and all of them with room for
 #: gpu_check itself: 8.5 minutes, so that a cold machine's start-up fits a 15-minute lease.
-BUDGET_S = {"conformance": 150, "kernel": 90, "fig7": 120, "fig6c": 120, "launch": 120}
+BUDGET_S = {"conformance": 120, "capture": 30, "kernel": 90, "fig7": 120, "fig6c": 120, "launch": 120}
 #: Steps left out of the default total: each runs when the steps before it left its budget
 #: unspent (or with a larger --time-budget, or alone with --steps), and its skip is no failure.
 OPTIONAL = frozenset({"launch"})
@@ -142,8 +146,11 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
                    "--impl", "triaxialkv-triton", "--impl", "role-aware-pnmix-triton",
                    "--hypothesis-profile", "ci", "-k", " or ".join(properties),
                    "--conformance-json", str(conformance_json))  # fmt: skip
+    capture_xml = out / f"capture-{safe}-{stamp}.xml"
+    capture = (*CAPTURE_TESTS, "--junitxml", str(capture_xml))
     what = {
         "conformance": f"compiled conformance of the Triton implementation: {', '.join(properties)}",
+        "capture": "a captured decode step replayed across page completions, checks included, against eager",
         "kernel": "decode-attention bandwidth against this device's copy bandwidth",
         "fig7": "one Fig. 7 point: eager step and CUDA-graph replay",
         "fig6c": "one Fig. 6c point: tokens/s",
@@ -151,12 +158,19 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
     }
     return [
         Step("conformance", BUDGET_S["conformance"], what["conformance"], conformance, str(conformance_json)),
+        Step("capture", BUDGET_S["capture"], what["capture"], capture, str(capture_xml)),
         Step("kernel", BUDGET_S["kernel"], what["kernel"], *bench("kernel", kernel_ids)),
         Step("fig7", BUDGET_S["fig7"], what["fig7"], *bench("fig7", [fig7_id])),
         Step("fig6c", BUDGET_S["fig6c"], what["fig6c"], *bench("fig6c", [fig6c_id])),
         Step("launch", BUDGET_S["launch"], what["launch"], *bench("launch", launch_ids)),
     ]
 
+
+#: The CUDA-graph tests of the decode step (skipped, saying why, without CUDA).
+CAPTURE_TESTS = (
+    "pnmix/tests/test_capturable.py::test_one_captured_step_replays_across_page_completions",
+    "pnmix/tests/test_sync_free.py::test_a_checked_decode_step_is_captured_and_replays_its_checks",
+)
 
 #: Lines of a step's output kept to say why it failed (the output itself is streamed as it comes).
 TAIL_LINES = 60
@@ -216,7 +230,10 @@ def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None
 
 
 def summarize(path: Path) -> list[dict]:
-    """The figures of a step's result file: conformance outcomes, or each benchmark's SUMMARY_KEYS."""
+    """The figures of a step's result file: conformance outcomes, each test's outcome of a junit XML,
+    or each benchmark's SUMMARY_KEYS."""
+    if path.suffix == ".xml":
+        return junit_outcomes(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):  # not written, or left empty by a run that stopped before its end
@@ -232,6 +249,20 @@ def summarize(path: Path) -> list[dict]:
         if info.get("suite") == "fig6c-throughput":
             row["paper_tokens_per_s"] = FIG6C_TOKENS_PER_S.get((info.get("method"), info.get("batch")))
         rows.append(row)
+    return rows
+
+
+def junit_outcomes(path: Path) -> list[dict]:
+    """Each test of a junit XML: its name, outcome and seconds ([] when it was not written)."""
+    try:
+        cases = list(ElementTree.parse(path).iter("testcase"))
+    except (OSError, ElementTree.ParseError):
+        return []
+    rows = []
+    for case in cases:
+        ended = [tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None]
+        outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[ended[0]] if ended else "passed"
+        rows.append({"test": case.get("name"), "outcome": outcome, "seconds": float(case.get("time") or 0)})
     return rows
 
 

@@ -71,12 +71,18 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
     assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
-    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "kernel", "fig7", "fig6c", "launch"}
+    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "capture", "kernel", "fig7", "fig6c",
+                                                                "launch"}  # fmt: skip
     assert [timeout for _, timeout in calls] == list(gpu_check.BUDGET_S.values())  # in this order, each its budget
     conformance = calls[0][0]
     assert conformance[:5] == ["conformance", "--ignore=conformance/meta", "--impl", "triton", "--device"]
     assert "--hypothesis-profile" in conformance and "-k" in conformance and "--conformance-json" in conformance
-    for args, _ in calls[1:]:  # node ids of points the suites define, and nothing else
+    capture = calls[1][0]  # the CUDA-graph tests of the decode step, among the first
+    assert [a for a in capture if "::" in a] == list(gpu_check.CAPTURE_TESTS) and "--junitxml" in capture
+    for node in gpu_check.CAPTURE_TESTS:
+        path, test = node.split("::")
+        assert hasattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), test)
+    for args, _ in calls[2:]:  # node ids of points the suites define, and nothing else
         ids = [a for a in args if "::" in a]
         assert ids and all(a in args for a in ("--benchmark-only", "--benchmark-json"))
         for node in ids:
@@ -100,7 +106,7 @@ def test_short_full_scale_plan_fits_a_15_minute_lease():
         "full-PN-Mix-B1-ctx32768-n64-w4-s2-x1",
     ):
         assert f"[{point}]" in ids
-    assert "--impl triton" in " ".join(steps[0].args) and "--budget-gib 40.0" in " ".join(steps[1].args)
+    assert "--impl triton" in " ".join(steps[0].args) and "--budget-gib 40.0" in " ".join(steps[2].args)
     # the steps with room for gpu_check itself and interrupted steps' grace stay under 10 minutes; the
     # optional launch sweep only uses what the others leave of that
     required = [s for s in steps if s.name not in gpu_check.OPTIONAL]
@@ -115,7 +121,8 @@ def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch
     assert gpu_check.main(["--short", "--tiny", "--time-budget", "100", "--out", str(tmp_path)]) == 1
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
     status = {name: step["status"] for name, step in record["steps"].items()}
-    assert status["kernel"] == "passed" and len(calls) == 1  # the only step whose budget fits in 100 s
+    # the steps whose budgets fit in what is left of 100 s (the faked steps take no time): capture, kernel
+    assert status["capture"] == status["kernel"] == "passed" and len(calls) == 2
     for name in ("conformance", "fig7", "fig6c", "launch"):
         assert status[name].startswith("skipped: would overrun") and record["steps"][name]["exit_code"] is None
     assert status["launch"].endswith("(optional: no failure)") and not status["fig6c"].endswith("failure)")
@@ -134,7 +141,7 @@ def test_short_passes_when_only_the_optional_step_had_no_time_left(tmp_path, mon
     monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
     assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
-    assert record["steps"]["launch"]["status"].startswith("skipped: would overrun") and len(calls) == 4
+    assert record["steps"]["launch"]["status"].startswith("skipped: would overrun") and len(calls) == 5
     # a required step skipped the same way is a failure
     clock[0], calls[:] = 0.0, []
     assert gpu_check.main(["--short", "--tiny", "--time-budget", "400", "--out", str(tmp_path)]) == 1
@@ -208,3 +215,15 @@ def test_a_step_that_cannot_write_its_results_says_so(tmp_path):
     (tmp_path / "test_step.py").write_text("def test_step():\n    pass\n")
     ran = gpu_check.run_pytest([str(tmp_path), f"--rootdir={tmp_path}"], 120)
     assert ran["exit_code"] != 0 and "OSError: [Errno 28] No space left on device: 'bench.json'" in ran["reason"]
+
+
+def test_a_junit_result_is_summarized_test_by_test(tmp_path):
+    xml = tmp_path / "capture.xml"
+    xml.write_text(
+        '<testsuites><testsuite><testcase name="a" time="1.5"/><testcase name="b" time="0.1"><skipped/></testcase>'
+        '<testcase name="c" time="2"><failure message="x"/></testcase></testsuite></testsuites>'
+    )
+    assert gpu_check.summarize(xml) == [{"test": "a", "outcome": "passed", "seconds": 1.5},
+                                        {"test": "b", "outcome": "skipped", "seconds": 0.1},
+                                        {"test": "c", "outcome": "failed", "seconds": 2.0}]  # fmt: skip
+    assert gpu_check.summarize(tmp_path / "missing.xml") == []
