@@ -53,9 +53,10 @@ def is_not_claimed(record: dict) -> bool:
 
 
 def is_not_run(record: dict) -> bool:
-    """Counted, and no example ran (results that predate the count are judged by their outcome)."""
+    """Claimed, counted, and no example ran (results that predate the count are judged by their outcome)."""
     examples = record.get("examples")
-    return examples is not None and examples["run"] == 0 and record["outcome"] in ("passed", "skipped")
+    counted = examples is not None and examples["run"] == 0 and record["outcome"] in ("passed", "skipped")
+    return counted and not is_not_claimed(record)
 
 
 def first_line(text: str | None, limit: int = 300) -> str:
@@ -97,7 +98,7 @@ def verdict(records: Sequence[dict]) -> str:
     if not counts["passed"]:
         return "not run: no property applies"
     parts = [f"{counts['passed']} pass"]
-    claimed_out = sum(is_not_claimed(r) and not is_not_run(r) for r in records)
+    claimed_out = sum(map(is_not_claimed, records))
     if claimed_out:
         parts.append(f"{claimed_out} not claimed")
     not_run = sum(map(is_not_run, records))
@@ -213,7 +214,7 @@ def _ranges(numbers: list[int]) -> str:
 def _cell(record: dict, notes: dict[str, int]) -> str:
     """The matrix cell of one result; its note (message, example, reason) numbered in `notes`."""
     outcome = record["outcome"]
-    if is_not_run(record) and not is_not_claimed(record):
+    if is_not_run(record):
         why = first_line(record.get("reason")) or "no example ran"
         return f"{NOT_RUN} [{notes.setdefault(why, len(notes) + 1)}]"
     if outcome == "passed":

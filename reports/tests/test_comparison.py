@@ -162,6 +162,9 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
     reason = "no example fits its claims: reference: no head_dim within its claims (14 examples)"
     nothing = {**data["results"][3], "outcome": "skipped", "examples": {"run": 0, "dropped": 14}, "reason": reason}
     data["results"][3] = nothing  # reference's test_b
+    unclaimed = {**nothing, "property": "test_e", "nodeid": "conformance/test_p1_packing.py::test_e[reference]",
+                 "examples": {"run": 0, "dropped": 0}, "reason": "reference does not claim bf16"}  # fmt: skip
+    data["results"].append(unclaimed)
     data["implementation_details"][0]["claims"] = {"attention": "spec"}
     source = load(tmp_path, "c.json", data)
     body = conformance.render([source]).body
@@ -169,6 +172,8 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
     assert cells["P1 packing: b"]["reference"].startswith("not run [")
     assert "no example fits its claims: reference: no head_dim" in body.split("Notes:")[1]
     rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
-    assert "1 not run: no example fits the claims" in rows["reference"]["verdict"]
+    assert "1 not claimed, 1 not run: no example fits the claims" in rows["reference"]["verdict"]
     assert "the spec's float32 attention over its cache, not its own" in rows["reference"]["verdict"]
+    # a property skipped for a claim it does not make ran no example either, and reads "not claimed"
+    assert cells["P1 packing: e"]["reference"] == "not claimed"
     assert "spec's float32" not in rows["triton"]["verdict"]
