@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NoReturn
 
+from reference.cli import non_negative_int  # noqa: F401 (the commands' argparse type)
 from reference.roles import CHATML
 
 from .chat_format import MODEL_TEMPLATE, ChatFormat
@@ -41,17 +42,6 @@ FETCH_AGAIN = "download it again (or reinstall the package that ships it)"
 def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """End the command before any work: one line on stderr, exit 2 (the arguments parsed, so no usage)."""
     parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type of a count that may be 0 (0: none), refused on one line naming the argument."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 # -- where the results go -------------------------------------------------------------------------

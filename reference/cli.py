@@ -22,15 +22,24 @@ from .selection import UNIFORM
 from .storage import bit_widths, storage_model
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count or a length (>= 1): a bad one is refused on one line naming the argument."""
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or a length (>= 1): a bad one is refused on one line naming the argument."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of a count that may be 0 (0: none), refused on one line naming the argument."""
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:
