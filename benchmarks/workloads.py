@@ -107,15 +107,15 @@ class KernelLaunch(Workload):
 #: first: the levers the first GPU run pointed at (pnmix/kernels/NOTES.md): prefetching the next
 #: tile (stages), fewer registers per program (smaller tiles, more warps), more splits.
 LAUNCH_GRID = (
-    (64, 4, 1, 1),
     (64, 4, 2, 1),
+    (64, 4, 1, 1),
     (64, 4, 3, 1),
     (32, 4, 1, 1),
     (32, 4, 2, 1),
     (64, 8, 1, 1),
     (128, 8, 1, 1),
-    (64, 4, 1, 2),
-    (64, 4, 1, 4),
+    (64, 4, 2, 2),
+    (64, 4, 2, 4),
 )
 
 

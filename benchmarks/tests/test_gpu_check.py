@@ -152,7 +152,7 @@ def test_short_launch_step_judges_every_launch_choice(tmp_path):
     step = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())["steps"]["launch"]
     assert step["status"] == "passed"
     rows = step["results"]
-    assert {(r["block_n"], r["warps"], r["stages"]) for r in rows} == {(64, 4, 1), (32, 4, 2)}
+    assert {(r["block_n"], r["warps"], r["stages"]) for r in rows} == {(64, 4, 2), (32, 4, 2)}
     for r in rows:
         assert r["fits"] is True and 0 <= r["max_error"] <= r["error_bound"] and r["gbps"] > 0
 

@@ -105,10 +105,41 @@ def _headroom(top, DOT: tl.constexpr):
 
 
 @triton.jit
-def _dot_wide(a, b, top, DOT: tl.constexpr):
-    """`_dot_f32` of an a whose entries may pass float16's range (|a| <= top): see `_headroom`."""
+def _dot_wide(a, scale, b, top, DOT: tl.constexpr):
+    """`_dot_f32` of a * scale[None, :], whose entries may pass float16's range (|a * scale| <= top): see
+    `_headroom`."""
     e = _headroom(top, DOT)
-    return _dot_f32(a * (1.0 / e), b, DOT) * e
+    return _dot_f32(a * scale[None, :] * (1.0 / e), b, DOT) * e
+
+
+@triton.jit
+def _vector(ptr, n, BLOCK: tl.constexpr):
+    """ptr[0:BLOCK] as float32 (0 from n on)."""
+    idx = tl.arange(0, BLOCK)
+    return tl.load(ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _scaled_queries(q_ptr, q_rows, row_ok, cols, d, qk_scale):
+    """The queries of channels `cols` [BLOCK_M, len(cols)] in float32, scaled as the logits are."""
+    q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < d)[None, :], other=0.0)
+    return q.to(tl.float32) * qk_scale
+
+
+@triton.jit
+def _key_chunk(q, first, klo, ks, kz, group, t, d, q_top, KC: tl.constexpr, B_LO: tl.constexpr,
+               DOT: tl.constexpr):  # fmt: skip
+    """The low plane's logits over KC channels from `first` on (q: their scaled queries).
+
+    Scale and zero fold into the operands, q.k = (q * s).code + q.z per channel; each byte of codes is
+    read once per field it holds (the repeats hit L1), 16 bytes of adjacent channels at a time, and
+    shifted down per token: no register shuffles."""
+    c = first + tl.arange(0, KC)
+    s_k = _vector(ks + group * d + first, d - first, KC)
+    z_k = _vector(kz + group * d + first, d - first, KC)
+    codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
+    logits = _dot_wide(q, s_k, _code_to(codes, DOT), q_top * tl.max(s_k, axis=0), DOT)
+    return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
 
 
 @triton.jit
@@ -170,7 +201,7 @@ def _split_kernel(
     ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr,
     G: tl.constexpr, VG: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, B_HI: tl.constexpr,
     V_QUANT: tl.constexpr, V_FIELDS: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
-    SLIDING: tl.constexpr, DOT: tl.constexpr,
+    SLIDING: tl.constexpr, DOT: tl.constexpr, KEY_CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of one (sequence, KV head) over one split of each region.
@@ -211,8 +242,14 @@ def _split_kernel(
     q_rows = ((b * n_rep * n_kv + h * n_rep + rows // t_new) * t_new + j) * d
     q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     q_dot = q.to(DOT)  # the queries as given: exact operands (the scale is applied to the float32 logits)
-    q = q.to(tl.float32) * qk_scale
-    q_top = tl.max(tl.max(tl.abs(q), axis=1), axis=0)  # bounds the key operands q * s (see _headroom)
+    # The fast path's key dot runs over KEY_CHUNKS chunks of channels, each with its own queries:
+    # at d = 256 a [BLOCK_M, 256] operand and its low part held at once spill.
+    KC: tl.constexpr = BLOCK_D // KEY_CHUNKS
+    q0 = _scaled_queries(q_ptr, q_rows, row_ok, tl.arange(0, KC), d, qk_scale)
+    q_top = tl.max(tl.max(tl.abs(q0), axis=1), axis=0)  # bounds the key operands q * s (see _headroom)
+    if KEY_CHUNKS == 2:
+        q1 = _scaled_queries(q_ptr, q_rows, row_ok, KC + tl.arange(0, KC), d, qk_scale)
+        q_top = tl.maximum(q_top, tl.max(tl.max(tl.abs(q1), axis=1), axis=0))
     n_sink = tl.load(counts_ptr)
     n_q = tl.load(counts_ptr + 1)
     length = n_sink + n_q + tl.load(counts_ptr + 2)
@@ -263,14 +300,11 @@ def _split_kernel(
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
         group = start // G
+        v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
         if FAST:
-            s_k = tl.load(ks + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
-            z_k = tl.load(kz + group * d + cols, mask=col_ok, other=0.0).to(tl.float32)
-            # Each byte is read once per field it holds (the repeats hit L1), 16 bytes of
-            # adjacent channels at a time, and shifted down per token: no register shuffles.
-            codes = unpack_field(klo, t[None, :], cols[:, None], d, col_ok[:, None], B_LO)
-            logits = _dot_wide(q * s_k[None, :], _code_to(codes, DOT), q_top * tl.max(s_k, axis=0), DOT)
-            logits += tl.sum(q * z_k[None, :], axis=1)[:, None]
+            logits = _key_chunk(q0, 0, klo, ks, kz, group, t, d, q_top, KC, B_LO, DOT)
+            if KEY_CHUNKS == 2:
+                logits += _key_chunk(q1, KC, klo, ks, kz, group, t, d, q_top, KC, B_LO, DOT)
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
                     rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
@@ -278,7 +312,7 @@ def _split_kernel(
                     q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
-                logits += _dot_wide(q_hi * s_hi[None, :], _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)
+                logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
@@ -290,15 +324,14 @@ def _split_kernel(
         p, alpha, l_i, m_i = _online_softmax(
             logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
         )
-        v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
         if V_FIELDS:
             ok = t < v_hi
-            s_v = tl.load(vs + t * v_groups, mask=ok, other=0.0).to(tl.float32)
-            z_v = tl.load(vz + t * v_groups, mask=ok, other=0.0).to(tl.float32)
+            s_v = _vector(vs + start, v_hi - start, BLOCK_N)  # one value group per token here
+            z_v = _vector(vz + start, v_hi - start, BLOCK_N)
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
-            pv = _dot_wide(p * s_v[None, :], _code_to(codes, DOT), tl.max(s_v, axis=0), DOT)  # p <= 1
+            pv = _dot_wide(p, s_v, _code_to(codes, DOT), tl.max(s_v, axis=0), DOT)  # p <= 1
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
@@ -394,19 +427,23 @@ def launch_config(layout: CacheLayout) -> dict:
 
     A tile is the largest power of two up to 64 that divides the key group size G, so that a
     tile lies in one group (the fast path), and the codes of a plane's tile are at most 2,048
-    per warp up to 128 channels (64 tokens at 4 warps) and 1,024 beyond (32 tokens of 256
-    channels at 8 warps): larger tiles spill. Per-page rank tables (Kitty) take 8 warps too:
+    per warp up to 128 channels (64 tokens at 4 warps) and 512 beyond (16 tokens of 256
+    channels at 8 warps): larger tiles spill (32 tokens at d = 256: 8 B per thread in some
+    kernels on sm_80 or sm_90, at one, two or three stages). Per-page rank tables (Kitty) take 8 warps too:
     inverting a page's ranks in every tile spills at 4 on sm_90. Groups of fewer than 16
     tokens take 64-token tiles and the per-element path. maxnreg 255: left to itself, ptxas
-    caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. The interpreter
-    runs the same tiles, so CI checks the GPU paths.
+    caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. Two stages: the
+    next tile's packed codes are copied asynchronously while this one is computed, so two
+    programs per SM keep 2 x 2 tiles in flight, which the memory bound of `python -m pnmix.aot`
+    asks for on an H200 (one stage: 73 %). The interpreter runs the same tiles (and ignores
+    stages, which change no result), so CI checks the GPU paths.
     """
     g = layout.config.group_size
     block_d = max(16, triton.next_power_of_2(layout.head_dim))
     warps = 8 if block_d >= 256 or layout.selection.metadata == "page-ranks" else 4
-    codes = 2048 if block_d <= 128 else 1024
+    codes = 2048 if block_d <= 128 else 512
     block_n = min(64, g & -g, codes * warps // block_d)
-    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 1, "maxnreg": 255}
+    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 2, "maxnreg": 255}
 
 
 def _launch_overrides(num_splits, block_n, num_warps, num_stages) -> dict:
@@ -515,7 +552,7 @@ def decode_attention(
         G=cfg.group_size, VG=value_group, B_LO=cfg.b_low, HAS_HIGH=has_high,
         B_HI=(cfg.b_high - cfg.b_low) if has_high else 1, V_QUANT=v_quant, V_FIELDS=v_fields,
         W_V=cfg.value_bits if v_fields else 8, B_V=cfg.value_bits if v_quant else 8,
-        SLIDING=cfg.value_residual == "sliding", DOT=dot,
+        SLIDING=cfg.value_residual == "sliding", DOT=dot, KEY_CHUNKS=2 if block_d >= 256 else 1,
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
         num_warps=tune["num_warps"], num_stages=tune["num_stages"], maxnreg=tune["maxnreg"],

@@ -132,6 +132,16 @@ def test_decode_attention_fast_path_matches_the_spec(batch, n_kv, n_rep, length,
     check_decode_attention(cfg, d, batch, n_kv, n_rep, length, t_new, splits, dtype)
 
 
+@pytest.mark.parametrize("method", ["PN-Mix", "Kitty"])
+@pytest.mark.parametrize("d", [256, 200])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_wide_heads_match_the_spec(method, d, dtype):
+    """Heads of more than 128 channels: the key dot runs over two chunks of channels (the second
+    partly masked at d = 200), the high plane's channels in either; per-page ranks for Kitty."""
+    cfg = methods.METHODS[method](group_size=16, residual_length=16, n_sink=3)
+    check_decode_attention(cfg, d, 1, 1, 2, 71, 1, 2, dtype)
+
+
 def test_static_and_dynamic_caches_agree_and_account_exactly():
     cfg = R.PNMixConfig(group_size=8, residual_length=16, n_sink=3)
     q, k, v = (
