@@ -133,13 +133,26 @@ def _key_chunk(q, first, klo, ks, kz, group, t, d, q_top, KC: tl.constexpr, B_LO
 
     Scale and zero fold into the operands, q.k = (q * s).code + q.z per channel; each byte of codes is
     read once per field it holds (the repeats hit L1), 16 bytes of adjacent channels at a time, and
-    shifted down per token: no register shuffles."""
+    shifted down per token: no register shuffles. The scales are read as q's tile (`_rows`); the zeros,
+    read so too, made the default kernel spill on sm_90, and stay a vector."""
     c = first + tl.arange(0, KC)
-    s_k = _vector(ks + group * d + first, d - first, KC)
+    s_k = _rows(ks + group * d + c, c < d, q)
     z_k = _vector(kz + group * d + first, d - first, KC)
     codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
-    logits = _dot_wide(q, s_k, _code_to(codes, DOT), q_top * tl.max(s_k, axis=0), DOT)
+    e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
+    logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT) * e
     return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
+
+
+@triton.jit
+def _rows(ptrs, ok, like):
+    """The vector at ptrs (float32; 0 where not ok) on every row of a tile shaped like `like`, loaded as that
+    tile: each thread reads the elements of its own part of the tile, adjacent ones 16 bytes at a time (a load the
+    software pipeline turns into cp.async, prefetched with the codes), where the vector alone would be one 2-byte
+    load per thread (cp.async moves 4, 8 or 16 bytes) and a conversion to the tile's layout. The repeats hit L1."""
+    shape: tl.constexpr = like.shape
+    x = tl.load(tl.broadcast_to(ptrs[None, :], shape), mask=tl.broadcast_to(ok[None, :], shape), other=0.0)
+    return x.to(tl.float32)
 
 
 @triton.jit
