@@ -29,8 +29,11 @@ OWN_BITS = ("KIVI-2 +32 sinks", "Kitty", "TriAxialKV", "role-aware PN-Mix", "imp
 #: Fields set on a run at its own bits: quanto quantizes keys and values at one width, 2 or 4 bits (2
 #: here); the per-token methods take their bits per tag from a role calibration at one of its budgets
 #: (average key + value bits, everything stored counted), its lowest here, the nearest to the others.
-OWN_OVERRIDES = {"transformers-quanto": (("b_high", 2), ("b_low", 2), ("value_bits", 2)),
-                 "TriAxialKV": (("budget", 3.25),), "role-aware PN-Mix": (("budget", 3.25),)}  # fmt: skip
+OWN_OVERRIDES = {
+    "transformers-quanto": (("b_high", 2), ("b_low", 2), ("value_bits", 2)),
+    "TriAxialKV": (("budget", 3.25),),
+    "role-aware PN-Mix": (("budget", 3.25),),
+}
 #: Keys at this width are the "unquantized" side of value-only quantization (Table 8): the cache
 #: family always quantizes keys, and 8 bits is within float16's own rounding of most keys.
 NEAR_EXACT_KEY_BITS = 8
@@ -61,8 +64,15 @@ class Run:
 
     def describe(self) -> dict:
         """What a result records of the run."""
-        return {"label": self.label, "method": self.method, "model_args": self.model_args(), "key_bits": self.key_bits,
-                "value_bits": self.value_bits, "role": self.role, "budget": self.budget}  # fmt: skip
+        return {
+            "label": self.label,
+            "method": self.method,
+            "model_args": self.model_args(),
+            "key_bits": self.key_bits,
+            "value_bits": self.value_bits,
+            "role": self.role,
+            "budget": self.budget,
+        }
 
 
 def _arg(value: object) -> object:
@@ -96,8 +106,10 @@ def family(method: str, head_dim: int, pair_layout: str = "split") -> list[PNMix
 def nearest(method: str, budget: float, head_dim: int, pair_layout: str = "split") -> tuple[PNMixConfig, float]:
     """The configuration of the family nearest `budget` key bits (ties: the cheaper, then the first in
     Table 14's order), with its key bits."""
-    scored = [(abs(key_bits(c, head_dim) - budget), key_bits(c, head_dim), i, c)
-              for i, c in enumerate(family(method, head_dim, pair_layout))]  # fmt: skip
+    scored = [
+        (abs(key_bits(c, head_dim) - budget), key_bits(c, head_dim), i, c)
+        for i, c in enumerate(family(method, head_dim, pair_layout))
+    ]
     _, bits, _, config = min(scored, key=lambda s: s[:3])
     return config, bits
 
@@ -135,8 +147,12 @@ def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OW
             runs.append(Run(impl, name, OWN_OVERRIDES.get(impl, ()), None, None, "own bits"))
     # Table 8 at equal bits: 2-bit codes on one side, exact (or 8-bit) on the other, with the same
     # scale and zero overhead per element (keys in groups of head_dim tokens, values of head_dim channels)
-    shared = {"pair_layout": pair_layout, "value_residual": "shared", "group_size": head_dim,
-              "residual_length": head_dim}  # fmt: skip
+    shared = {
+        "pair_layout": pair_layout,
+        "value_residual": "shared",
+        "group_size": head_dim,
+        "residual_length": head_dim,
+    }
     key_only = kivi(2, **shared, value_bits=16)
     value_only = kivi(NEAR_EXACT_KEY_BITS, **shared, value_bits=2)
     runs.append(channel_run("keys only (2-bit keys, exact values)", "KIVI-2", key_only, head_dim, "table 8"))

@@ -62,8 +62,13 @@ MODEL_TEMPLATE = ChatFormat()
 def add_options(parser: argparse.ArgumentParser, plain: bool = True) -> None:
     """--chat-template FILE and, where prompts make sense without a chat, --plain-prompts (one or the other)."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--chat-template", type=Path, metavar="FILE",
-                       help="a Jinja chat template used instead of the model's (a model that ships none)")  # fmt: skip
+    group.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a Jinja chat template used instead of the model's (a model that ships none)",
+    )
     if plain:
-        group.add_argument("--plain-prompts", action="store_true",
-                           help="feed the prompts' text alone, without chat formatting")  # fmt: skip
+        group.add_argument(
+            "--plain-prompts", action="store_true", help="feed the prompts' text alone, without chat formatting"
+        )

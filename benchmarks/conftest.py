@@ -32,18 +32,28 @@ from benchmarks.workloads import SCALES, in_short_sweep
 from reference import records
 
 OPTIONS = {
-    "--bench-scale": ({"choices": ("all", "full", "tiny"), "default": "all"},
-                      "full: the paper's shapes (CUDA); tiny: the same harness in seconds (any device)"),
-    "--bench-sweep": ({"choices": ("all", "short"), "default": "all"},
-                      "short: the subset a time-limited GPU session can run (benchmarks.workloads.in_short_sweep)"),
-    "--budget-gib": ({"type": float, "default": memory.DEFAULT_BUDGET_GIB},
-                     "cap usable GPU memory (default 40, the paper's A100-40GB; 0: no cap)"),
-    "--throughput-protocol": ({"choices": ("sampled", "full"), "default": "sampled"},
-                              "Fig. 6c: time decode steps at a few lengths and integrate (default), or run every step"),
+    "--bench-scale": (
+        {"choices": ("all", "full", "tiny"), "default": "all"},
+        "full: the paper's shapes (CUDA); tiny: the same harness in seconds (any device)",
+    ),
+    "--bench-sweep": (
+        {"choices": ("all", "short"), "default": "all"},
+        "short: the subset a time-limited GPU session can run (benchmarks.workloads.in_short_sweep)",
+    ),
+    "--budget-gib": (
+        {"type": float, "default": memory.DEFAULT_BUDGET_GIB},
+        "cap usable GPU memory (default 40, the paper's A100-40GB; 0: no cap)",
+    ),
+    "--throughput-protocol": (
+        {"choices": ("sampled", "full"), "default": "sampled"},
+        "Fig. 6c: time decode steps at a few lengths and integrate (default), or run every step",
+    ),
     "--model-path": ({"default": None}, "a local checkpoint of the full-scale architecture instead of random weights"),
-    "--share-gpu": ({"action": "store_true", "default": os.environ.get("PNMIX_SHARE_GPU", "") not in ("", "0")},
-                    "let pytest-xdist workers share GPUs (gwN takes GPU N mod the count; env PNMIX_SHARE_GPU=1)"),
-}  # fmt: skip
+    "--share-gpu": (
+        {"action": "store_true", "default": os.environ.get("PNMIX_SHARE_GPU", "") not in ("", "0")},
+        "let pytest-xdist workers share GPUs (gwN takes GPU N mod the count; env PNMIX_SHARE_GPU=1)",
+    ),
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

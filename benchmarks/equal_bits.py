@@ -191,8 +191,9 @@ def memory_rows(settings: dict, low_share: dict, budget_gib: float, arch_name: s
         else:
 
             def cache_fn(batch, capacity, setting=setting):
-                return s.layers * storage_model(setting, batch, s.kv_heads, s.head_dim, capacity,
-                                                capacity=capacity).total  # fmt: skip
+                return (
+                    s.layers * storage_model(setting, batch, s.kv_heads, s.head_dim, capacity, capacity=capacity).total
+                )
 
         kw = {"budget_gib": budget_gib, "cache_fn": cache_fn}
         longest = None
@@ -202,8 +203,14 @@ def memory_rows(settings: dict, low_share: dict, budget_gib: float, arch_name: s
             longest = g
         best = memory.max_batch(arch, method, FIG6B_GENERATION, **kw)
         cache = memory.point(arch, method, FIG6A_BATCH, FIG6B_GENERATION, **kw).cache
-        rows.append({"method": method, "fig6a_longest_generation": longest,
-                     "fig6b_max_batch": best.batch if best else 0, "cache_gib_at_b32_8k": cache / 2**30})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "fig6a_longest_generation": longest,
+                "fig6b_max_batch": best.batch if best else 0,
+                "cache_gib_at_b32_8k": cache / 2**30,
+            }
+        )
     return rows
 
 
@@ -217,8 +224,15 @@ def method_caches(model_config, settings: dict, alloc: dict, tags) -> dict:
         if m in TOKEN_METHODS:
             bits = token_bits(tags, alloc[m], setting)
             gen = alloc[m].get(str(GENERATED), setting.high_bits)
-            out[m] = functools.partial(PNMixHFCache, model_config, setting, backend="reference", stepwise=True,
-                                       token_bits=bits, generated_bits=gen)  # fmt: skip
+            out[m] = functools.partial(
+                PNMixHFCache,
+                model_config,
+                setting,
+                backend="reference",
+                stepwise=True,
+                token_bits=bits,
+                generated_bits=gen,
+            )
         elif m != "FP16":
             out[m] = setting
     return out
@@ -232,16 +246,31 @@ def _mean(xs) -> float:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers, long_tokens, chunk, bins,
-        pair_layout, budget_gib=40.0, match: str = "asymptotic") -> dict:  # fmt: skip
+def run(
+    model,
+    tokenizer,
+    calibration_rows,
+    evaluation_rows,
+    *,
+    budgets,
+    layers,
+    long_tokens,
+    chunk,
+    bins,
+    pair_layout,
+    budget_gib=40.0,
+    match: str = "asymptotic",
+) -> dict:
     from pnmix.hf import head_dim
 
     d = head_dim(model.config)
     kv_heads = model.config.num_key_value_heads
     token_configs = {name: dataclasses.replace(cfg, pair_layout=pair_layout) for name, cfg in TOKEN_CONFIGS.items()}
     cal_captured = capture(model, tokenizer, calibration_rows, layers)
-    calibrations = {n: calibrate(model, tokenizer, calibration_rows, layers, c, captured=cal_captured)
-                    for n, c in token_configs.items()}  # fmt: skip
+    calibrations = {
+        n: calibrate(model, tokenizer, calibration_rows, layers, c, captured=cal_captured)
+        for n, c in token_configs.items()
+    }
     allocated = {n: allocations(calibrations[n], budgets, c) for n, c in token_configs.items()}
     evaluation = capture(model, tokenizer, evaluation_rows, layers)
     starts = []
@@ -267,9 +296,13 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
             a = allocated[m][bi]
             alloc[m] = dict(zip(calibrations[m]["tags"], a["bits"], strict=True))
             settings[m] = cfg
-            rows[m] = {"bits": a["average_bits"], "config": f"INT{cfg.low_bits}/INT{cfg.high_bits} by tag, G="
-                       f"{cfg.group_size}, low keys {'H3(50%)L1 pairs' if cfg.low_keys == 'pairs' else 'per channel'}",
-                       "int2_tags": sum(b == cfg.low_bits for b in a["bits"]), "tags": len(a["bits"])}  # fmt: skip
+            rows[m] = {
+                "bits": a["average_bits"],
+                "config": f"INT{cfg.low_bits}/INT{cfg.high_bits} by tag, G="
+                f"{cfg.group_size}, low keys {'H3(50%)L1 pairs' if cfg.low_keys == 'pairs' else 'per channel'}",
+                "int2_tags": sum(b == cfg.low_bits for b in a["bits"]),
+                "tags": len(a["bits"]),
+            }
         # 2. attention at the captured layers
         per = {m: {"attention_kl": [], "output_mse": [], "stored_bits": [], "low_share": []} for m in settings}
         for (ids, tags, seen), start in zip(evaluation, starts, strict=True):
@@ -279,8 +312,9 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
                 for layer in layers:
                     q, k, v, scale = seen[layer]
                     k_hat, v_hat = stored_kv(m, setting, q[None].float(), k[None].float(), v[None].float(), bits)
-                    kl, mse = attention_errors(q[None].float(), k[None].float(), v[None].float(), k_hat, v_hat,
-                                               start, scale)  # fmt: skip
+                    kl, mse = attention_errors(
+                        q[None].float(), k[None].float(), v[None].float(), k_hat, v_hat, start, scale
+                    )
                     kls.append(kl)
                     mses.append(mse)
                 per[m]["attention_kl"].append(_mean(kls))
@@ -295,26 +329,44 @@ def run(model, tokenizer, calibration_rows, evaluation_rows, *, budgets, layers,
         def caches(tags, settings=settings, alloc=alloc):
             return method_caches(model.config, settings, alloc, tags)
 
-        e2e = [measure_sequence(model, torch.tensor([ids]), start, caches(tags), chunk)
-               for (ids, tags, _), start in tqdm(list(zip(evaluation, starts, strict=True)),
-                                                 desc=f"end to end @ {budget}", unit="conversation")]  # fmt: skip
+        e2e = [
+            measure_sequence(model, torch.tensor([ids]), start, caches(tags), chunk)
+            for (ids, tags, _), start in tqdm(
+                list(zip(evaluation, starts, strict=True)), desc=f"end to end @ {budget}", unit="conversation"
+            )
+        ]
         for m in settings:
             for metric in METRICS:
                 if metric in e2e[0][m]:
                     rows[m]["e2e_" + metric] = _mean(x for p in e2e for x in p[m][metric])
-        long = [measure_sequence(model, ids, prompt_len, caches(tags), chunk)
-                for (ids, prompt_len), tags in tqdm(list(zip(long_seqs, long_tags, strict=True)),
-                                                    desc=f"long outputs @ {budget}", unit="conversation")]  # fmt: skip
+        long = [
+            measure_sequence(model, ids, prompt_len, caches(tags), chunk)
+            for (ids, prompt_len), tags in tqdm(
+                list(zip(long_seqs, long_tags, strict=True)), desc=f"long outputs @ {budget}", unit="conversation"
+            )
+        ]
         curves = {}
         if long:
             n = min(len(p["FP16"]["nll"]) for p in long)
             for m in settings:
-                curves[m] = {metric: [statistics.fmean(col) for col in zip(*(binned(p[m][metric][:n], bins)
-                             for p in long), strict=True)] for metric in METRICS if metric in long[0][m]}  # fmt: skip
+                curves[m] = {
+                    metric: [
+                        statistics.fmean(col)
+                        for col in zip(*(binned(p[m][metric][:n], bins) for p in long), strict=True)
+                    ]
+                    for metric in METRICS
+                    if metric in long[0][m]
+                }
         low_share = {m: rows[m]["low_share"] for m in TOKEN_METHODS}
-        results.append({"budget": budget, "methods": rows, "long_output": curves,
-                        "long_positions": min((len(p["FP16"]["nll"]) for p in long), default=0),
-                        "memory": memory_rows(settings, low_share, budget_gib)})  # fmt: skip
+        results.append(
+            {
+                "budget": budget,
+                "methods": rows,
+                "long_output": curves,
+                "long_positions": min((len(p["FP16"]["nll"]) for p in long), default=0),
+                "memory": memory_rows(settings, low_share, budget_gib),
+            }
+        )
     return {
         "match": match,
         "budgets": list(budgets),
@@ -345,18 +397,28 @@ def claims(results: list[dict]) -> list[dict]:
     out = []
     floor = TokenPrecisionConfig()
     lowest = floor.low_bits + 2 * 16 / floor.group_size
-    out.append({"claim": "INT2/INT4 only (TriAxialKV's stated limitation)",
-                "holds": True, "source": "computed from the storage formula",
-                "evidence": f"with G = {floor.group_size} and float16 scales and zeros an INT2 token costs {lowest:g} "
-                            "bits per element: no budget below that is reachable, where PN-Mix's paper setting costs "
-                            f"{channel_bits(pnmix(), 64):.3f} (d = 64)"})  # fmt: skip
+    out.append(
+        {
+            "claim": "INT2/INT4 only (TriAxialKV's stated limitation)",
+            "holds": True,
+            "source": "computed from the storage formula",
+            "evidence": f"with G = {floor.group_size} and float16 scales and zeros an INT2 token costs {lowest:g} "
+            "bits per element: no budget below that is reachable, where PN-Mix's paper setting costs "
+            f"{channel_bits(pnmix(), 64):.3f} (d = 64)",
+        }
+    )
     for name in TOKEN_METHODS:
         over = [(r["budget"], r["methods"][name]["bits"], r["methods"][name]["stored_bits"]) for r in results]
-        out.append({"claim": f"{name}: the calibrated budget holds on other conversations (per-workload calibration)",
-                    "holds": all(s <= b + 0.05 for b, _, s in over),
-                    "source": "measured here",
-                    "evidence": "; ".join(f"budget {b}: allocated {a:.3f} on calibration, stored {s:.3f} on evaluation"
-                                          for b, a, s in over)})  # fmt: skip
+        out.append(
+            {
+                "claim": f"{name}: the calibrated budget holds on other conversations (per-workload calibration)",
+                "holds": all(s <= b + 0.05 for b, _, s in over),
+                "source": "measured here",
+                "evidence": "; ".join(
+                    f"budget {b}: allocated {a:.3f} on calibration, stored {s:.3f} on evaluation" for b, a, s in over
+                ),
+            }
+        )
     for metric, label in (("attention_kl", "attention KL"), ("e2e_kl", "next-token KL (end to end)")):
         for r in results:
             m = r["methods"]
@@ -366,9 +428,14 @@ def claims(results: list[dict]) -> list[dict]:
             best = min(vals, key=vals.get)
             combo = vals["role-aware PN-Mix"]
             evidence = ", ".join(f"{n} {v:.4g}" for n, v in vals.items()) + f"; lowest: {best}"
-            out.append({"claim": f"at {r['budget']} bits, the combination beats both PN-Mix and TriAxialKV in {label}",
-                        "holds": combo < vals["PN-Mix"] and combo < vals["TriAxialKV"],
-                        "source": "measured here", "evidence": evidence})  # fmt: skip
+            out.append(
+                {
+                    "claim": f"at {r['budget']} bits, the combination beats both PN-Mix and TriAxialKV in {label}",
+                    "holds": combo < vals["PN-Mix"] and combo < vals["TriAxialKV"],
+                    "source": "measured here",
+                    "evidence": evidence,
+                }
+            )
     return out
 
 
@@ -389,8 +456,10 @@ def findings(result: dict) -> list[str]:
     for r in result["results"]:
         m = r["methods"]
         tri, combo, pn = m["TriAxialKV"], m["role-aware PN-Mix"], m["PN-Mix"]
-        parts = [f"attention KL {change(combo['attention_kl'], tri['attention_kl'])}",
-                 f"next-token KL {change(combo['e2e_kl'], tri['e2e_kl'])}"]  # fmt: skip
+        parts = [
+            f"attention KL {change(combo['attention_kl'], tri['attention_kl'])}",
+            f"next-token KL {change(combo['e2e_kl'], tri['e2e_kl'])}",
+        ]
         if _long_kl(r, "TriAxialKV"):
             parts.append(f"long-output KL {change(_long_kl(r, 'role-aware PN-Mix'), _long_kl(r, 'TriAxialKV'))}")
         quantized = [n for n in m if n != "FP16"]
@@ -413,50 +482,92 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Channels or token roles, at equal bits: {result['model']}\n",
-             f"Measured on {result['device']}, {result['date_utc']}, `{result['command']}`. Calibration on "
-             f"{len(result['conversations']['calibration'])} conversations, evaluation on "
-             f"{len(result['conversations']['evaluation'])} ({result['conversations']['evaluation_tokens']} tokens); "
-             f"attention at layers {result['layers']}. Bits: average key + value bits per element, scales, zeros, "
-             "sinks and metadata counted (see the tool's doc); 'stored' counts everything held for the evaluated "
-             f"sequences, exact residual included. Channel methods matched on "
-             f"{'stored' if result.get('match') == 'stored' else 'bits'}.\n"]  # fmt: skip
+    lines = [
+        f"# Channels or token roles, at equal bits: {result['model']}\n",
+        f"Measured on {result['device']}, {result['date_utc']}, `{result['command']}`. Calibration on "
+        f"{len(result['conversations']['calibration'])} conversations, evaluation on "
+        f"{len(result['conversations']['evaluation'])} ({result['conversations']['evaluation_tokens']} tokens); "
+        f"attention at layers {result['layers']}. Bits: average key + value bits per element, scales, zeros, "
+        "sinks and metadata counted (see the tool's doc); 'stored' counts everything held for the evaluated "
+        f"sequences, exact residual included. Channel methods matched on "
+        f"{'stored' if result.get('match') == 'stored' else 'bits'}.\n",
+    ]
     for r in result["results"]:
         head = ["method", "config", "bits", "stored", "attn KL", "out MSE", "e2e KL", "top-1", "NLL"]
-        rows = [[n, m["config"], f"{m['bits']:.3f}", f"{m['stored_bits']:.3f}", f"{m['attention_kl']:.3g}",
-                 f"{m['output_mse']:.3g}", _fmt(m.get("e2e_kl"), ".3g"), _fmt(m.get("e2e_top1"), ".3f"),
-                 f"{m['e2e_nll']:.4g}"] for n, m in r["methods"].items()]  # fmt: skip
+        rows = [
+            [
+                n,
+                m["config"],
+                f"{m['bits']:.3f}",
+                f"{m['stored_bits']:.3f}",
+                f"{m['attention_kl']:.3g}",
+                f"{m['output_mse']:.3g}",
+                _fmt(m.get("e2e_kl"), ".3g"),
+                _fmt(m.get("e2e_top1"), ".3f"),
+                f"{m['e2e_nll']:.4g}",
+            ]
+            for n, m in r["methods"].items()
+        ]
         lines += [f"## Budget {r['budget']} bits\n", tabulate(rows, head, tablefmt="github"), ""]
         if r["long_output"]:
             q = [[n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c]
-            lines += [f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
-                      tabulate(q, ["method", "Q1", "Q2", "Q3", "Q4"], tablefmt="github"), ""]  # fmt: skip
-        mem = [[x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
-               for x in r["memory"]]  # fmt: skip
-        lines += ["Memory (computed from each storage model; Qwen3-8B, A100-40GB budget, prompt 141)\n",
-                  tabulate(mem, ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K",
-                                 "cache GiB at B=32, 8K"], tablefmt="github"), ""]  # fmt: skip
+            lines += [
+                f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
+                tabulate(q, ["method", "Q1", "Q2", "Q3", "Q4"], tablefmt="github"),
+                "",
+            ]
+        mem = [
+            [x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
+            for x in r["memory"]
+        ]
+        lines += [
+            "Memory (computed from each storage model; Qwen3-8B, A100-40GB budget, prompt 141)\n",
+            tabulate(
+                mem,
+                ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
+                tablefmt="github",
+            ),
+            "",
+        ]
     lines += ["## What it shows\n", *(f"- {x}" for x in findings(result)), ""]
-    lines += ["## Claims\n", tabulate([[c["claim"], {True: "holds", False: "does not hold"}[c["holds"]], c["source"],
-                                        c["evidence"]] for c in result["claims"]],
-                                      ["claim", "verdict", "source", "evidence"], tablefmt="github"), ""]  # fmt: skip
+    lines += [
+        "## Claims\n",
+        tabulate(
+            [
+                [c["claim"], {True: "holds", False: "does not hold"}[c["holds"]], c["source"], c["evidence"]]
+                for c in result["claims"]
+            ],
+            ["claim", "verdict", "source", "evidence"],
+            tablefmt="github",
+        ),
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.equal_bits", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.equal_bits",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
-    parser.add_argument("--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS),
-                        help="average key + value bits per element")  # fmt: skip
+    parser.add_argument(
+        "--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS), help="average key + value bits per element"
+    )
     parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
-    parser.add_argument("--long-tokens", type=preflight.non_negative_int, default=512,
-                        help="greedy tokens per long output (0: none)")  # fmt: skip
+    parser.add_argument(
+        "--long-tokens", type=preflight.non_negative_int, default=512, help="greedy tokens per long output (0: none)"
+    )
     parser.add_argument("--chunk", type=positive_int, default=128, help="tokens per teacher-forced forward")
     parser.add_argument("--bins", type=positive_int, default=8, help="spans of output positions in the curves")
-    parser.add_argument("--match", choices=MATCHES, default="asymptotic",
-                        help="match the channel methods' bits without their exact residual (the papers' count) or as "
-                        "stored for the evaluated conversations (equal memory on this workload)")  # fmt: skip
+    parser.add_argument(
+        "--match",
+        choices=MATCHES,
+        default="asymptotic",
+        help="match the channel methods' bits without their exact residual (the papers' count) or as "
+        "stored for the evaluated conversations (equal memory on this workload)",
+    )
     parser.add_argument("--smoke", action="store_true", help="one budget, two conversations each, 32 long tokens")
     parser.add_argument("--out", default="benchmarks/results")
     add_options(parser, plain=False)  # the tags are read from the template's markers: no plain prompts
@@ -482,22 +593,48 @@ def main(argv: list[str] | None = None) -> int:
     if layout is None:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}")
     started = time.monotonic()
-    out = run(model, tokenizer, cal_rows, eval_rows, budgets=budgets,
-              layers=spread_layers(model.config.num_hidden_layers, args.layers), long_tokens=long_tokens,
-              chunk=args.chunk, bins=args.bins, pair_layout=layout, match=args.match)  # fmt: skip
-    given = {"model": args.model, "layers": args.layers, "long-tokens": args.long_tokens, "chunk": args.chunk,
-             "bins": args.bins, "match": args.match}  # fmt: skip
+    out = run(
+        model,
+        tokenizer,
+        cal_rows,
+        eval_rows,
+        budgets=budgets,
+        layers=spread_layers(model.config.num_hidden_layers, args.layers),
+        long_tokens=long_tokens,
+        chunk=args.chunk,
+        bins=args.bins,
+        pair_layout=layout,
+        match=args.match,
+    )
+    given = {
+        "model": args.model,
+        "layers": args.layers,
+        "long-tokens": args.long_tokens,
+        "chunk": args.chunk,
+        "bins": args.bins,
+        "match": args.match,
+    }
     options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k.replace("-", "_"))))
     if list(args.budgets) != list(DEFAULT_BUDGETS):
         options += " --budgets " + " ".join(f"{b:g}" for b in args.budgets)
     options += fmt.options() + (" --smoke" if args.smoke else "")
-    result = record("equal-bits", model.device, command="python -m benchmarks.equal_bits" + options,
-                    model=source.describe(), model_fingerprint=source.fingerprint, chat_template=fmt.describe(),
-                    seconds=round(time.monotonic() - started, 1), **out)  # fmt: skip
+    result = record(
+        "equal-bits",
+        model.device,
+        command="python -m benchmarks.equal_bits" + options,
+        model=source.describe(),
+        model_fingerprint=source.fingerprint,
+        chat_template=fmt.describe(),
+        seconds=round(time.monotonic() - started, 1),
+        **out,
+    )
     stem, text = f"equal-bits-{utc_stamp()}", markdown(result)
     print(text)  # first: on screen whatever happens to the files
-    _, path = save(parser.prog, out_dir, {f"{stem}.json": lambda p: write_json(p, result),
-                                          f"{stem}.md": lambda p: write_atomic(p, text)})  # fmt: skip
+    _, path = save(
+        parser.prog,
+        out_dir,
+        {f"{stem}.json": lambda p: write_json(p, result), f"{stem}.md": lambda p: write_atomic(p, text)},
+    )
     print(f"written to {path} (and .json)")
     return 0
 

@@ -168,9 +168,14 @@ def decode_pairs(start: int, length: int, max_pairs: int = FIG4_MAX_PAIRS, seed:
 
 
 def per_pair_jaccard(
-    q: torch.Tensor, k: torch.Tensor, t: torch.Tensor, s: torch.Tensor, selections: torch.Tensor, ratio: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    t: torch.Tensor,
+    s: torch.Tensor,
+    selections: torch.Tensor,
+    ratio: float,
     layout: str,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Fig. 4 as the paper defines it: for each query head h and query-key pair (t, s), the Jaccard
     similarity of a selection with the top-r% pairs by ||q[h, t, i]|| * ||k[g(h), s, i]||, averaged
     over the (t, s) given. q: [H, T, d], k: [H_kv, T, d]; t, s: the pairs (see `decode_pairs`);
@@ -372,9 +377,17 @@ def quantization_warnings(e2e: dict) -> list[str]:
 
 @torch.no_grad()
 def end_to_end(
-    model, tokenizer, prompts, new_tokens: int, heldout: str, prefix: int, pages: dict, progress, layout: str = LAYOUT,
+    model,
+    tokenizer,
+    prompts,
+    new_tokens: int,
+    heldout: str,
+    prefix: int,
+    pages: dict,
+    progress,
+    layout: str = LAYOUT,
     fmt: ChatFormat = MODEL_TEMPLATE,
-) -> dict:  # fmt: skip
+) -> dict:
     """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
     import pnmix.hf  # noqa: F401  (registers "pnmix")
     from pnmix.hf import PNMixHFCache, cache_argument
@@ -716,10 +729,15 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="one prompt, few tokens: checks the harness")
-    parser.add_argument("--new-tokens", type=positive_int, default=None,
-                        help="generated tokens per prompt (default 200)")  # fmt: skip
-    parser.add_argument("--e2e-prompts", type=preflight.non_negative_int, default=None,
-                        help="prompts for the end-to-end run (default 2; 0: none)")  # fmt: skip
+    parser.add_argument(
+        "--new-tokens", type=positive_int, default=None, help="generated tokens per prompt (default 200)"
+    )
+    parser.add_argument(
+        "--e2e-prompts",
+        type=preflight.non_negative_int,
+        default=None,
+        help="prompts for the end-to-end run (default 2; 0: none)",
+    )
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -796,8 +814,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     stamp, text = utc_stamp(), markdown(result)
     print(text)  # first: on screen whatever happens to the files
-    _, path = save(parser.prog, out, {f"fidelity-{stamp}.json": lambda p: write_json(p, result),
-                                      f"fidelity-{stamp}.md": lambda p: write_atomic(p, text)})  # fmt: skip
+    _, path = save(
+        parser.prog,
+        out,
+        {
+            f"fidelity-{stamp}.json": lambda p: write_json(p, result),
+            f"fidelity-{stamp}.md": lambda p: write_atomic(p, text),
+        },
+    )
     print(f"written to {path} (and .json)")
     return 0
 

@@ -137,15 +137,31 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
         path = out / f"bench-{safe}-{stamp}-{name}.json"
         return (*ids, "--benchmark-only", "--budget-gib", str(budget_gib), "--benchmark-json", str(path)), str(path)
 
-    kernel_ids = [point_id(SUITES["kernels"], "test_decode_attention_bandwidth", kernel_decode, scale, method=m,
-                           **kernel) for m in ("PN-Mix", "FP16")]  # fmt: skip
+    kernel_ids = [
+        point_id(SUITES["kernels"], "test_decode_attention_bandwidth", kernel_decode, scale, method=m, **kernel)
+        for m in ("PN-Mix", "FP16")
+    ]
     fig7_id = point_id(SUITES["latency"], "test_fig7_step_latency", fig7_latency, scale, **fig7)
     fig6c_id = point_id(SUITES["throughput"], "test_fig6c_throughput", fig6c_throughput, scale, **fig6c)
     launch_ids = [f"{SUITES['kernels']}::test_decode_launch_choice[{w.id}]" for w in kernel_launch(SCALES[scale])]
-    conformance = ("conformance", "--ignore=conformance/meta", "--impl", "triton", "--device", dev,
-                   "--impl", "triaxialkv-triton", "--impl", "role-aware-pnmix-triton",
-                   "--hypothesis-profile", "ci", "-k", " or ".join(properties),
-                   "--conformance-json", str(conformance_json))  # fmt: skip
+    conformance = (
+        "conformance",
+        "--ignore=conformance/meta",
+        "--impl",
+        "triton",
+        "--device",
+        dev,
+        "--impl",
+        "triaxialkv-triton",
+        "--impl",
+        "role-aware-pnmix-triton",
+        "--hypothesis-profile",
+        "ci",
+        "-k",
+        " or ".join(properties),
+        "--conformance-json",
+        str(conformance_json),
+    )
     capture_xml = out / f"capture-{safe}-{stamp}.xml"
     capture = (*CAPTURE_TESTS, "--junitxml", str(capture_xml))
     what = {
@@ -196,8 +212,14 @@ def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", *args]
     start = time.monotonic()
     # A shell that starts us in the background ignores SIGINT, and children inherit that: restore it.
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
 
     def pump() -> None:
@@ -239,8 +261,9 @@ def summarize(path: Path) -> list[dict]:
     except (OSError, ValueError):  # not written, or left empty by a run that stopped before its end
         return []
     if "results" in data:  # conformance
-        return [{"property": r["property"], "outcome": r["outcome"], "seconds": r["duration_s"]}
-                for r in data["results"]]  # fmt: skip
+        return [
+            {"property": r["property"], "outcome": r["outcome"], "seconds": r["duration_s"]} for r in data["results"]
+        ]
     rows = []
     for bench in data.get("benchmarks", []):
         info = bench.get("extra_info", {})
@@ -276,17 +299,29 @@ def run_short(args, out: Path, stamp: str, safe: str) -> dict[str, dict]:
         print(f"gpu_check: {step.name}: budget {step.budget_s} s, {left:.0f} s left: {step.what}", flush=True)
         if step.budget_s > left:
             optional = " (optional: no failure)" if step.name in OPTIONAL else ""
-            done[step.name] = {"command": command, "exit_code": None, "seconds": 0.0, "timed_out": False,
-                               "status": f"skipped: would overrun ({step.budget_s} s budget, {left:.0f} s left of "
-                                         f"{args.time_budget:g} s){optional}"}  # fmt: skip
+            done[step.name] = {
+                "command": command,
+                "exit_code": None,
+                "seconds": 0.0,
+                "timed_out": False,
+                "status": f"skipped: would overrun ({step.budget_s} s budget, {left:.0f} s left of "
+                f"{args.time_budget:g} s){optional}",
+            }
         else:
             ran = run_pytest(step.args, timeout_s=step.budget_s)
             status = "timed out" if ran["timed_out"] else "passed" if ran["exit_code"] == 0 else "failed"
             done[step.name] = {**ran, "status": status}
-        done[step.name] |= {"budget_s": step.budget_s, "what": step.what, "json": step.json,
-                            "results": summarize(Path(step.json))}  # fmt: skip
-        print(f"gpu_check: {step.name}: {done[step.name]['status']} after {done[step.name]['seconds']} s "
-              f"(budget {step.budget_s} s)", flush=True)  # fmt: skip
+        done[step.name] |= {
+            "budget_s": step.budget_s,
+            "what": step.what,
+            "json": step.json,
+            "results": summarize(Path(step.json)),
+        }
+        print(
+            f"gpu_check: {step.name}: {done[step.name]['status']} after {done[step.name]['seconds']} s "
+            f"(budget {step.budget_s} s)",
+            flush=True,
+        )
     return done
 
 
@@ -297,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="the steps that fit a 15-minute GPU lease, each budgeted")
     names = [s.name for s in short_steps(True, Path(), "", "", DEFAULT_BUDGET_GIB)]
     parser.add_argument("--steps", nargs="+", choices=names, default=names, help="with --short: these steps only")
-    parser.add_argument("--time-budget", type=positive_float, default=TIME_BUDGET_S,
-                        help="with --short: seconds for all steps")  # fmt: skip
+    parser.add_argument(
+        "--time-budget", type=positive_float, default=TIME_BUDGET_S, help="with --short: seconds for all steps"
+    )
     parser.add_argument("--sweep", choices=("short", "all"), default="short")
     parser.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=sorted(SUITES))
     parser.add_argument("--budget-gib", type=positive_float, default=DEFAULT_BUDGET_GIB, help="GPU memory (> 0)")
@@ -314,22 +350,51 @@ def main(argv: list[str] | None = None) -> int:
     stamp = utc_stamp()
     if args.short:
         steps = run_short(args, out, stamp, safe)
-        result = record("gpu-check", device, mode="short", scale="tiny" if args.tiny else "full",
-                        time_budget_s=args.time_budget, budget_gib=args.budget_gib, steps=steps)  # fmt: skip
+        result = record(
+            "gpu-check",
+            device,
+            mode="short",
+            scale="tiny" if args.tiny else "full",
+            time_budget_s=args.time_budget,
+            budget_gib=args.budget_gib,
+            steps=steps,
+        )
     else:
         result = record("gpu-check", device, mode="suites", steps={})
         steps = result["steps"]
         if cuda and not args.skip_conformance:
             steps["conformance"] = run_pytest(
-                ["conformance", "pnmix", "--impl", "triton", "--impl", "triaxialkv-triton", "--impl",
-                 "role-aware-pnmix-triton", "--device", "cuda", "--ignore=conformance/meta",
-                 "--conformance-json", str(out / f"conformance-triton-{stamp}.json")]
-            )  # fmt: skip
+                [
+                    "conformance",
+                    "pnmix",
+                    "--impl",
+                    "triton",
+                    "--impl",
+                    "triaxialkv-triton",
+                    "--impl",
+                    "role-aware-pnmix-triton",
+                    "--device",
+                    "cuda",
+                    "--ignore=conformance/meta",
+                    "--conformance-json",
+                    str(out / f"conformance-triton-{stamp}.json"),
+                ]
+            )
         bench_json = out / f"bench-{safe}-{stamp}.json"
         steps["benchmarks"] = run_pytest(
-            [*(SUITES[s] for s in args.suites), "--benchmark-only", "--bench-scale", "tiny" if args.tiny else "full",
-             "--bench-sweep", args.sweep, "--budget-gib", str(args.budget_gib), "--benchmark-json", str(bench_json)]
-        )  # fmt: skip
+            [
+                *(SUITES[s] for s in args.suites),
+                "--benchmark-only",
+                "--bench-scale",
+                "tiny" if args.tiny else "full",
+                "--bench-sweep",
+                args.sweep,
+                "--budget-gib",
+                str(args.budget_gib),
+                "--benchmark-json",
+                str(bench_json),
+            ]
+        )
         steps["benchmarks"]["json"] = str(bench_json)
     for name, step in result["steps"].items():  # first: on screen whatever happens to the record
         print(f"gpu_check: {name}: exit {step['exit_code']} in {step['seconds']} s: {step['command']}")
@@ -337,8 +402,11 @@ def main(argv: list[str] | None = None) -> int:
             print(tabulate(step["results"], headers="keys", tablefmt="github", floatfmt=".4g"))
     (path,) = save(parser.prog, out, {f"gpu-check-{safe}-{stamp}.json": lambda p: write_json(p, result)})
     print(f"gpu_check: written to {path}")
-    failed = [name for name, step in result["steps"].items()
-              if step["exit_code"] != 0 and not (name in OPTIONAL and step["exit_code"] is None)]  # fmt: skip
+    failed = [
+        name
+        for name, step in result["steps"].items()
+        if step["exit_code"] != 0 and not (name in OPTIONAL and step["exit_code"] is None)
+    ]
     return 1 if failed else 0
 
 

@@ -385,8 +385,9 @@ def point_config(method: str, plugin=None) -> PNMixConfig:
     return method_config(method) if plugin is None else plugin.config
 
 
-def modelled_cache_bytes(config: PNMixConfig, batch: int, kv_heads: int, head_dim: int, length: int,
-                         layers: int = 1) -> int:  # fmt: skip
+def modelled_cache_bytes(
+    config: PNMixConfig, batch: int, kv_heads: int, head_dim: int, length: int, layers: int = 1
+) -> int:
     """Bytes of `layers` caches of `config` holding `length` tokens, by the storage model (what a decode step reads)."""
     from reference import storage_model
 
@@ -440,8 +441,9 @@ class Generation:
         elif method == FP16:
             self.cache = StaticCache(config=cfg, max_cache_len=capacity)
         else:
-            self.cache = PNMixHFCache(cfg, self.config, backend="triton", max_cache_len=capacity,
-                                      check_finite=check_finite)  # fmt: skip
+            self.cache = PNMixHFCache(
+                cfg, self.config, backend="triton", max_cache_len=capacity, check_finite=check_finite
+            )
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.length = 0
         prompt_ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=self.gen, device=self.device)
@@ -471,8 +473,13 @@ class Generation:
         from pnmix.hf import cache_argument
 
         positions = torch.arange(self.length, self.length + ids.shape[1], device=self.device).unsqueeze(0)
-        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{cache_argument(self.model): self.cache})  # fmt: skip
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_argument(self.model): self.cache},
+        )
         self.length += ids.shape[1]
         return out.logits[:, -1].argmax(-1, keepdim=True)
 
@@ -494,15 +501,22 @@ class Generation:
         if self.device.type != "cuda":
             return {**graph_ms(self.step, self.device), "graph_steps": 0}
         if self.plugin is not None:
-            return {"graph_ms": None, "graph_steps": 0,
-                    "graph_note": f"not captured: {self.plugin.name}'s cache has no device-side token counts the "
-                                  "protocol exposes, to put back before each replay"}  # fmt: skip
+            return {
+                "graph_ms": None,
+                "graph_steps": 0,
+                "graph_note": f"not captured: {self.plugin.name}'s cache has no device-side token counts the "
+                "protocol exposes, to put back before each replay",
+            }
         if self.capacity - self.length < 2:
-            return {"graph_ms": None, "graph_note": "no room in the cache for a warm-up and a captured step",
-                    "graph_steps": 0}  # fmt: skip
+            return {
+                "graph_ms": None,
+                "graph_note": "no room in the cache for a warm-up and a captured step",
+                "graph_steps": 0,
+            }
         token, start = self.token, self.length
-        result = graph_ms(lambda: self._forward(token), self.device, warmup=1, flush_l2=False,
-                          state=self._device_counts())  # fmt: skip
+        result = graph_ms(
+            lambda: self._forward(token), self.device, warmup=1, flush_l2=False, state=self._device_counts()
+        )
         self._check_counts()
         return {**result, "graph_steps": self.length - start}
 
@@ -522,8 +536,9 @@ class Generation:
         else:
             held = [layer.cache.sync_length() for layer in self.cache.layers]
         if any(n != self.length for n in held):
-            raise AssertionError(f"graph replays moved the cache: layers hold {sorted(set(held))} tokens, "
-                                 f"the generation {self.length}")  # fmt: skip
+            raise AssertionError(
+                f"graph replays moved the cache: layers hold {sorted(set(held))} tokens, the generation {self.length}"
+            )
 
     @torch.inference_mode()
     def fill_to(self, length: int, chunk: int = FILL_CHUNK) -> None:
@@ -584,8 +599,9 @@ def build_decode_cache(
     first, *appends = decode_fill_sizes(context, prompt, chunk)
     q, k, v = rand(kv_heads * n_rep, first), rand(kv_heads, first), rand(kv_heads, first)
     if plugin is None:
-        cache = PNMixCache.from_prefill(q, k, v, method_config(method), max_cache_len=context,
-                                        check_finite=check_finite)  # fmt: skip
+        cache = PNMixCache.from_prefill(
+            q, k, v, method_config(method), max_cache_len=context, check_finite=check_finite
+        )
     else:
         cache = plugin.impl.create(plugin.config)
         cache.prefill(q, k, v)

@@ -133,8 +133,14 @@ class Options:
 
 
 def _describe(hint) -> str:
-    names = {int: "an int", float: "a number", str: "a string", bool: "a bool", type(None): "None",
-             torch.dtype: f"a dtype name ({', '.join(DTYPES)})"}  # fmt: skip
+    names = {
+        int: "an int",
+        float: "a number",
+        str: "a string",
+        bool: "a bool",
+        type(None): "None",
+        torch.dtype: f"a dtype name ({', '.join(DTYPES)})",
+    }
     return " or ".join(names.get(a, str(a)) for a in (typing.get_args(hint) or (hint,)))
 
 
@@ -176,14 +182,17 @@ def method_config(method: str, overrides: dict, impl=None) -> PNMixConfig | Toke
     elif method in TOKEN_METHODS:
         cls, make = TokenPrecisionConfig, lambda **o: dataclasses.replace(TOKEN_METHODS[method], **o)
     else:
-        raise ModelArgsError(f"model_args method={method!r}: not a method of reference.methods; choose from "
-                             f"{[*METHODS, *TOKEN_METHODS]}")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args method={method!r}: not a method of reference.methods; choose from {[*METHODS, *TOKEN_METHODS]}"
+        )
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ModelArgsError(f"model_args {unknown[0]}={overrides[unknown[0]]!r}: neither an option of the pnmix "
-                             f"model ({', '.join(f.name for f in dataclasses.fields(Options))}) nor a field of "
-                             f"{cls.__name__} ({', '.join(sorted(fields))})")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args {unknown[0]}={overrides[unknown[0]]!r}: neither an option of the pnmix "
+            f"model ({', '.join(f.name for f in dataclasses.fields(Options))}) nor a field of "
+            f"{cls.__name__} ({', '.join(sorted(fields))})"
+        )
     values = typed(cls, overrides)
     try:
         config = make(**values)
@@ -216,8 +225,10 @@ class Allocation:
 def newest_allocation() -> Path:
     found = sorted(RESULTS.glob(ALLOCATIONS))  # the names end in a sortable UTC stamp
     if not found:
-        raise ModelArgsError(f"model_args allocation: no {RESULTS / ALLOCATIONS}; run python -m "
-                             "benchmarks.role_calibration or give allocation=PATH")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args allocation: no {RESULTS / ALLOCATIONS}; run python -m "
+            "benchmarks.role_calibration or give allocation=PATH"
+        )
     return found[-1]
 
 
@@ -228,14 +239,19 @@ def load_allocation(path: str | None, budget: float | None, config: TokenPrecisi
         budgets = {float(a["budget"]): a["bits"] for a in data["allocations"]}
         tags, group_size = data["calibration"]["tags"], data["group_size"]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ModelArgsError(f"model_args allocation={file}: not a readable role-calibration result "
-                             f"({error})") from None  # fmt: skip
+        raise ModelArgsError(
+            f"model_args allocation={file}: not a readable role-calibration result ({error})"
+        ) from None
     if budget is None or not any(math.isclose(budget, b) for b in budgets):
-        raise ModelArgsError(f"model_args budget={budget}: {file.name} allocates bits at budgets {sorted(budgets)} "
-                             "(average key + value bits per element); give one of them")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args budget={budget}: {file.name} allocates bits at budgets {sorted(budgets)} "
+            "(average key + value bits per element); give one of them"
+        )
     if group_size != config.group_size:
-        raise ModelArgsError(f"model_args group_size={config.group_size}: {file.name} was calibrated at group_size="
-                             f"{group_size}; its bits do not carry over")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args group_size={config.group_size}: {file.name} was calibrated at group_size="
+            f"{group_size}; its bits do not carry over"
+        )
     bits = next(b for k, b in budgets.items() if math.isclose(budget, k))
     return Allocation(str(file), budget, dict(zip(tags, bits, strict=True)), data.get("model", {}))
 
@@ -290,8 +306,9 @@ def _source(pretrained: str) -> model_source.ModelSource:
     try:
         source = model_source.resolve(pretrained)
     except ValueError as error:
-        raise ModelArgsError(f"model_args pretrained={pretrained}: "
-                             f"{str(error).removeprefix(f'--model {pretrained}: ')}") from None  # fmt: skip
+        raise ModelArgsError(
+            f"model_args pretrained={pretrained}: {str(error).removeprefix(f'--model {pretrained}: ')}"
+        ) from None
     problem = preflight.model_problem(source)
     if problem is not None:
         raise ModelArgsError(f"model_args pretrained={pretrained}: {problem}")
@@ -313,8 +330,10 @@ def check(model_args: dict) -> Settings:
     options = Options(**typed(Options, {k: v for k, v in model_args.items() if k in names}))
     overrides = {k: v for k, v in model_args.items() if k not in names}
     if options.batch_size not in (1, "1"):
-        raise ModelArgsError(f"model_args batch_size={options.batch_size}: pnmix runs one sequence at a time (PN-Mix "
-                             "caches refuse padding, which would enter the saliency and the sinks); use 1")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args batch_size={options.batch_size}: pnmix runs one sequence at a time (PN-Mix "
+            "caches refuse padding, which would enter the saliency and the sinks); use 1"
+        )
     for name in ("chunk", "max_length"):
         value = getattr(options, name)
         if value is not None and value < 1:
@@ -327,21 +346,26 @@ def check(model_args: dict) -> Settings:
     config = method_config(options.method, overrides, plugin)
     per_token = isinstance(config, TokenPrecisionConfig)
     if not per_token and (options.budget is not None or options.allocation is not None):
-        raise ModelArgsError(f"model_args budget/allocation with method={options.method}: only the per-token methods "
-                             f"({', '.join(TOKEN_METHODS)}) take them")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args budget/allocation with method={options.method}: only the per-token methods "
+            f"({', '.join(TOKEN_METHODS)}) take them"
+        )
     allocation = load_allocation(options.allocation, options.budget, config) if per_token else None
     source = _source(options.pretrained)
-    return Settings(options, source, config, overrides, plugin, allocation, _template(options.chat_template), dtype,
-                    device)  # fmt: skip
+    return Settings(
+        options, source, config, overrides, plugin, allocation, _template(options.chat_template), dtype, device
+    )
 
 
 def _plugin(options: Options):
     from .plugins import load
 
     if options.method in TOKEN_METHODS:
-        raise ModelArgsError(f"model_args impl={options.impl} with method={options.method}: implementations go in "
-                             "through the protocol's create(config), which takes the channel family's "
-                             "configuration (PNMixConfig) only")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args impl={options.impl} with method={options.method}: implementations go in "
+            "through the protocol's create(config), which takes the channel family's "
+            "configuration (PNMixConfig) only"
+        )
     try:
         return load([options.impl])[options.impl]
     except ValueError as error:
@@ -361,8 +385,10 @@ def check_chat(settings: Settings) -> None:
     except ValueError as error:  # a tokenizer_config.json that is no JSON object
         raise ModelArgsError(f"--apply_chat_template: {error}") from None
     if not has:
-        raise ModelArgsError(f"--apply_chat_template: {settings.source.name} ships no chat template; give "
-                             "model_args chat_template=FILE (a Jinja template)")  # fmt: skip
+        raise ModelArgsError(
+            f"--apply_chat_template: {settings.source.name} ships no chat template; give "
+            "model_args chat_template=FILE (a Jinja template)"
+        )
 
 
 def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
@@ -375,11 +401,14 @@ def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPr
     if layout is None:
         layout = settings.overrides.get("pair_layout")
         if layout is None:
-            raise ModelArgsError(f"model_args pair_layout: cannot tell the RoPE pair layout of {settings.source.name}; "
-                                 "give pair_layout=split (rotate_half) or adjacent")  # fmt: skip
+            raise ModelArgsError(
+                f"model_args pair_layout: cannot tell the RoPE pair layout of {settings.source.name}; "
+                "give pair_layout=split (rotate_half) or adjacent"
+            )
     elif settings.overrides.get("pair_layout", layout) != layout:
-        raise ModelArgsError(f"model_args pair_layout={settings.overrides['pair_layout']}: this model's RoPE pairs "
-                             f"are {layout!r}")  # fmt: skip
+        raise ModelArgsError(
+            f"model_args pair_layout={settings.overrides['pair_layout']}: this model's RoPE pairs are {layout!r}"
+        )
     config = dataclasses.replace(config, pair_layout=layout)
     d = head_dim(model_config)
     try:
@@ -395,11 +424,18 @@ def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPr
     if settings.plugin is not None:
         from .plugins import unclaimed
 
-        missing = unclaimed(settings.plugin.capabilities, config, device=settings.device.type, dtype=settings.dtype,
-                            head_dim=d, sizes=(1,))  # fmt: skip
+        missing = unclaimed(
+            settings.plugin.capabilities,
+            config,
+            device=settings.device.type,
+            dtype=settings.dtype,
+            head_dim=d,
+            sizes=(1,),
+        )
         if missing:
-            raise ModelArgsError(f"model_args impl={opts.impl}: it does not claim what this run needs: "
-                                 f"{'; '.join(missing)}")  # fmt: skip
+            raise ModelArgsError(
+                f"model_args impl={opts.impl}: it does not claim what this run needs: {'; '.join(missing)}"
+            )
     return config, max_length
 
 
@@ -439,8 +475,12 @@ class PNMixLM(TemplateLM):
         source = settings.source
         calibrated = {} if settings.allocation is None else settings.allocation.model
         if calibrated.get("fingerprint", source.fingerprint) != source.fingerprint:
-            log.warning("allocation %s was calibrated on %s, not on %s: its bits per tag are that model's",
-                        settings.allocation.path, calibrated.get("name"), source.name)  # fmt: skip
+            log.warning(
+                "allocation %s was calibrated on %s, not on %s: its bits per tag are that model's",
+                settings.allocation.path,
+                calibrated.get("name"),
+                source.name,
+            )
         model_config = transformers.AutoConfig.from_pretrained(source.folder, **source._kwargs())
         self.config, self._max_length = check_model(settings, model_config)
         model, self.tokenizer = source.load("sdpa")
@@ -511,15 +551,20 @@ class PNMixLM(TemplateLM):
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         if chat_template and not self.tokenizer.chat_template:
             asked = self.settings.options.chat_template
-            raise ValueError(f"--apply_chat_template: {self.settings.source.name} has no chat template (model_args "
-                             f"chat_template={asked}); give chat_template=FILE")  # fmt: skip
+            raise ValueError(
+                f"--apply_chat_template: {self.settings.source.name} has no chat template (model_args "
+                f"chat_template={asked}); give chat_template=FILE"
+            )
         return super().chat_template(chat_template)
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         self.chat_template(True)
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  continue_final_message=not add_generation_prompt)  # fmt: skip
+        return self.tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
 
     def get_model_info(self) -> dict:
         """What lm-eval's results record under "config": the method, its configuration and the code run."""
@@ -532,8 +577,9 @@ class PNMixLM(TemplateLM):
                 "method": s.options.method,
                 "config": {f.name: _plain(getattr(self.config, f.name)) for f in dataclasses.fields(self.config)},
                 "overrides": {k: _plain(v) for k, v in s.overrides.items()},
-                "impl": None if plugin is None else {"name": plugin.name, "version": plugin.version,
-                                                     "origin": plugin.origin},
+                "impl": None
+                if plugin is None
+                else {"name": plugin.name, "version": plugin.version, "origin": plugin.origin},
                 "allocation": None if s.allocation is None else s.allocation.describe(),
                 "model": s.source.describe(),
                 "model_fingerprint": s.source.fingerprint,
@@ -544,7 +590,7 @@ class PNMixLM(TemplateLM):
                 "decode_mark": DECODE_MARK,
                 "code": loaded_code(),
             }
-        }  # fmt: skip
+        }
 
     # -- running a sequence through the cache ------------------------------------------------------
 
@@ -564,9 +610,14 @@ class PNMixLM(TemplateLM):
 
         bits = self.settings.allocation.bits
         tags = context_tags(self.tokenizer, text, len(context_enc), self._special(text))
-        return PNMixHFCache(self.model.config, self.config, backend="reference", stepwise=True,
-                            token_bits=token_bits(tags, bits, self.config),
-                            generated_bits=bits.get(str(GENERATED), self.config.high_bits))  # fmt: skip
+        return PNMixHFCache(
+            self.model.config,
+            self.config,
+            backend="reference",
+            stepwise=True,
+            token_bits=token_bits(tags, bits, self.config),
+            generated_bits=bits.get(str(GENERATED), self.config.high_bits),
+        )
 
     def _forward(self, ids: list[int], cache, last_only: bool) -> torch.Tensor:
         """Logits [len(ids) or 1, vocab] (float32) of feeding `ids` through the cache in one forward."""
@@ -598,8 +649,9 @@ class PNMixLM(TemplateLM):
 
         from .plugins import FP16
 
-        recorder = PNMixHFCache(self.model.config, METHODS[FP16](pair_layout=self.config.pair_layout),
-                                backend="reference")  # fmt: skip
+        recorder = PNMixHFCache(
+            self.model.config, METHODS[FP16](pair_layout=self.config.pair_layout), backend="reference"
+        )
         recorder.record_prefill()
         last = self._forward(prompt_enc, recorder, last_only=True)[-1]
         return recorder.prefill, last
@@ -632,11 +684,15 @@ class PNMixLM(TemplateLM):
         if context is None or DECODE_MARK not in context:
             return len(context_enc)
         if context.count(DECODE_MARK) > 1:
-            raise ValueError(f"a context holds DECODE_MARK {context.count(DECODE_MARK)} times; one splits it into a "
-                             f"prompt and decode steps: {context[:80]!r}...")  # fmt: skip
+            raise ValueError(
+                f"a context holds DECODE_MARK {context.count(DECODE_MARK)} times; one splits it into a "
+                f"prompt and decode steps: {context[:80]!r}..."
+            )
         before = self.tok_encode(context.split(DECODE_MARK)[0])
-        n = next((i for i, (a, b) in enumerate(zip(before, context_enc, strict=False)) if a != b),
-                 min(len(before), len(context_enc)))  # fmt: skip
+        n = next(
+            (i for i, (a, b) in enumerate(zip(before, context_enc, strict=False)) if a != b),
+            min(len(before), len(context_enc)),
+        )
         if n == 0:
             raise ValueError(f"nothing before DECODE_MARK to prefill in the context {context[:80]!r}...")
         return n
@@ -645,9 +701,11 @@ class PNMixLM(TemplateLM):
 
     def _refuse_length(self, origin: tuple, n: int, what: str) -> None:
         task, doc = origin
-        raise ValueError(f"task {task} doc {doc}: {what} is {n} tokens, past max_length={self.max_length}; pnmix "
-                         "does not truncate: raise max_length (up to the model's context) or shorten the "
-                         "documents")  # fmt: skip
+        raise ValueError(
+            f"task {task} doc {doc}: {what} is {n} tokens, past max_length={self.max_length}; pnmix "
+            "does not truncate: raise max_length (up to the model's context) or shorten the "
+            "documents"
+        )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         self._origin = {r.args: (r.task_name, r.doc_id) for r in requests}
@@ -702,10 +760,16 @@ class PNMixLM(TemplateLM):
         for request in tqdm(requests, disable=disable_tqdm, desc="pnmix loglikelihood_rolling"):
             (string,) = request.args
             if DECODE_MARK in string:
-                raise ValueError(f"task {request.task_name} doc {request.doc_id}: DECODE_MARK in a "
-                                 "loglikelihood_rolling document; rolling windows have no prompt to end")  # fmt: skip
-            windows = get_rolling_token_windows(token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                                                max_seq_len=self.max_length, context_len=1)  # fmt: skip
+                raise ValueError(
+                    f"task {request.task_name} doc {request.doc_id}: DECODE_MARK in a "
+                    "loglikelihood_rolling document; rolling windows have no prompt to end"
+                )
+            windows = get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
             pairs = [(None, *make_disjoint_window(w)) for w in windows]
             total = sum(lp for lp, _ in self._loglikelihood_tokens(pairs, disable_tqdm=True))
             self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)

@@ -81,8 +81,10 @@ def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, c
     from pnmix.hf import PNMixHFCache
 
     caches = {"FP16": DynamicCache()}  # a config, or a function that returns a cache (per-token precision)
-    caches |= {n: c() if callable(c) else PNMixHFCache(model.config, c, backend="reference", stepwise=True)
-               for n, c in configs.items()}  # fmt: skip
+    caches |= {
+        n: c() if callable(c) else PNMixHFCache(model.config, c, backend="reference", stepwise=True)
+        for n, c in configs.items()
+    }
     out = {n: {m: [] for m in METRICS} for n in configs} | {"FP16": {"nll": []}}
     bounds = [(0, prompt_len)] + [
         (a, min(a + chunk, ids.shape[1] - 1)) for a in range(prompt_len, ids.shape[1] - 1, chunk)
@@ -117,8 +119,9 @@ class _Progress:
 
 
 @torch.no_grad()
-def greedy_outputs(model, tokenizer, prompts: list, tokens: int, context: float,
-                   fmt: ChatFormat = MODEL_TEMPLATE) -> list[tuple[torch.Tensor, int]]:  # fmt: skip
+def greedy_outputs(
+    model, tokenizer, prompts: list, tokens: int, context: float, fmt: ChatFormat = MODEL_TEMPLATE
+) -> list[tuple[torch.Tensor, int]]:
     """The FP16 model's greedy continuation of each prompt (a string: a one-turn chat; or a list of chat
     messages, formatted by `fmt`), `tokens` long or up to the context: (ids [1, prompt + output], prompt
     length) per prompt. All prompts decode as one
@@ -281,8 +284,11 @@ def figure(result: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.long_output", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.long_output",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
     parser.add_argument(
         "--tokens", type=positive_int, default=8192, help="generated tokens per prompt (capped by the context)"
@@ -353,11 +359,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     stamp, text = utc_stamp(), markdown(result)
     print(text)  # first: on screen whatever happens to the files
-    _, path, _ = save(parser.prog, out_dir, {
-        f"long-output-{stamp}.json": lambda p: write_json(p, result, compact=True),  # 8K positions x metrics x methods
-        f"long-output-{stamp}.md": lambda p: write_atomic(p, text),
-        f"long-output-{stamp}.png": lambda p: figure(result, p),
-    })  # fmt: skip
+    _, path, _ = save(
+        parser.prog,
+        out_dir,
+        {
+            f"long-output-{stamp}.json": lambda p: write_json(
+                p, result, compact=True
+            ),  # 8K positions x metrics x methods
+            f"long-output-{stamp}.md": lambda p: write_atomic(p, text),
+            f"long-output-{stamp}.png": lambda p: figure(result, p),
+        },
+    )
     print(f"written to {path} (and .json, .png)")
     return 0
 

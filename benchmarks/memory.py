@@ -332,8 +332,11 @@ def measured_problems(bench_json: object) -> list[str]:
         if not isinstance(info, dict):
             problems.append(f"benchmarks[{i}] is not a benchmark with an 'extra_info' object")
         elif info.get("suite") == "fig6-memory" and info.get("workspace_measured_gib") is not None:
-            bad = [f"{k}={info[k]!r}" if k in info else f"no {k}" for k, ok in MEASURED_FIELDS.items()
-                   if k not in info or not ok(info[k])]  # fmt: skip
+            bad = [
+                f"{k}={info[k]!r}" if k in info else f"no {k}"
+                for k, ok in MEASURED_FIELDS.items()
+                if k not in info or not ok(info[k])
+            ]
             if bad:
                 problems.append(f"benchmarks[{i}] (fig6-memory): {', '.join(bad)}")
     return problems
@@ -367,8 +370,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="Qwen3-8B", choices=sorted(ARCHITECTURES))
     p.add_argument("--budget-gib", type=positive_float, default=DEFAULT_BUDGET_GIB, help="GPU memory (> 0)")
     p.add_argument("--prompt", type=positive_int, default=PROMPT, help="prompt tokens (>= 1)")
-    p.add_argument("--measured", metavar="BENCH_JSON", help="a Fig. 6 GPU run: its measured workspace and "
-                   "peaks replace the estimate at the points it measured")  # fmt: skip
+    p.add_argument(
+        "--measured",
+        metavar="BENCH_JSON",
+        help="a Fig. 6 GPU run: its measured workspace and peaks replace the estimate at the points it measured",
+    )
     return p
 
 
@@ -391,9 +397,17 @@ def main(argv: list[str] | None = None) -> int:
             refuse(p, str(err).splitlines())
     if measured is not None:
         print(f"\nMeasured workspace ({len(measured)} points of {args.measured}) against the estimate:\n")
-        rows = [{"method": m, "batch": b, "generation": g, "measured GiB": w.bytes / GIB,
-                 "estimate GiB": point(arch, m, b, g, **kw).workspace.bytes / GIB, "source": w.source}
-                for (m, b, g), w in sorted(measured.items())]  # fmt: skip
+        rows = [
+            {
+                "method": m,
+                "batch": b,
+                "generation": g,
+                "measured GiB": w.bytes / GIB,
+                "estimate GiB": point(arch, m, b, g, **kw).workspace.bytes / GIB,
+                "source": w.source,
+            }
+            for (m, b, g), w in sorted(measured.items())
+        ]
         print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".2f") if rows else "(no measured points)")
     print(
         f"{arch.name}: {arch.parameters() / 1e9:.2f} B parameters, weights {arch.weight_bytes() / GIB:.2f} GiB "

@@ -46,8 +46,9 @@ class ModelSource:
         tokenizer = self.tokenizer()
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.folder, attn_implementation=attn_implementation,
-                                                     **self._kwargs())  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(
+            self.folder, attn_implementation=attn_implementation, **self._kwargs()
+        )
         return model.eval(), tokenizer
 
     def _kwargs(self) -> dict:
@@ -79,8 +80,9 @@ def json_object(path: Path) -> dict:
     except (ValueError, RecursionError) as err:  # JSON, UTF-8 and int-size errors are ValueErrors
         raise ValueError(f"{path}: not valid JSON ({err}); restore the file from the model's original") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not an object; restore the file from the "
-                         "model's original")  # fmt: skip
+        raise ValueError(
+            f"{path}: holds a JSON {type(data).__name__}, not an object; restore the file from the model's original"
+        )
     return data
 
 

@@ -113,20 +113,25 @@ def unclaimed(
     bad_sizes = sorted({n for n in sizes if n % caps.token_multiple})
     scale_ok = caps.scales_in_input_dtype or config.scale_dtype in caps.scale_dtypes
     checks = (
-        (caps.channel_precision, "the per-channel cache family (PNMixConfig): per-token precision caches are not "
-         "benchmarked through the protocol"),
+        (
+            caps.channel_precision,
+            "the per-channel cache family (PNMixConfig): per-token precision caches are not "
+            "benchmarked through the protocol",
+        ),
         (device in caps.devices, f"device {device}"),
         (dtype in caps.dtypes, f"dtype {str(dtype).removeprefix('torch.')}"),
         (caps.head_dims is None or head_dim in caps.head_dims, f"head_dim {head_dim}"),
         (caps.group_sizes is None or config.group_size in caps.group_sizes, f"group size {config.group_size}"),
-        ((config.b_high, config.b_low) in caps.key_bits, f"key bits (b_high, b_low) = ({config.b_high}, "
-         f"{config.b_low})"),
+        (
+            (config.b_high, config.b_low) in caps.key_bits,
+            f"key bits (b_high, b_low) = ({config.b_high}, {config.b_low})",
+        ),
         (config.value_bits in caps.value_bits, f"value bits {config.value_bits}"),
         (scale_ok, f"scale dtype {str(config.scale_dtype).removeprefix('torch.')}"),
         (config.pair_layout in caps.pair_layouts, f"pair layout {config.pair_layout!r}"),
         (caps.sinks or config.n_sink == 0, f"sinks (n_sink {config.n_sink})"),
         (not bad_sizes, f"prefill/append sizes {bad_sizes} (token_multiple {caps.token_multiple})"),
-    )  # fmt: skip
+    )
     return [what for ok, what in checks if not ok]
 
 

@@ -173,8 +173,9 @@ def _parse(buf, size: int) -> GGUFHeader:
             raise ValueError(f"its header is damaged: {what} has {len(dims)} dimensions of type {kind}")
         block, block_bytes = GGML_QUANT_SIZES[kind]
         if math.prod(dims) % block:
-            raise ValueError(f"its header is damaged: {what} of {math.prod(dims):,} elements is no whole number of "
-                             f"blocks of {block}")  # fmt: skip
+            raise ValueError(
+                f"its header is damaged: {what} of {math.prod(dims):,} elements is no whole number of blocks of {block}"
+            )
         if offset + math.prod(dims) // block * block_bytes > end:
             end, last = offset + math.prod(dims) // block * block_bytes, name
     data_start = -(-r.pos // alignment) * alignment
@@ -189,8 +190,10 @@ def _header(path: str, size: int, mtime_ns: int) -> GGUFHeader:
         try:
             return _parse(buf, size)
         except _Short as short:
-            raise ValueError(f"the file ends inside its header (reading {short} of {size:,}): it is truncated or "
-                             f"damaged; {FETCH_AGAIN}") from None  # fmt: skip
+            raise ValueError(
+                f"the file ends inside its header (reading {short} of {size:,}): it is truncated or "
+                f"damaged; {FETCH_AGAIN}"
+            ) from None
 
 
 def gguf_header(path: str | os.PathLike) -> GGUFHeader:
@@ -217,12 +220,19 @@ def _template_of(source: ModelSource) -> tuple[Path, str | None]:
     jinja = source.folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja, jinja.read_text(encoding="utf-8", errors="replace")
-    config = next((source.folder / name for name in ("chat_template.json", "tokenizer_config.json")
-                   if (source.folder / name).is_file()), source.folder / "tokenizer_config.json")  # fmt: skip
+    config = next(
+        (
+            source.folder / name
+            for name in ("chat_template.json", "tokenizer_config.json")
+            if (source.folder / name).is_file()
+        ),
+        source.folder / "tokenizer_config.json",
+    )
     template = json_object(config).get("chat_template") if config.is_file() else None
     if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                        None)  # fmt: skip
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     return config, template if isinstance(template, str) and template else None
 
 
@@ -243,16 +253,20 @@ def model_problem(source: ModelSource) -> str | None:
         if header.tensors == 0:
             return f"{path}: holds no tensors; {FETCH_AGAIN}"
         if header.data_end > header.size:
-            return (f"{path}: the file is {header.size:,} bytes, but the data of tensor {header.last_tensor!r} ends "
-                    f"at byte {header.data_end:,}: it is truncated; {FETCH_AGAIN}")  # fmt: skip
+            return (
+                f"{path}: the file is {header.size:,} bytes, but the data of tensor {header.last_tensor!r} ends "
+                f"at byte {header.data_end:,}: it is truncated; {FETCH_AGAIN}"
+            )
         if not isinstance(header.metadata.get("general.architecture"), str):
             return f"{path}: its metadata names no general.architecture, which transformers needs; {FETCH_AGAIN}"
         return None
     config = source.folder / "config.json"
     try:
         if not json_object(config).get("model_type"):
-            return (f"{config}: no \"model_type\", which transformers needs to tell the architecture; add it (as "
-                    "in the model's original config.json)")  # fmt: skip
+            return (
+                f'{config}: no "model_type", which transformers needs to tell the architecture; add it (as '
+                "in the model's original config.json)"
+            )
     except ValueError as err:
         return str(err)
     return None
@@ -277,13 +291,16 @@ def chat_problem(source: ModelSource, need: str | None, given: ChatFormat, name:
         plain = " or --plain-prompts" if need == CHAT else ""
         return f"{flag} has no chat template (no {key}); give one with --chat-template FILE{plain}"
     if need == ROLES and CHATML.start not in template:
-        return (f"{flag}: its chat template has no {CHATML.start} marker, which the role tags read "
-                "(reference.roles.ChatMarkers); give a ChatML template with --chat-template FILE")  # fmt: skip
+        return (
+            f"{flag}: its chat template has no {CHATML.start} marker, which the role tags read "
+            "(reference.roles.ChatMarkers); give a ChatML template with --chat-template FILE"
+        )
     return None
 
 
-def model(parser: argparse.ArgumentParser, name: str, need: str | None = None,
-          given: ChatFormat = MODEL_TEMPLATE) -> ModelSource:  # fmt: skip
+def model(
+    parser: argparse.ArgumentParser, name: str, need: str | None = None, given: ChatFormat = MODEL_TEMPLATE
+) -> ModelSource:
     """The model `--model` names (`model_source.resolve`), checked as the command will load it (module
     doc); a problem is the parser's error naming the file."""
     source = for_command(parser, name)

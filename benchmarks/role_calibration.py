@@ -90,8 +90,9 @@ def capture(model, tokenizer, conversations, layers: list[int]) -> list[tuple[li
     return out
 
 
-def calibrate(model, tokenizer, conversations, layers: list[int], config: TokenPrecisionConfig | None = None,
-              captured=None) -> dict:  # fmt: skip
+def calibrate(
+    model, tokenizer, conversations, layers: list[int], config: TokenPrecisionConfig | None = None, captured=None
+) -> dict:
     """Tags, token counts and D[tag, precision] (module doc) over `conversations` (rows with
     `messages`), for the store of `config` (TriAxialKV's by default); `captured`: `capture`'s result, if
     already taken."""
@@ -124,8 +125,15 @@ def allocations(calibration: dict, budgets, config: TokenPrecisionConfig | None 
     for budget in budgets:
         result = allocate(torch.tensor(calibration["distortion"]), torch.tensor(calibration["tokens"]), costs, budget)
         bits = [config.precisions[c] for c in result.choice]
-        out.append({"budget": budget, "bits": bits, "average_bits": result.average_bits,
-                    "distortion": result.distortion, "search": result.search})  # fmt: skip
+        out.append(
+            {
+                "budget": budget,
+                "bits": bits,
+                "average_bits": result.average_bits,
+                "distortion": result.distortion,
+                "search": result.search,
+            }
+        )
     return out
 
 
@@ -167,8 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.role_calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
     parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
-    parser.add_argument("--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS),
-                        help="average key+value bits per element, everything stored counted")  # fmt: skip
+    parser.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_BUDGETS),
+        help="average key+value bits per element, everything stored counted",
+    )
     parser.add_argument("--group-size", type=positive_int, default=TokenPrecisionConfig().group_size)
     parser.add_argument("--out", default="benchmarks/results")
     add_options(parser, plain=False)  # the tags are read from the template's markers: no plain prompts
@@ -201,8 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     stem, text = f"role-calibration-{utc_stamp()}", render(result)
     print(text)  # first: on screen whatever happens to the files
-    save(parser.prog, out, {f"{stem}.json": lambda p: write_json(p, result),
-                            f"{stem}.md": lambda p: write_atomic(p, text)})  # fmt: skip
+    save(
+        parser.prog,
+        out,
+        {f"{stem}.json": lambda p: write_json(p, result), f"{stem}.md": lambda p: write_atomic(p, text)},
+    )
     return 0
 
 

@@ -34,7 +34,9 @@ def save(prog: str, out: Path, files: Mapping[str, Callable[[Path], object]]) ->
             files[name](spare / name)
         where = f"kept in {spare}"
     except OSError as err:
-        where = (f"lost: the temporary folder {tempfile.gettempdir()} cannot be written either "
-                 f"({err.strerror or err}); the figures printed above are what is left")  # fmt: skip
+        where = (
+            f"lost: the temporary folder {tempfile.gettempdir()} cannot be written either "
+            f"({err.strerror or err}); the figures printed above are what is left"
+        )
     also = f"; {', '.join(p.name for p in written)} written in {out}" if written else ""
     raise SystemExit(f"{prog}: error: cannot write {names} in {out} ({why.strerror or why}): {where}{also}")

@@ -52,8 +52,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", nargs="+", default=None, help="only the runs with these labels (FP16 always runs)")
     p.add_argument("--smoke", action="store_true", help="2 documents of 2 tasks, 3 runs: checks the pipeline")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores this process may use)")
-    p.add_argument("--include-path", type=Path, action="append", default=[],
-                   help="more lm-eval task folders (beside the suite's benchmarks/tasks/configs)")  # fmt: skip
+    p.add_argument(
+        "--include-path",
+        type=Path,
+        action="append",
+        default=[],
+        help="more lm-eval task folders (beside the suite's benchmarks/tasks/configs)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="where the result files go")
     return p
 
@@ -83,8 +88,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, so
     tasks = args.tasks or suite_tasks(args.lengths, manager)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        p.error(f"--tasks: unknown task(s) {unknown}; the suite's are {suite_tasks(('1k', '2k', '4k', '8k'), manager)}"
-                f" (lm-eval's own tasks are found too, offline data only)")  # fmt: skip
+        p.error(
+            f"--tasks: unknown task(s) {unknown}; the suite's are {suite_tasks(('1k', '2k', '4k', '8k'), manager)}"
+            f" (lm-eval's own tasks are found too, offline data only)"
+        )
     if not tasks:
         p.error(f"--lengths {args.lengths}: no task of the suite at these lengths")
     config = model_config(source)
@@ -135,8 +142,10 @@ class Shared:
         for r in requests:
             groups.setdefault(r.args[0], []).append(r.args)
         for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
-            encoded = [self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
-                       for a in pairs]  # fmt: skip
+            encoded = [
+                self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
+                for a in pairs
+            ]
             context_enc = encoded[0][0]
             prompt = self.base.prompt_length(context, context_enc)
             recorded = self.base.record_prompt(context_enc[:prompt])
@@ -171,8 +180,15 @@ def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> di
 
     out = {}
     for label in shared.views:
-        out[label] = lm_eval.simple_evaluate(model=Replay(label), tasks=tasks, limit=limit, log_samples=True,
-                                             task_manager=manager, bootstrap_iters=0, verbosity="ERROR")  # fmt: skip
+        out[label] = lm_eval.simple_evaluate(
+            model=Replay(label),
+            tasks=tasks,
+            limit=limit,
+            log_samples=True,
+            task_manager=manager,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
     return out
 
 
@@ -205,9 +221,15 @@ def markdown(data: dict) -> str:
     from tabulate import tabulate
 
     head = ["run", "key bits", "value bits", *(t["name"] for t in data["tasks"])]
-    rows = [[r["label"], r.get("key_bits"), r.get("value_bits"),
-             *(f"{sum(r['results'][t['name']]['correct']) / t['items']:.2f}" for t in data["tasks"])]
-            for r in data["runs"]]  # fmt: skip
+    rows = [
+        [
+            r["label"],
+            r.get("key_bits"),
+            r.get("value_bits"),
+            *(f"{sum(r['results'][t['name']]['correct']) / t['items']:.2f}" for t in data["tasks"]),
+        ]
+        for r in data["runs"]
+    ]
     return (
         f"# Task accuracy: {data['model']}\n\nMeasured on {data['device']}, {data['date_utc']}, `{data['command']}`; "
         f"{sum(t['items'] for t in data['tasks'])} documents; chance per task: "
@@ -274,8 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     stamp, text = utc_stamp(), markdown(data)
     print(text)  # first: on screen whatever happens to the files
-    path, _ = save(p.prog, args.out, {f"task-accuracy-{stamp}.json": lambda path: write_json(path, data),
-                                      f"task-accuracy-{stamp}.md": lambda path: write_atomic(path, text)})  # fmt: skip
+    path, _ = save(
+        p.prog,
+        args.out,
+        {
+            f"task-accuracy-{stamp}.json": lambda path: write_json(path, data),
+            f"task-accuracy-{stamp}.md": lambda path: write_atomic(path, text),
+        },
+    )
     print(f"task accuracy written to {path}")
     return 0
 

@@ -143,8 +143,15 @@ class Case:
 #: multiples of 8 tokens, which packing along tokens may need).
 WORKLOAD = Case(
     PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=2, value_bits=2),
-    1, 2, 2, 16, torch.float16, 40, (8,), 2026,
-)  # fmt: skip
+    1,
+    2,
+    2,
+    16,
+    torch.float16,
+    40,
+    (8,),
+    2026,
+)
 
 
 #: The paper's setting at a realistic length, where sinks and the exact residual are a small share
@@ -202,10 +209,16 @@ def claimed_combinations(
         for scale in scales:
             for row in range(max(len(keys), len(values))):
                 (high, low), value = keys[row % len(keys)], values[row % len(values)]
-                cfg = dataclasses.replace(base.config, b_high=high, b_low=low, value_bits=value,
-                                          scale_dtype=dtype if scale == "input" else scale)  # fmt: skip
-                case = dataclasses.replace(base, config=cfg, dtype=dtype, kind=kind or base.kind,
-                                           seed=base.seed + len(out))  # fmt: skip
+                cfg = dataclasses.replace(
+                    base.config,
+                    b_high=high,
+                    b_low=low,
+                    value_bits=value,
+                    scale_dtype=dtype if scale == "input" else scale,
+                )
+                case = dataclasses.replace(
+                    base, config=cfg, dtype=dtype, kind=kind or base.kind, seed=base.seed + len(out)
+                )
                 try:
                     case = case.fit(caps)
                 except DoesNotFit:
@@ -519,10 +532,15 @@ class TokenCase:
             scale_dtype = self.dtype
         else:
             scale_dtype = cfg.scale_dtype if cfg.scale_dtype in caps.scale_dtypes else caps.scale_dtypes[0]
-        cfg = dataclasses.replace(cfg, low_keys=low_keys, group_size=group, low_bits=low, high_bits=high,
-                                  scale_dtype=scale_dtype,
-                                  pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts
-                                  else caps.pair_layouts[0])  # fmt: skip
+        cfg = dataclasses.replace(
+            cfg,
+            low_keys=low_keys,
+            group_size=group,
+            low_bits=low,
+            high_bits=high,
+            scale_dtype=scale_dtype,
+            pair_layout=cfg.pair_layout if cfg.pair_layout in caps.pair_layouts else caps.pair_layouts[0],
+        )
         prompt = min(self.prompt, caps.max_tokens)
         appends, room = [], caps.max_tokens - prompt
         for n in self.appends:
@@ -531,8 +549,9 @@ class TokenCase:
             appends.append(min(n, room))
             room -= appends[-1]
         dtype = self.dtype if self.dtype in caps.dtypes else caps.dtypes[0]
-        return dataclasses.replace(self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends),
-                                   dtype=dtype)  # fmt: skip
+        return dataclasses.replace(
+            self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
+        )
 
 
 @st.composite

@@ -55,8 +55,13 @@ def build(impl, case: cs.TokenCase, device: torch.device, calls: int | None = No
 
 def observe(cache) -> dict:
     k, v = cache.dequantize()
-    return {"length": cache.length, "bits": torch.as_tensor(cache.token_bits()).cpu().long(),
-            "storage": cache.storage(), "k": bits_of(k.cpu()).clone(), "v": bits_of(v.cpu()).clone()}  # fmt: skip
+    return {
+        "length": cache.length,
+        "bits": torch.as_tensor(cache.token_bits()).cpu().long(),
+        "storage": cache.storage(),
+        "k": bits_of(k.cpu()).clone(),
+        "v": bits_of(v.cpu()).clone(),
+    }
 
 
 def differences(a: dict, b: dict) -> list[str]:

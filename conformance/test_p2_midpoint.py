@@ -26,8 +26,11 @@ ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink
 @example(case=cs.Case(ONE_BIT, 1, 1, 1, 8, torch.float16, 19, (), 3, "constant"))
 @example(case=cs.Case(ONE_BIT, 1, 3, 2, 12, torch.bfloat16, 33, (9,), 4, "extremes"))
 @example(case=cs.Case(ONE_BIT, 1, 2, 1, 16, torch.float16, 35, (), 5, "half_steps"))
-@example(case=cs.Case(dataclasses.replace(ONE_BIT, scale_dtype=torch.float32), 1, 2, 1, 8, torch.float32, 27, (), 6,
-                      "half_steps"))  # fmt: skip
+@example(
+    case=cs.Case(
+        dataclasses.replace(ONE_BIT, scale_dtype=torch.float32), 1, 2, 1, 8, torch.float32, 27, (), 6, "half_steps"
+    )
+)
 @example(case=cs.Case(dataclasses.replace(ONE_BIT, b_high=1), 2, 1, 2, 8, torch.bfloat16, 24, (), 7, "normal"))
 def test_one_bit_channels_reconstruct_to_the_nearer_bin_midpoint(impl, device, case):
     if not any(low == 1 for _, low in impl.capabilities.key_bits):

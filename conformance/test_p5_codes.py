@@ -16,8 +16,17 @@ from reference.tolerances import TIE_RELATIVE, exact_ties, quantization_bound
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=1)
 F32_SCALES = PNMixConfig(b_high=2, b_low=1, group_size=8, residual_length=8, n_sink=0, scale_dtype=torch.float32)
 ONE_BIT_HIGH = PNMixConfig(b_high=1, b_low=1, group_size=8, residual_length=8, n_sink=2, value_bits=1)
-FOUR_BITS = PNMixConfig(b_high=4, b_low=4, ratio=0.0, group_size=8, residual_length=16, n_sink=0, value_bits=4,
-                        selection="none", one_bit="ends")  # fmt: skip
+FOUR_BITS = PNMixConfig(
+    b_high=4,
+    b_low=4,
+    ratio=0.0,
+    group_size=8,
+    residual_length=16,
+    n_sink=0,
+    value_bits=4,
+    selection="none",
+    one_bit="ends",
+)
 EXAMPLES = (
     cs.Case(CFG, 2, 2, 2, 16, torch.float16, 40, (8, 9), 1, "near_constant"),
     cs.Case(CFG, 1, 1, 1, 8, torch.float16, 33, (), 2, "constant"),
@@ -114,8 +123,10 @@ def assert_codes_match(got, ref, x, group_size, dim, what):
 @with_examples
 def test_codes_and_scales_are_the_reference_numerics(impl, device, case):
     if impl.capabilities.residual == "requantize":
-        pytest.skip(f"{impl.name} re-quantizes its cache as it grows; the reference's codes are compared on the "
-                    "shared or sliding residuals it models")  # fmt: skip
+        pytest.skip(
+            f"{impl.name} re-quantizes its cache as it grows; the reference's codes are compared on the "
+            "shared or sliding residuals it models"
+        )
     case = fitted(impl, case, device)
     cfg = case.config
     state = final_state(impl, case, device)
@@ -126,7 +137,13 @@ def test_codes_and_scales_are_the_reference_numerics(impl, device, case):
     assert tuple(got.codes.shape) == tuple(ref.codes.shape), "key code shape"
     assert_codes_match(got, ref, state.all_k[..., region, :], cfg.group_size, -2, "key")
     if cfg.values_quantized:
-        assert_codes_match(state.cache.value_codes(), state.ref.value_codes(), state.all_v[..., v_region, :],
-                           cfg.value_group(case.head_dim), -1, "value")  # fmt: skip
+        assert_codes_match(
+            state.cache.value_codes(),
+            state.ref.value_codes(),
+            state.all_v[..., v_region, :],
+            cfg.value_group(case.head_dim),
+            -1,
+            "value",
+        )
     else:
         assert state.cache.value_codes() is None

@@ -79,9 +79,14 @@ def target() -> Target | None:
 
 
 def launch(
-    kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 1, maxnreg: int | None = None,
+    kernel,
+    grid: tuple[int, ...],
+    *args,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    maxnreg: int | None = None,
     **constexprs,
-) -> None:  # fmt: skip
+) -> None:
     """Launch kernel[grid] (or record it while `recording`). maxnreg: the registers per thread
     ptxas may use (None: its own choice, which on sm_90 may cap them for occupancy and spill)."""
     if _recorder is not None:

@@ -254,9 +254,15 @@ def run(scope: str, jobs: int) -> dict:
     decode = [decode_entry(case, arch, rows[key], nbytes) for case, arch, key, nbytes in uses]
     failures = [f"{r['kernel']} sm_{r['arch']}: {p}" for r in rows.values() for p in problems(r)]
     checks = targets(decode)
-    return {"scope": scope, "archs": list(ARCHS), "kernels": list(rows.values()), "decode": decode,
-            "failures": failures, "targets": checks,
-            "below_target": [c["text"] for c in checks if not c["passed"]]}  # fmt: skip
+    return {
+        "scope": scope,
+        "archs": list(ARCHS),
+        "kernels": list(rows.values()),
+        "decode": decode,
+        "failures": failures,
+        "targets": checks,
+        "below_target": [c["text"] for c in checks if not c["passed"]],
+    }
 
 
 def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
@@ -268,8 +274,12 @@ def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
     if "error" in row:
         return entry
     programs = programs_per_sm(arch, row["registers"], row["warps"], row["shared_bytes"])
-    entry |= {"registers": row["registers"], "shared_bytes": row["shared_bytes"], "programs_per_sm": programs,
-              "in_flight_per_sm": programs * row["stages"] * nbytes}  # fmt: skip
+    entry |= {
+        "registers": row["registers"],
+        "shared_bytes": row["shared_bytes"],
+        "programs_per_sm": programs,
+        "in_flight_per_sm": programs * row["stages"] * nbytes,
+    }
     per_tile = row["loop_instructions"] * row["warps"] if row.get("loop_instructions") else None
     entry["warp_instructions_per_tile"] = per_tile
     entry["bounds"] = {}
@@ -278,10 +288,12 @@ def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
         issue = issue_bound(gpu, nbytes, per_tile) if per_tile else None
         binds = "issue" if issue is not None and issue < memory else "memory"
         entry["bounds"][gpu.name] = {
-            "issue": None if issue is None else round(issue, 4), "memory": round(memory, 4),
-            "ceiling": round(min(memory, issue if issue is not None else memory), 4), "binds": binds,
+            "issue": None if issue is None else round(issue, 4),
+            "memory": round(memory, 4),
+            "ceiling": round(min(memory, issue if issue is not None else memory), 4),
+            "binds": binds,
             "needed_in_flight_per_sm": round(gpu.bytes_in_flight_per_sm),
-        }  # fmt: skip
+        }
     return entry
 
 
@@ -299,10 +311,19 @@ def targets(decode: list[dict]) -> list[dict]:
                 got = e.get("bounds", {}).get(gpu.name, {}).get(field)
                 passed = got is not None and got >= need
                 shown = "not computed" if got is None else f"{got:.0%}"
-                checks.append({"gpu": gpu.name, "dtype": e["dtype"], "gqa": e["gqa"], "bound": field, "need": need,
-                               "got": got, "passed": passed,
-                               "text": f"{label} {shown} {'>=' if passed else '<'} {need:.0%} on {gpu.name} "
-                                       f"({e['dtype']}, GQA {e['gqa']})"})  # fmt: skip
+                checks.append(
+                    {
+                        "gpu": gpu.name,
+                        "dtype": e["dtype"],
+                        "gqa": e["gqa"],
+                        "bound": field,
+                        "need": need,
+                        "got": got,
+                        "passed": passed,
+                        "text": f"{label} {shown} {'>=' if passed else '<'} {need:.0%} on {gpu.name} "
+                        f"({e['dtype']}, GQA {e['gqa']})",
+                    }
+                )
     return checks
 
 
@@ -325,20 +346,60 @@ def render(result: dict) -> str:
     kernels = sorted(result["kernels"], key=lambda r: (r["kernel"], r["arch"], r.get("shared_bytes", 0)))
     head = ["kernel", "arch", "warps", "stages", "regs", "local B", "shared B", "limit B", "SASS", "loop SASS"]
     table = [
-        [r["kernel"], f"sm_{r['arch']}", r["warps"], r["stages"], r.get("registers", "-"), r.get("local_bytes", "-"),
-         r.get("shared_bytes", "-"), r["smem_limit"] if "smem_limit" in r else "-", r.get("instructions", "-"),
-         r.get("loop_instructions") or "-"]
+        [
+            r["kernel"],
+            f"sm_{r['arch']}",
+            r["warps"],
+            r["stages"],
+            r.get("registers", "-"),
+            r.get("local_bytes", "-"),
+            r.get("shared_bytes", "-"),
+            r["smem_limit"] if "smem_limit" in r else "-",
+            r.get("instructions", "-"),
+            r.get("loop_instructions") or "-",
+        ]
         for r in kernels
-    ]  # fmt: skip
-    bound_head = ["method", "dtype", "d", "GQA", "GPU", "bytes/tile", "warp-instr/tile", "regs", "programs/SM",
-                  "stages", "in flight B/SM", "needed B/SM", "issue", "memory", "binds", "ceiling"]  # fmt: skip
+    ]
+    bound_head = [
+        "method",
+        "dtype",
+        "d",
+        "GQA",
+        "GPU",
+        "bytes/tile",
+        "warp-instr/tile",
+        "regs",
+        "programs/SM",
+        "stages",
+        "in flight B/SM",
+        "needed B/SM",
+        "issue",
+        "memory",
+        "binds",
+        "ceiling",
+    ]
     bound_rows = [
-        [e["method"], e["dtype"], e["head_dim"], e["gqa"], gpu, round(e["tile_bytes"]),
-         e.get("warp_instructions_per_tile") or "-", e.get("registers", "-"), e.get("programs_per_sm", "-"),
-         e["stages"], round(e.get("in_flight_per_sm", 0)), b["needed_in_flight_per_sm"], _pct(b["issue"]),
-         _pct(b["memory"]), b["binds"], _pct(b["ceiling"])]
-        for e in result["decode"] for gpu, b in e.get("bounds", {}).items()
-    ]  # fmt: skip
+        [
+            e["method"],
+            e["dtype"],
+            e["head_dim"],
+            e["gqa"],
+            gpu,
+            round(e["tile_bytes"]),
+            e.get("warp_instructions_per_tile") or "-",
+            e.get("registers", "-"),
+            e.get("programs_per_sm", "-"),
+            e["stages"],
+            round(e.get("in_flight_per_sm", 0)),
+            b["needed_in_flight_per_sm"],
+            _pct(b["issue"]),
+            _pct(b["memory"]),
+            b["binds"],
+            _pct(b["ceiling"]),
+        ]
+        for e in result["decode"]
+        for gpu, b in e.get("bounds", {}).items()
+    ]
     need = ", ".join(f"{g} >= {v:.0%}" for g, v in REQUIRED_CEILING.items())
     lines = [
         f"{len(kernels)} distinct kernels compiled for {', '.join(f'sm_{a}' for a in result['archs'])}",
@@ -351,8 +412,11 @@ def render(result: dict) -> str:
     ]
     lines += [f"FAIL {f}" for f in result["failures"]] or ["PASS: every kernel compiles, fits and does not spill"]
     if result["targets"]:
-        lines += ["", f"Targets at the default configuration: memory bound >= {REQUIRED_MEMORY_BOUND:.0%} on every GPU "
-                  f"(of datasheet bandwidth, at least the copy bandwidth), binding ceiling {need}"]  # fmt: skip
+        lines += [
+            "",
+            f"Targets at the default configuration: memory bound >= {REQUIRED_MEMORY_BOUND:.0%} on every GPU "
+            f"(of datasheet bandwidth, at least the copy bandwidth), binding ceiling {need}",
+        ]
         lines += [f"{'PASS' if c['passed'] else 'FAIL'} target: {c['text']}" for c in result["targets"]]
     return "\n".join(lines)
 
@@ -373,11 +437,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pnmix.aot", description=__doc__.split("\n\n")[0])
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--all", dest="scope", action="store_const", const="all", help="every method x dtype x d x GQA")
-    scope.add_argument("--default", dest="scope", action="store_const", const="default",
-                       help="the default configuration only (d=128), both dtypes and GQA 4/8")  # fmt: skip
+    scope.add_argument(
+        "--default",
+        dest="scope",
+        action="store_const",
+        const="default",
+        help="the default configuration only (d=128), both dtypes and GQA 4/8",
+    )
     parser.add_argument("--json", type=Path, help="also write the result as JSON (atomically)")
-    parser.add_argument("--require-targets", "--require-ceiling", dest="require_targets", action="store_true",
-                        help="exit 1 when a target of the default configuration is not met")  # fmt: skip
+    parser.add_argument(
+        "--require-targets",
+        "--require-ceiling",
+        dest="require_targets",
+        action="store_true",
+        help="exit 1 when a target of the default configuration is not met",
+    )
     parser.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1, help="parallel compiles")
     args = parser.parse_args(argv)
     if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):

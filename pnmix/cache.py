@@ -92,8 +92,9 @@ class _Rows:
             if self.used + n > self.data.shape[2]:
                 raise AssertionError("capacity was checked before any write")
         else:
-            new = torch.empty(*self.data.shape[:2], self.used + n, self.data.shape[3], dtype=self.data.dtype,
-                              device=self.data.device)  # fmt: skip
+            new = torch.empty(
+                *self.data.shape[:2], self.used + n, self.data.shape[3], dtype=self.data.dtype, device=self.data.device
+            )
             new[:, :, : self.used] = self.view()
             self.data = new
         self.used += n
@@ -220,10 +221,12 @@ class PNMixCache:
         if capturable and max_cache_len is None:
             raise ValueError("capturable=True needs max_cache_len: a captured step writes into preallocated buffers")
         if capturable and (self.config.selector.per_group or self.config.value_residual != "shared"):
-            raise ValueError("capturable=True needs a selection fixed at prefill and values flushed with their keys "
-                             f"(value_residual='shared'); this configuration ({self.config.selector.name} selection, "
-                             f"value_residual={self.config.value_residual!r}) decides on the host what a page "
-                             "completion writes")  # fmt: skip
+            raise ValueError(
+                "capturable=True needs a selection fixed at prefill and values flushed with their keys "
+                f"(value_residual='shared'); this configuration ({self.config.selector.name} selection, "
+                f"value_residual={self.config.value_residual!r}) decides on the host what a page "
+                "completion writes"
+            )
         self.capacity = max_cache_len
         self.capturable = capturable
         self._page: _PageWork | None = None  # capturable: set by prefill where a page fits
@@ -290,8 +293,7 @@ class PNMixCache:
         lay = self.cache_layout
         for name, t in (("k", k), ("v", v)):
             validation.check_tensor(name, t)
-            validation.check_matches_cache(name, t, (lay.batch, lay.kv_heads, 0, lay.head_dim), lay.dtype,
-                                           self._device)  # fmt: skip
+            validation.check_matches_cache(name, t, (lay.batch, lay.kv_heads, 0, lay.head_dim), lay.dtype, self._device)
         self._check_capturable(k)
         validation.check_kv(k, v, self.config, values=self.check_finite == "eager")
         self._watch(k=k, v=v)
@@ -329,9 +331,11 @@ class PNMixCache:
 
     def _check_capturable(self, t: object) -> None:
         if self.check_finite == "eager" and isinstance(t, torch.Tensor) and _capturing(t):
-            raise RuntimeError("check_finite='eager' reads inputs back to the host, which a CUDA graph cannot "
-                               "capture; capture with PNMixCache(..., check_finite=True) (checked on the device) "
-                               "or False")  # fmt: skip
+            raise RuntimeError(
+                "check_finite='eager' reads inputs back to the host, which a CUDA graph cannot "
+                "capture; capture with PNMixCache(..., check_finite=True) (checked on the device) "
+                "or False"
+            )
 
     # -- deferred input checks (check_finite=True) --------------------------------------
 
@@ -383,8 +387,10 @@ class PNMixCache:
             # then share their residual rows (a sliding value window quantizes nothing yet).
             rk, rv = r["residual_key"], r["residual_value"]
             if not rk.static and _capturing(k):
-                raise RuntimeError("CUDA-graph capture needs a preallocated cache (max_cache_len): "
-                                   "a dynamic cache reallocates its buffers as it grows")  # fmt: skip
+                raise RuntimeError(
+                    "CUDA-graph capture needs a preallocated cache (max_cache_len): "
+                    "a dynamic cache reallocates its buffers as it grows"
+                )
             n_old = rk.used
             old_k, old_v = rk.extend(k.shape[2]), rv.extend(k.shape[2])
             old = (old_k, old_v, n_old) if old_k is not None and n_old else None
@@ -392,15 +398,19 @@ class PNMixCache:
             self.length = step.after.length
             return
         if _capturing(k):
-            raise RuntimeError("this append writes sinks or quantizes tokens (completes a residual page, or moves a "
-                               "sliding value window), which runs eagerly and cannot be captured in a CUDA graph; "
-                               "capture a decode step that does neither")  # fmt: skip
+            raise RuntimeError(
+                "this append writes sinks or quantizes tokens (completes a residual page, or moves a "
+                "sliding value window), which runs eagerly and cannot be captured in a CUDA graph; "
+                "capture a decode step that does neither"
+            )
         if s:
             r["sink_key"].grow(s).copy_(k[:, :, :s])
             r["sink_value"].grow(s).copy_(v[:, :, :s])
         k, v = k[:, :, s:], v[:, :, s:]
-        for name, new, flush, quantize in (("key", k, step.flush, self._flush_keys),
-                                           ("value", v, step.value_flush, self._flush_values)):  # fmt: skip
+        for name, new, flush, quantize in (
+            ("key", k, step.flush, self._flush_keys),
+            ("value", v, step.value_flush, self._flush_values),
+        ):
             rows = r[f"residual_{name}"]
             if not flush:
                 if new.shape[2]:
@@ -414,15 +424,18 @@ class PNMixCache:
             rows.replace(queue[:, :, flush:])
         self.length = step.after.length
         # The host decided these counts: a host->device copy, which does not wait on the GPU.
-        self._counts[:LAYOUT_COUNTS].copy_(torch.tensor(self.layout[:LAYOUT_COUNTS], dtype=torch.int32),
-                                           non_blocking=True)  # fmt: skip
+        self._counts[:LAYOUT_COUNTS].copy_(
+            torch.tensor(self.layout[:LAYOUT_COUNTS], dtype=torch.int32), non_blocking=True
+        )
 
     def _page_work(self, pages: int) -> _PageWork:
         cfg, lay, r = self.config, self.cache_layout, self._rows
         channel = self._spans(0, 1)[0][2]
-        scratch = {c.name: torch.empty(lay.batch, lay.kv_heads, c.rows_per_page, c.columns, dtype=c.dtype,
-                                       device=self._device)
-                   for c in lay.components if c.region == "quantized" and c.name in r}  # fmt: skip
+        scratch = {
+            c.name: torch.empty(lay.batch, lay.kv_heads, c.rows_per_page, c.columns, dtype=c.dtype, device=self._device)
+            for c in lay.components
+            if c.region == "quantized" and c.name in r
+        }
         n = cfg.residual_length
         return _PageWork(
             pages,
@@ -444,16 +457,33 @@ class PNMixCache:
         keys, values = rk.data[:, :, :n], rv.data[:, :, :n]
         midpoint = cfg.one_bit == "midpoint"
         group_params(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], midpoint)
-        encode_pack(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], sc["key_low"],
-                    field_bits=cfg.b_low)  # fmt: skip
+        encode_pack(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], sc["key_low"], field_bits=cfg.b_low)
         if cfg.b_high > cfg.b_low:
-            encode_pack(keys, g, "tokens", page.bits, sc["key_scale"], sc["key_zero"], sc["key_high"],
-                        field_bits=cfg.b_high - cfg.b_low, shift=cfg.b_low, colmap=page.index)  # fmt: skip
+            encode_pack(
+                keys,
+                g,
+                "tokens",
+                page.bits,
+                sc["key_scale"],
+                sc["key_zero"],
+                sc["key_high"],
+                field_bits=cfg.b_high - cfg.b_low,
+                shift=cfg.b_low,
+                colmap=page.index,
+            )
         if cfg.values_quantized:
             vg = cfg.value_group(values.shape[-1])
             group_params(values, vg, "channels", cfg.value_bits, sc["value_scale"], sc["value_zero"], midpoint)
-            encode_pack(values, vg, "channels", cfg.value_bits, sc["value_scale"], sc["value_zero"],
-                        sc["value_payload"], field_bits=cfg.value_bits)  # fmt: skip
+            encode_pack(
+                values,
+                vg,
+                "channels",
+                cfg.value_bits,
+                sc["value_scale"],
+                sc["value_zero"],
+                sc["value_payload"],
+                field_bits=cfg.value_bits,
+            )
         else:
             sc["value_payload"].copy_(values)
         full = self._counts[2:3] == n
@@ -494,9 +524,11 @@ class PNMixCache:
         layout = token_layout(self.config, sum(counts[:3]))
         if self._page is not None:  # pages complete on the device: any continuation up to the capacity
             if counts != layout[:LAYOUT_COUNTS] or counts[0] != self.layout[0] or layout.length > self.capacity:
-                raise RuntimeError(f"the device token counts {counts} do not continue the cache's layout "
-                                   f"{tuple(self.layout)}: a captured decode step was replayed past the capacity "
-                                   f"max_cache_len={self.capacity}")  # fmt: skip
+                raise RuntimeError(
+                    f"the device token counts {counts} do not continue the cache's layout "
+                    f"{tuple(self.layout)}: a captured decode step was replayed past the capacity "
+                    f"max_cache_len={self.capacity}"
+                )
             for c in self.cache_layout.components:
                 if c.name in self._rows:
                     self._rows[c.name].used = c.rows(layout, self.config.residual_length)
@@ -545,8 +577,18 @@ class PNMixCache:
             group_params(kp, g, "tokens", bits, sp, zp, midpoint)
             encode_pack(kp, g, "tokens", bits, sp, zp, low[:, :, a * w_lo // 8 : b * w_lo // 8], field_bits=cfg.b_low)
             if cfg.b_high > cfg.b_low:
-                encode_pack(kp, g, "tokens", bits, sp, zp, high[:, :, a * w_hi // 8 : b * w_hi // 8],
-                            field_bits=cfg.b_high - cfg.b_low, shift=cfg.b_low, colmap=index)  # fmt: skip
+                encode_pack(
+                    kp,
+                    g,
+                    "tokens",
+                    bits,
+                    sp,
+                    zp,
+                    high[:, :, a * w_hi // 8 : b * w_hi // 8],
+                    field_bits=cfg.b_high - cfg.b_low,
+                    shift=cfg.b_low,
+                    colmap=index,
+                )
 
     def _flush_values(self, v: torch.Tensor) -> None:
         """Quantize and pack values [B, H_kv, n, d] (per token, so any n) onto the quantized region."""
@@ -599,15 +641,32 @@ class PNMixCache:
         g, w_lo, w_hi = cfg.group_size, cfg.b_low, cfg.b_high - cfg.b_low
         for a, e, channel in self._spans(0, n_groups):
             slot = spec_packing.high_plane_columns(channel)
-            dequantize_plane(p["key_low"][:, :, a * w_lo // 8 : e * w_lo // 8], p["key_scale"][:, :, a // g : e // g],
-                             p["key_zero"][:, :, a // g : e // g], keys[:, :, a:e], group=g, along="tokens",
-                             low_bits=cfg.b_low, high=p["key_high"][:, :, a * w_hi // 8 : e * w_hi // 8],
-                             high_bits=cfg.b_high - cfg.b_low, slot=slot, codes=codes)  # fmt: skip
+            dequantize_plane(
+                p["key_low"][:, :, a * w_lo // 8 : e * w_lo // 8],
+                p["key_scale"][:, :, a // g : e // g],
+                p["key_zero"][:, :, a // g : e // g],
+                keys[:, :, a:e],
+                group=g,
+                along="tokens",
+                low_bits=cfg.b_low,
+                high=p["key_high"][:, :, a * w_hi // 8 : e * w_hi // 8],
+                high_bits=cfg.b_high - cfg.b_low,
+                slot=slot,
+                codes=codes,
+            )
         if not cfg.values_quantized:
             return keys, None if codes else p["value_payload"].float()
         values = torch.empty(b, h, self._rows["value_scale"].used, d, dtype=dtype, device=self._device)
-        dequantize_plane(p["value_payload"], p["value_scale"], p["value_zero"], values, group=cfg.value_group(d),
-                         along="channels", low_bits=cfg.value_bits, codes=codes)  # fmt: skip
+        dequantize_plane(
+            p["value_payload"],
+            p["value_scale"],
+            p["value_zero"],
+            values,
+            group=cfg.value_group(d),
+            along="channels",
+            low_bits=cfg.value_bits,
+            codes=codes,
+        )
         return keys, values
 
     def key_codes(self) -> Quantized:
@@ -656,20 +715,31 @@ class PNMixCache:
         self._require_prefill()
         self._refuse_if_failed()
         if softcap is not None:
-            raise ValueError(f"softcap={softcap!r}: the Triton decode kernel does not apply attention logit "
-                             "softcapping; use the reference backend")  # fmt: skip
+            raise ValueError(
+                f"softcap={softcap!r}: the Triton decode kernel does not apply attention logit "
+                "softcapping; use the reference backend"
+            )
         if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
             raise ValueError(f"scale must be a positive number or None, got {scale!r}")
         if num_splits is not None and (type(num_splits) is not int or num_splits < 1):
             raise ValueError(f"num_splits must be a positive int or None (chosen for the device), got {num_splits!r}")
         lay = self.cache_layout
         self._check_capturable(q)
-        validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length,
-                               values=self.check_finite == "eager")  # fmt: skip
+        validation.check_query(
+            q,
+            lay.batch,
+            lay.kv_heads,
+            lay.head_dim,
+            lay.dtype,
+            self._device,
+            self.length,
+            values=self.check_finite == "eager",
+        )
         self._watch(q=q)
         if q.requires_grad and torch.is_grad_enabled():  # the spec's output keeps the graph: so does this one
-            return _NoBackward.apply(q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits,
-                                                                   scale=scale))  # fmt: skip
+            return _NoBackward.apply(
+                q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
+            )
         return decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
 
     def storage(self) -> StorageReport:

@@ -50,9 +50,11 @@ class SMLimits(NamedTuple):
 
 
 _SMEM = "CUDA C++ Programming Guide, Technical Specifications per Compute Capability, max shared memory per block"
-_GUIDE = ("CUDA C++ Programming Guide, Technical Specifications per Compute Capability (64K registers, 64 warps, "
-          "32 blocks per SM; {} KB shared memory per SM; 1 KB reserved per block) and the CUDA Occupancy Calculator "
-          "(registers allocated per warp in units of 256)")  # fmt: skip
+_GUIDE = (
+    "CUDA C++ Programming Guide, Technical Specifications per Compute Capability (64K registers, 64 warps, "
+    "32 blocks per SM; {} KB shared memory per SM; 1 KB reserved per block) and the CUDA Occupancy Calculator "
+    "(registers allocated per warp in units of 256)"
+)
 
 #: DRAM latency: the pointer-chasing benchmark `gpu-latency` of RRZE-HPC/gpu-benches (the suite of D. Ernst et al.,
 #: "Analytical performance estimation during code generation on modern GPUs", J. Parallel Distrib. Comput. 2023,
@@ -67,16 +69,40 @@ _GUIDE = ("CUDA C++ Programming Guide, Technical Specifications per Compute Capa
 LATENCY_SOURCE = "RRZE-HPC/gpu-benches gpu-latency (Ernst et al., JPDC 2023): A100-SXM4-80GB 392 ns, GH200 348 ns"
 
 GPUS = (
-    GPU("A100-SXM4-40GB", 80, 108, 1.41, 1555.0, 166_912, 392.0,
+    GPU(
+        "A100-SXM4-40GB",
+        80,
+        108,
+        1.41,
+        1555.0,
+        166_912,
+        392.0,
         f"NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, 1410 MHz boost, 1555 GB/s); {_SMEM}: 163 KB; "
-        f"DRAM latency: {LATENCY_SOURCE}"),
-    GPU("H100-SXM", 90, 132, 1.98, 3350.0, 232_448, 348.0,
+        f"DRAM latency: {LATENCY_SOURCE}",
+    ),
+    GPU(
+        "H100-SXM",
+        90,
+        132,
+        1.98,
+        3350.0,
+        232_448,
+        348.0,
         f"NVIDIA H100 Tensor Core GPU datasheet (SXM5: 132 SMs, 1980 MHz max boost, 3.35 TB/s); {_SMEM}: 227 KB; "
-        f"DRAM latency: {LATENCY_SOURCE}"),
-    GPU("H200", 90, 132, 1.98, 4800.0, 232_448, 348.0,
+        f"DRAM latency: {LATENCY_SOURCE}",
+    ),
+    GPU(
+        "H200",
+        90,
+        132,
+        1.98,
+        4800.0,
+        232_448,
+        348.0,
         f"NVIDIA H200 Tensor Core GPU product brief (H100 SXM chip, 4.8 TB/s HBM3e); {_SMEM}: 227 KB; "
-        f"DRAM latency: {LATENCY_SOURCE}"),
-)  # fmt: skip
+        f"DRAM latency: {LATENCY_SOURCE}",
+    ),
+)
 
 SM_LIMITS = {
     80: SMLimits(65536, 256, 64, 32, 167_936, 1024, _GUIDE.format(164)),

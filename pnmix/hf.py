@@ -75,8 +75,10 @@ class LayerMask:
     window: int | None
 
     def __getattr__(self, name: str):
-        raise AttributeError(f"this model reads .{name} of its attention mask as a tensor; PN-Mix gives its "
-                             "attention a LayerMask (the window), and cannot serve such a model")  # fmt: skip
+        raise AttributeError(
+            f"this model reads .{name} of its attention mask as a tensor; PN-Mix gives its "
+            "attention a LayerMask (the window), and cannot serve such a model"
+        )
 
 
 def cache_argument(model) -> str:
@@ -145,8 +147,9 @@ def layer_windows(model_config) -> list[int | None]:
     windows = []
     for i, (kind, extra) in enumerate(zip(kinds, kwargs, strict=True)):
         if kind not in ("full_attention", "sliding_attention"):
-            raise ValueError(f"layer {i} of this model is {kind!r}: PN-Mix caches hold full or sliding-window "
-                             "attention layers only")  # fmt: skip
+            raise ValueError(
+                f"layer {i} of this model is {kind!r}: PN-Mix caches hold full or sliding-window attention layers only"
+            )
         windows.append(extra.get("sliding_window") if kind == "sliding_attention" else None)
     return windows
 
@@ -242,8 +245,10 @@ class PNMixLayer(CacheLayerMixin):
         self.attended = False
         if not self.is_initialized:
             if key_states.shape != value_states.shape:
-                raise ValueError(f"PN-Mix caches hold keys and values of one shape; this model's are "
-                                 f"{tuple(key_states.shape)} and {tuple(value_states.shape)}")  # fmt: skip
+                raise ValueError(
+                    f"PN-Mix caches hold keys and values of one shape; this model's are "
+                    f"{tuple(key_states.shape)} and {tuple(value_states.shape)}"
+                )
             self.lazy_initialization(key_states, value_states)
         if self._exact is not None:  # a windowed layer: attention reads what it held and the new tokens
             key_states = torch.cat([self._exact[0], key_states], dim=2)
@@ -252,8 +257,10 @@ class PNMixLayer(CacheLayerMixin):
             self._exact = self._keep(key_states, value_states)
         elif self.cache is None:
             if self._pending is not None:
-                raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a prefill "
-                                   "update (its attention bypasses transformers' attention interface)")  # fmt: skip
+                raise RuntimeError(
+                    f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a prefill "
+                    "update (its attention bypasses transformers' attention interface)"
+                )
             self._pending = (key_states, value_states)
         elif self.schedule is not None:
             if self.stepwise:  # what a token-by-token decode would read from the leftover (`attend_stepwise`)
@@ -295,8 +302,12 @@ class PNMixLayer(CacheLayerMixin):
         if self.impl is not None:
             cache = self.impl.create(self.config)
         elif self.backend == "triton":
-            cache = PNMixCache(self.config, max_cache_len=self.max_cache_len, check_finite=self.check_finite,
-                               capturable=self.capturable)  # fmt: skip
+            cache = PNMixCache(
+                self.config,
+                max_cache_len=self.max_cache_len,
+                check_finite=self.check_finite,
+                capturable=self.capturable,
+            )
         else:
             cache = ReferenceCache(self.config)
         cache.prefill(query_states, k, v)
@@ -402,8 +413,10 @@ class PNMixHFCache(Cache):
                 "token_bits and generated_bits are for a per-token precision config (TokenPrecisionConfig)"
             )
         if per_token and max_cache_len is not None:
-            raise ValueError("max_cache_len: a per-token precision cache (TokenPrecisionConfig) grows exactly; "
-                             "static preallocation is not supported for it")  # fmt: skip
+            raise ValueError(
+                "max_cache_len: a per-token precision cache (TokenPrecisionConfig) grows exactly; "
+                "static preallocation is not supported for it"
+            )
         detected = detect_pair_layout(model_config)
         expected = pair_layout or detected
         if expected is None:
@@ -412,8 +425,10 @@ class PNMixHFCache(Cache):
                 "pass pair_layout='split' (rotate_half) or 'adjacent' (interleaved pairs)"
             )
         if pair_layout is not None and detected is not None and pair_layout != detected:
-            raise ValueError(f"pair_layout={pair_layout!r} contradicts the model's {detected!r} RoPE layout "
-                             "(probed from its apply_rotary_pos_emb)")  # fmt: skip
+            raise ValueError(
+                f"pair_layout={pair_layout!r} contradicts the model's {detected!r} RoPE layout "
+                "(probed from its apply_rotary_pos_emb)"
+            )
         if config.pair_layout != expected:
             raise ValueError(
                 f"config.pair_layout is {config.pair_layout!r} but this model's RoPE pairs are {expected!r}: "
@@ -460,8 +475,10 @@ class PNMixHFCache(Cache):
             self.roll_back_forward()
         elif any(not self.layers[i].attended for i in self._forward):  # the forward went on past a layer
             self.roll_back_forward()
-            raise RuntimeError(f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a cache "
-                               "update (its attention bypasses transformers' attention interface)")  # fmt: skip
+            raise RuntimeError(
+                f"PN-Mix: the model did not run attn_implementation={ATTENTION!r} after a cache "
+                "update (its attention bypasses transformers' attention interface)"
+            )
         if not self._forward and key_states.shape[2] > 1:  # the forward's mask check waited already
             self.check()
         self._forward[layer_idx] = self.layers[layer_idx].checkpoint()
@@ -543,8 +560,9 @@ class PNMixHFCache(Cache):
 IMPL_BACKEND = "impl"
 
 
-def _implementation_backend(impl, backend: str, per_token: bool, max_cache_len, check_finite: bool,
-                            stepwise: bool) -> str:  # fmt: skip
+def _implementation_backend(
+    impl, backend: str, per_token: bool, max_cache_len, check_finite: bool, stepwise: bool
+) -> str:
     """IMPL_BACKEND once `impl` and the other arguments ask nothing beyond the implementation protocol."""
     if not callable(getattr(impl, "create", None)):
         raise TypeError(f"impl must be an implementation with create(config), got {type(impl).__name__}")
@@ -554,9 +572,11 @@ def _implementation_backend(impl, backend: str, per_token: bool, max_cache_len, 
         "max_cache_len": (max_cache_len is not None, "no preallocation: the static protocol is not claimed"),
         "check_finite=False": (not check_finite, "the implementation checks its inputs as it does"),
         "stepwise=True": (stepwise, "it needs the reference backend's attend_stepwise"),
-        "a TokenPrecisionConfig": (per_token, "per-token precision caches take token bits the protocol's "
-                                   "create(config) cache does not"),
-    }  # fmt: skip
+        "a TokenPrecisionConfig": (
+            per_token,
+            "per-token precision caches take token bits the protocol's create(config) cache does not",
+        ),
+    }
     for what, (asked, why) in refused.items():
         if asked:
             raise ValueError(f"{what} cannot be used with impl={name!r}: {why}")
@@ -597,8 +617,10 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
     window stay exact. Returns ([B, T, H, d], None)."""
     layer = getattr(key, "_pnmix_layer", None)
     if layer is None:
-        raise RuntimeError(f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
-                           "and the keys its update returned")  # fmt: skip
+        raise RuntimeError(
+            f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
+            "and the keys its update returned"
+        )
     try:
         out = _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs)
     except BaseException:
@@ -613,18 +635,24 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
 
 def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs) -> torch.Tensor:
     if value is not layer._values:
-        raise ValueError("PN-Mix attention reads the values the cache holds; this model attends with other values "
-                         "(e.g. differential attention)")  # fmt: skip
+        raise ValueError(
+            "PN-Mix attention reads the values the cache holds; this model attends with other values "
+            "(e.g. differential attention)"
+        )
     _check_arguments(kwargs, dropout)
     if attention_mask is not None and not isinstance(attention_mask, LayerMask):
-        raise ValueError(f"attention_mask of type {type(attention_mask).__name__}: PN-Mix reads only the masks its "
-                         f"attn_implementation={ATTENTION!r} mask function builds")  # fmt: skip
+        raise ValueError(
+            f"attention_mask of type {type(attention_mask).__name__}: PN-Mix reads only the masks its "
+            f"attn_implementation={ATTENTION!r} mask function builds"
+        )
     d = query.shape[-1]
     scaling = d**-0.5 if scaling is None else float(scaling)
     window, softcap = attention_mask.window if attention_mask is not None else None, kwargs.get("softcap")
     if not layer.started and layer.window is None and softcap is not None and layer.backend == "triton":
-        raise ValueError(f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
-                         "(a quantized layer of this model needs it); use backend='reference'")  # fmt: skip
+        raise ValueError(
+            f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
+            "(a quantized layer of this model needs it); use backend='reference'"
+        )
     if layer.impl is not None and layer.window is None:
         _check_protocol_attention(layer.impl, d, scaling, softcap)
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
@@ -643,11 +671,15 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
 def _check_protocol_attention(impl, head_dim: int, scaling: float, softcap: float | None) -> None:
     """`attend(q)` of the implementation protocol scales by 1/sqrt(head_dim) and caps nothing."""
     if softcap is not None:
-        raise ValueError(f"softcap={softcap}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
-                         "does not apply attention logit softcapping, which this model needs")  # fmt: skip
+        raise ValueError(
+            f"softcap={softcap}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
+            "does not apply attention logit softcapping, which this model needs"
+        )
     if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
-        raise ValueError(f"scaling={scaling}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
-                         f"scales by 1/sqrt(head_dim) = {head_dim**-0.5:.6g}; this model asks otherwise")  # fmt: skip
+        raise ValueError(
+            f"scaling={scaling}: attend(q) of impl={_name(impl)!r} (the implementation protocol) "
+            f"scales by 1/sqrt(head_dim) = {head_dim**-0.5:.6g}; this model asks otherwise"
+        )
 
 
 def _window(mask_function, local_size: int | None) -> int | None:
@@ -672,8 +704,17 @@ def _window(mask_function, local_size: int | None) -> int | None:
     return local_size
 
 
-def pnmix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-               local_size=None, **kwargs):  # fmt: skip
+def pnmix_mask(
+    batch_size,
+    q_length,
+    kv_length,
+    q_offset=0,
+    kv_offset=0,
+    mask_function=None,
+    attention_mask=None,
+    local_size=None,
+    **kwargs,
+):
     """The layer's `LayerMask`: causal attention, over the last local_size positions when the model
     builds a local (sliding-window) mask; anything else (chunked, bidirectional) raises.
 

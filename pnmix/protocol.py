@@ -50,8 +50,7 @@ class TritonImplementation:
         low = torch.empty(b, h, t * config.b_low // 8, d, dtype=torch.uint8, device=codes.device)
         encode_pack(x, t, "tokens", bits, scale, zero, low, field_bits=config.b_low)
         hi_bits = config.b_high - config.b_low
-        high = torch.zeros(b, h, t * hi_bits // 8, index.shape[-1], dtype=torch.uint8,
-                           device=codes.device)  # fmt: skip
+        high = torch.zeros(b, h, t * hi_bits // 8, index.shape[-1], dtype=torch.uint8, device=codes.device)
         if hi_bits:
             encode_pack(x, t, "tokens", bits, scale, zero, high, field_bits=hi_bits, shift=config.b_low, colmap=index)
         return low, high
@@ -62,17 +61,28 @@ class TritonImplementation:
         codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=low.device)
         scale, zero = _identity_params(b, h, 1, d, low.device)
         slot = packing.high_plane_columns(channel_mask)
-        dequantize_plane(low, scale, zero, codes, group=max(t, 1), along="tokens", low_bits=config.b_low,
-                         high=high, high_bits=config.b_high - config.b_low, slot=slot, codes=True)  # fmt: skip
+        dequantize_plane(
+            low,
+            scale,
+            zero,
+            codes,
+            group=max(t, 1),
+            along="tokens",
+            low_bits=config.b_low,
+            high=high,
+            high_bits=config.b_high - config.b_low,
+            slot=slot,
+            codes=True,
+        )
         return codes
 
     def pack_values(self, codes, config):
         b, h, t, d = codes.shape
         scale, zero = _identity_params(b, h, t, 1, codes.device)
-        out = torch.empty(b, h, t, d * config.value_bits // 8, dtype=torch.uint8,
-                          device=codes.device)  # fmt: skip
-        encode_pack(codes.float().contiguous(), d, "channels", config.value_bits, scale, zero, out,
-                    field_bits=config.value_bits)  # fmt: skip
+        out = torch.empty(b, h, t, d * config.value_bits // 8, dtype=torch.uint8, device=codes.device)
+        encode_pack(
+            codes.float().contiguous(), d, "channels", config.value_bits, scale, zero, out, field_bits=config.value_bits
+        )
         return out
 
     def unpack_values(self, packed, config):
@@ -80,8 +90,7 @@ class TritonImplementation:
         d = n * 8 // config.value_bits
         scale, zero = _identity_params(b, h, t, 1, packed.device)
         codes = torch.empty(b, h, t, d, dtype=torch.uint8, device=packed.device)
-        dequantize_plane(packed, scale, zero, codes, group=d, along="channels", low_bits=config.value_bits,
-                         codes=True)  # fmt: skip
+        dequantize_plane(packed, scale, zero, codes, group=d, along="channels", low_bits=config.value_bits, codes=True)
         return codes
 
     def pack_mask(self, pair_mask):

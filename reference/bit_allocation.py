@@ -44,8 +44,9 @@ def _check(distortion: torch.Tensor, tokens: torch.Tensor, costs: torch.Tensor, 
     if tokens.shape != (k,):
         raise ValueError(f"tokens must be [{k}] (one count per tag), got shape {tuple(tokens.shape)}")
     if costs.shape != (k, m):
-        raise ValueError(f"costs must be [{m}] or [{k}, {m}] (bits per element of each precision), got "
-                         f"shape {tuple(costs.shape)}")  # fmt: skip
+        raise ValueError(
+            f"costs must be [{m}] or [{k}, {m}] (bits per element of each precision), got shape {tuple(costs.shape)}"
+        )
     for name, t in (("distortion", distortion), ("tokens", tokens), ("costs", costs)):
         if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
             raise ValueError(f"{name} must be finite and >= 0")

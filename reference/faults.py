@@ -18,10 +18,25 @@ class InjectedFault(torch.OutOfMemoryError):
 
 #: Tensor methods that only read what a tensor already holds (its shape, strides, storage): they
 #: allocate nothing, copy nothing and launch nothing, so they cannot fail and are never failed.
-METADATA = frozenset({
-    "size", "dim", "stride", "numel", "nelement", "element_size", "storage_offset", "data_ptr", "get_device",
-    "untyped_storage", "is_contiguous", "is_floating_point", "is_complex", "is_signed", "__len__",
-})  # fmt: skip
+METADATA = frozenset(
+    {
+        "size",
+        "dim",
+        "stride",
+        "numel",
+        "nelement",
+        "element_size",
+        "storage_offset",
+        "data_ptr",
+        "get_device",
+        "untyped_storage",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "is_signed",
+        "__len__",
+    }
+)
 
 
 def can_fail(func) -> bool:

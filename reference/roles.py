@@ -133,9 +133,7 @@ def _image_ranges(text: str, markers: ChatMarkers) -> list[tuple[int, int]]:
     return sorted((m.start(), m.end()) for img in markers.images if img for m in re.finditer(re.escape(img), text))
 
 
-def tag_tokens(
-    text: str, offsets: Sequence[tuple[int, int]], markers: ChatMarkers = CHATML
-) -> list[Tag]:  # fmt: skip
+def tag_tokens(text: str, offsets: Sequence[tuple[int, int]], markers: ChatMarkers = CHATML) -> list[Tag]:
     """The tag of every token of `text`, given each token's (start, end) character offsets (as a
     fast tokenizer's `return_offsets_mapping` gives them). A token takes the role and turn of its
     first character (of the previous token's end, for an empty span)."""

@@ -132,11 +132,16 @@ class TokenPrecisionCache:
         """Quantize whole groups of G low keys per channel (Eq. 2, or PN-Mix's pairs) onto the low key pages."""
         low, t = self.config.low_key_config, self._t
         mask = self._channel_mask()
-        q = quant.quantize_keys(keys, mask, low.b_high, low.b_low, low.group_size, low.scale_dtype,
-                                midpoint=low.one_bit == "midpoint")  # fmt: skip
+        q = quant.quantize_keys(
+            keys, mask, low.b_high, low.b_low, low.group_size, low.scale_dtype, midpoint=low.one_bit == "midpoint"
+        )
         key_low, key_high = packing.pack_key_codes(q.codes, mask, low.b_high, low.b_low)
-        for name, x in (("low_key_low", key_low), ("low_key_high", key_high), ("low_key_scale", q.scale),
-                        ("low_key_zero", q.zero)):  # fmt: skip
+        for name, x in (
+            ("low_key_low", key_low),
+            ("low_key_high", key_high),
+            ("low_key_scale", q.scale),
+            ("low_key_zero", q.zero),
+        ):
             t[name] = _cat(t[name], x)
 
     def _channel_mask(self) -> torch.Tensor:
@@ -151,8 +156,9 @@ class TokenPrecisionCache:
         cfg, t = self.config, self._t
         if name == "low_key":
             low = cfg.low_key_config
-            codes = packing.unpack_key_codes(t["low_key_low"], t["low_key_high"], self._channel_mask(), low.b_high,
-                                             low.b_low)  # fmt: skip
+            codes = packing.unpack_key_codes(
+                t["low_key_low"], t["low_key_high"], self._channel_mask(), low.b_high, low.b_low
+            )
             return quant.dequantize(quant.Quantized(codes, t["low_key_scale"], t["low_key_zero"]), cfg.group_size, -2)
         codes = packing.unpack_fields(t[name], getattr(cfg, PER_TOKEN[name]), dim=-1)
         return quant.dequantize(quant.Quantized(codes, t[name + "_scale"], t[name + "_zero"]), cfg.group_size, -1)

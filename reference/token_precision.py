@@ -85,11 +85,18 @@ class TokenPrecisionConfig:
     def low_key_config(self) -> PNMixConfig:
         """The low tokens' key groups as a PN-Mix configuration (pages of G tokens, no sinks):
         uniform low bits (KIVI-style, Eq. 2) or PN-Mix's pairs at low +- 1 bits."""
-        common = {"group_size": self.group_size, "residual_length": self.group_size, "n_sink": 0,
-                  "scale_dtype": self.scale_dtype, "pair_layout": self.pair_layout, "value_bits": 16}  # fmt: skip
+        common = {
+            "group_size": self.group_size,
+            "residual_length": self.group_size,
+            "n_sink": 0,
+            "scale_dtype": self.scale_dtype,
+            "pair_layout": self.pair_layout,
+            "value_bits": 16,
+        }
         if self.low_keys == "channels":
-            return PNMixConfig(b_high=self.low_bits, b_low=self.low_bits, ratio=0.0, selection=UNIFORM.name,
-                               one_bit="ends", **common)  # fmt: skip
+            return PNMixConfig(
+                b_high=self.low_bits, b_low=self.low_bits, ratio=0.0, selection=UNIFORM.name, one_bit="ends", **common
+            )
         return PNMixConfig(b_high=self.low_bits + 1, b_low=self.low_bits - 1, ratio=self.ratio, **common)
 
     def check_head_dim(self, head_dim: int) -> None:
@@ -97,8 +104,10 @@ class TokenPrecisionConfig:
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
             raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
         if head_dim % self.group_size:
-            raise ValueError(f"head_dim ({head_dim}) must be a multiple of group_size ({self.group_size}): "
-                             "per-token keys and values are quantized in groups of G channels")  # fmt: skip
+            raise ValueError(
+                f"head_dim ({head_dim}) must be a multiple of group_size ({self.group_size}): "
+                "per-token keys and values are quantized in groups of G channels"
+            )
         if head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates channel pairs), got {head_dim}")
 

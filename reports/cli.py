@@ -64,8 +64,9 @@ def loaded(given: str) -> Given:
     impl = loader.load(given)
     module = sys.modules.get(loader.factory_module(given))
     file = getattr(module, "__file__", None)
-    return Given(given, str(impl.name), str(impl.version), display_path(file) if file else "unknown",
-                 loader.origin(given))  # fmt: skip
+    return Given(
+        given, str(impl.name), str(impl.version), display_path(file) if file else "unknown", loader.origin(given)
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -170,8 +171,10 @@ def name_clash(given: list[Given], default: list[str]) -> str | None:
         if g.given == g.name and g.name in default:
             continue  # a built-in named again: the same implementation
         if g.name in seen:
-            return (f"implementation {g.given!r} ({g.origin}) is named {g.name!r}, as is {seen[g.name]}: their "
-                    "results would be filed under one name; give one of them, or rename one")  # fmt: skip
+            return (
+                f"implementation {g.given!r} ({g.origin}) is named {g.name!r}, as is {seen[g.name]}: their "
+                "results would be filed under one name; give one of them, or rename one"
+            )
         seen[g.name] = f"{g.given!r} ({g.origin})"
     return None
 
@@ -232,8 +235,11 @@ def notes(args: argparse.Namespace, outcomes: list[steps.Outcome]) -> dict[str, 
     """What the conformance and fidelity sections say about their own steps (how they ran, or why not)."""
     conf = [o for o in outcomes if o.name.startswith("conformance")]
     fid = [o for o in outcomes if o.name.startswith("fidelity")]
-    out = {"fidelity": "; ".join(map(said, fid)) + "." if fid else
-           f"The fidelity analyses were not run here ({'--quick' if args.quick else '--fidelity off'})."}  # fmt: skip
+    out = {
+        "fidelity": "; ".join(map(said, fid)) + "."
+        if fid
+        else f"The fidelity analyses were not run here ({'--quick' if args.quick else '--fidelity off'})."
+    }
     if args.no_conformance:
         out["conformance"] = "The conformance suite was not run here (--no-conformance)."
     elif conf:
@@ -313,8 +319,10 @@ def destination_problem(final: Path, force: bool) -> str | None:
     (never written through, even when it leads nowhere), something that is no report folder, or a
     report folder that only --force replaces."""
     if final.is_symlink():
-        return (f"{final} is a symbolic link (to {os.readlink(final)}); a report is never published through one: "
-                "choose another --name")  # fmt: skip
+        return (
+            f"{final} is a symbolic link (to {os.readlink(final)}); a report is never published through one: "
+            "choose another --name"
+        )
     if final.exists() and not final.is_dir():
         return f"{final} exists and is not a folder; choose another --name"
     if final.exists() and not (final / "REPORT.md").exists():

@@ -36,8 +36,20 @@ COLORS = {
 #: Other names for a method of COLORS (benchmarks.equal_bits calls KIVI-2 with 32 sinks "KIVI").
 ALIASES = {"KIVI": "KIVI-2 +32 sinks"}
 #: Colours of any other series (a model, a scope), picked by a hash of the name: never one of COLORS.
-FALLBACK = ("#bcbd22", "#7f7f7f", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
-            "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#843c39")  # fmt: skip
+FALLBACK = (
+    "#bcbd22",
+    "#7f7f7f",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+    "#393b79",
+    "#637939",
+    "#843c39",
+)
 #: Legend text per inch of figure width at the legend's font size (to choose its number of columns).
 _CHARS_PER_INCH = 14
 

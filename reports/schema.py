@@ -201,8 +201,11 @@ FIDELITY = {
 
 def _curves(kl: object = DIVERGENCE) -> dict:
     """A method's curves over a long output: one mean per span of positions (its quarters are averaged)."""
-    return {"kl?": ListOf(kl, nonempty=True), "top1?": ListOf(FRACTION, nonempty=True),
-            "nll?": ListOf(NONNEGATIVE, nonempty=True)}  # fmt: skip
+    return {
+        "kl?": ListOf(kl, nonempty=True),
+        "top1?": ListOf(FRACTION, nonempty=True),
+        "nll?": ListOf(NONNEGATIVE, nonempty=True),
+    }
 
 
 LONG_OUTPUT = {
@@ -237,9 +240,17 @@ ROLE_CALIBRATION = {
     ),
 }
 
-_EQUAL_BITS_METHOD = {"bits": BITS, "config": str, "stored_bits": BITS, "attention_kl": DIVERGENCE,
-                      "output_mse": NONNEGATIVE, "e2e_kl?": DIVERGENCE, "e2e_top1?": FRACTION,
-                      "e2e_nll": NONNEGATIVE, "low_share?": FRACTION}  # fmt: skip
+_EQUAL_BITS_METHOD = {
+    "bits": BITS,
+    "config": str,
+    "stored_bits": BITS,
+    "attention_kl": DIVERGENCE,
+    "output_mse": NONNEGATIVE,
+    "e2e_kl?": DIVERGENCE,
+    "e2e_top1?": FRACTION,
+    "e2e_nll": NONNEGATIVE,
+    "low_share?": FRACTION,
+}
 #: The methods `benchmarks.equal_bits.findings` compares (and divides by the KL of TriAxialKV and PN-Mix).
 _COMPARED = {**_EQUAL_BITS_METHOD, "e2e_kl": DIVERGENCE}
 _DIVISOR = {**_COMPARED, "attention_kl": Range(0, above=True), "e2e_kl": Range(0, above=True)}
@@ -338,26 +349,65 @@ EXTRA_INFO_COMMON = {
 }
 _POINT = {"batch": BATCH, "prompt": COUNT}
 EXTRA_INFO = {
-    "fig6-memory": {**_POINT, "generation": POSITIVE_COUNT, "oom": bool, "peak_allocated_gib": Figure(GIB),
-                    "model_peak_gib": Figure(GIB), "peak_reserved_gib?": Maybe(GIB)},
-    "fig6c-throughput": {**_POINT, "generation": POSITIVE_COUNT, "protocol": str,
-                         "tokens_per_s": Figure(Range(0, 1e9, above=True)), "total_s": Figure(ELAPSED_S), "oom": bool},
+    "fig6-memory": {
+        **_POINT,
+        "generation": POSITIVE_COUNT,
+        "oom": bool,
+        "peak_allocated_gib": Figure(GIB),
+        "model_peak_gib": Figure(GIB),
+        "peak_reserved_gib?": Maybe(GIB),
+    },
+    "fig6c-throughput": {
+        **_POINT,
+        "generation": POSITIVE_COUNT,
+        "protocol": str,
+        "tokens_per_s": Figure(Range(0, 1e9, above=True)),
+        "total_s": Figure(ELAPSED_S),
+        "oom": bool,
+    },
     "fig7-latency": {**_POINT, "step": COUNT, "step_ms": Figure(MILLISECONDS)},
-    "kernel": {"batch": BATCH, "context": POSITIVE_COUNT, "ms": Figure(MILLISECONDS), "bytes": Figure(BYTES),
-               "gbps": Figure(GBPS), "copy_gbps": GBPS, "fraction_of_copy": Figure(COPY_FRACTION),
-               "roofline_ms?": Maybe(MILLISECONDS), "oom?": bool},
-    "kernel-launch": {"batch": BATCH, "context": POSITIVE_COUNT, "block_n": LAUNCH_PARAMETER, "warps": LAUNCH_PARAMETER,
-                      "stages": LAUNCH_PARAMETER, "split_factor": LAUNCH_PARAMETER, "fits": (bool, NONE),
-                      "ms": Figure(MILLISECONDS), "gbps": Figure(GBPS), "copy_gbps": Figure(GBPS),
-                      "fraction_of_copy": Figure(COPY_FRACTION), "max_error?": Maybe(NONNEGATIVE),
-                      "error_bound?": Maybe(Range(0, above=True)), "splits?": LAUNCH_PARAMETER, "oom?": bool},
-}  # fmt: skip
+    "kernel": {
+        "batch": BATCH,
+        "context": POSITIVE_COUNT,
+        "ms": Figure(MILLISECONDS),
+        "bytes": Figure(BYTES),
+        "gbps": Figure(GBPS),
+        "copy_gbps": GBPS,
+        "fraction_of_copy": Figure(COPY_FRACTION),
+        "roofline_ms?": Maybe(MILLISECONDS),
+        "oom?": bool,
+    },
+    "kernel-launch": {
+        "batch": BATCH,
+        "context": POSITIVE_COUNT,
+        "block_n": LAUNCH_PARAMETER,
+        "warps": LAUNCH_PARAMETER,
+        "stages": LAUNCH_PARAMETER,
+        "split_factor": LAUNCH_PARAMETER,
+        "fits": (bool, NONE),
+        "ms": Figure(MILLISECONDS),
+        "gbps": Figure(GBPS),
+        "copy_gbps": Figure(GBPS),
+        "fraction_of_copy": Figure(COPY_FRACTION),
+        "max_error?": Maybe(NONNEGATIVE),
+        "error_bound?": Maybe(Range(0, above=True)),
+        "splits?": LAUNCH_PARAMETER,
+        "oom?": bool,
+    },
+}
 
 
 # -- checking -----------------------------------------------------------------------------------
 
-_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "an object",
-          list: "a list", NONE: "null"}  # fmt: skip
+_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+    NONE: "null",
+}
 
 
 def _expected(types: tuple) -> str:
@@ -480,9 +530,15 @@ def capped(lines: list[str]) -> list[str]:
 def _long_output(data: dict) -> list[tuple[str, str]]:
     """Each curve has one mean per span of positions (the figure plots it against the spans' middles)."""
     spans = len(data["summary"]["bin_edges"]) - 1
-    return [(_key(_key("summary.methods", name), metric), f"has {len(curve)} values, expected one per span of "
-             f"bin_edges ({spans})") for name, curves in data["summary"]["methods"].items()
-            for metric, curve in curves.items() if metric in ("kl", "top1", "nll") and len(curve) != spans]  # fmt: skip
+    return [
+        (
+            _key(_key("summary.methods", name), metric),
+            f"has {len(curve)} values, expected one per span of bin_edges ({spans})",
+        )
+        for name, curves in data["summary"]["methods"].items()
+        for metric, curve in curves.items()
+        if metric in ("kl", "top1", "nll") and len(curve) != spans
+    ]
 
 
 def _task_accuracy(data: dict) -> list[tuple[str, str]]:
@@ -495,8 +551,13 @@ def _task_accuracy(data: dict) -> list[tuple[str, str]]:
             if t["name"] not in run["results"]:
                 out.append((path, "missing: every run has a result for every task of `tasks`"))
             elif len(run["results"][t["name"]]["correct"]) != t["items"]:
-                out.append((f"{path}.correct", f"has {len(run['results'][t['name']]['correct'])} outcomes, "
-                            f"expected the task's {t['items']} items"))  # fmt: skip
+                out.append(
+                    (
+                        f"{path}.correct",
+                        f"has {len(run['results'][t['name']]['correct'])} outcomes, "
+                        f"expected the task's {t['items']} items",
+                    )
+                )
     return out
 
 
@@ -525,8 +586,11 @@ def null_figures(info: dict, suite: str, path: str = "extra_info") -> list[tuple
     if info.get("scale") != "full" or did_not_run(info):
         return []
     why = "is null at a full-scale point that ran (neither out of memory nor a launch choice that does not fit)"
-    return [(_key(path, k), f"{why}: expected a number") for k, sub in EXTRA_INFO[suite].items()
-            if isinstance(sub, Figure) and k in info and info[k] is None]  # fmt: skip
+    return [
+        (_key(path, k), f"{why}: expected a number")
+        for k, sub in EXTRA_INFO[suite].items()
+        if isinstance(sub, Figure) and k in info and info[k] is None
+    ]
 
 
 def extra_info_problems(info: dict, suite: str, path: str = "extra_info") -> list[str]:

@@ -32,9 +32,12 @@ def test_fig6_peak_memory(work, models, bench_device, budget_gib, benchmark, rec
         gen.step()
         harness.synchronize(bench_device)
         allocated, reserved = harness.peak_gib(bench_device)
-        return {"peak_allocated_gib": allocated, "peak_reserved_gib": reserved,
-                "measured_cache_bytes": harness.measured_cache_bytes(gen.cache),
-                "check_finite": gen.check_finite}  # fmt: skip
+        return {
+            "peak_allocated_gib": allocated,
+            "peak_reserved_gib": reserved,
+            "measured_cache_bytes": harness.measured_cache_bytes(gen.cache),
+            "check_finite": gen.check_finite,
+        }
 
     def run() -> dict:
         oom = dict.fromkeys(("peak_allocated_gib", "peak_reserved_gib", "measured_cache_bytes"))

@@ -30,8 +30,9 @@ def step_roofline_ms(arch, cache_bytes: int, gbps: float) -> float:
 def skip_unless_model_claimed(plugin, scale, device) -> None:
     """A model-level point of a plug-in: the model's dtype and head_dim, the prompt and one-token steps."""
     sizes = (scale.prompt, STEP_TOKENS)
-    skip_unclaimed(plugin, device=device.type, dtype=harness.MODEL_DTYPE, head_dim=scale.arch.shape.head_dim,
-                   sizes=sizes)  # fmt: skip
+    skip_unclaimed(
+        plugin, device=device.type, dtype=harness.MODEL_DTYPE, head_dim=scale.arch.shape.head_dim, sizes=sizes
+    )
 
 
 @pytest.mark.bench_points(workloads=fig6c_throughput)
@@ -68,19 +69,33 @@ def test_fig6c_throughput(work, plugin, models, bench_device, copy_gbps, pytestc
 
     def generate() -> dict:
         model = models.get(scale)
-        make = lambda: harness.Generation(model, work.method, work.batch, scale.prompt, capacity,  # noqa: E731
-                                          plugin=plugin)  # fmt: skip
+
+        def make():
+            return harness.Generation(model, work.method, work.batch, scale.prompt, capacity, plugin=plugin)
+
         gen, prefill_wall, prefill_gpu = harness.timed(make, bench_device)
         prefill_ms = prefill_wall if prefill_gpu is None else prefill_gpu
         figures = measure(gen)
         total_s = prefill_ms / 1e3 + figures["decode_s"]
         tokens_per_s = analysis.tokens_per_second(work.batch, work.generation, total_s)
-        return {"prefill_ms": prefill_ms, "total_s": total_s, "tokens_per_s": tokens_per_s, **figures,
-                "check_finite": gen.check_finite}  # fmt: skip
+        return {
+            "prefill_ms": prefill_ms,
+            "total_s": total_s,
+            "tokens_per_s": tokens_per_s,
+            **figures,
+            "check_finite": gen.check_finite,
+        }
 
     def run() -> dict:
-        return harness.unless_oom(generate, bench_device, tokens_per_s=None, sample_lengths=[], step_ms=[],
-                                  total_s=None, check_finite=None if plugin else harness.CHECK_FINITE)  # fmt: skip
+        return harness.unless_oom(
+            generate,
+            bench_device,
+            tokens_per_s=None,
+            sample_lengths=[],
+            step_ms=[],
+            total_s=None,
+            check_finite=None if plugin else harness.CHECK_FINITE,
+        )
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     record(

@@ -41,8 +41,9 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
         if gen is None or gen.length > target or gen.model is not model:
             walkers.clear()  # one cache at a time
             harness.release(bench_device)
-            gen = walkers[key] = harness.Generation(model, work.method, 1, scale.prompt, scale.prompt + work.generation,
-                                                    plugin=plugin)  # fmt: skip
+            gen = walkers[key] = harness.Generation(
+                model, work.method, 1, scale.prompt, scale.prompt + work.generation, plugin=plugin
+            )
         gen.fill_to(target)
         roofline = step_roofline_ms(scale.arch, gen.read_bytes(), copy_gbps)
         timing = harness.time_ms(gen.step, bench_device, scale.reps, scale.warmup)
@@ -58,9 +59,18 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
         }
 
     def run() -> dict:
-        return harness.unless_oom(measure, bench_device, step_ms=None, wall_ms=None, gpu_ms=None, graph_ms=None,
-                                  graph_note="out of memory", graph_steps=0, roofline_step_ms=None,
-                                  check_finite=None if plugin else harness.CHECK_FINITE)  # fmt: skip
+        return harness.unless_oom(
+            measure,
+            bench_device,
+            step_ms=None,
+            wall_ms=None,
+            gpu_ms=None,
+            graph_ms=None,
+            graph_note="out of memory",
+            graph_steps=0,
+            roofline_step_ms=None,
+            check_finite=None if plugin else harness.CHECK_FINITE,
+        )
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     if result["oom"]:

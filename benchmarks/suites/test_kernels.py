@@ -90,9 +90,17 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
         }
 
     def run() -> dict:
-        return harness.unless_oom(measure, bench_device, ms=None, graph_ms=None, graph_note="out of memory",
-                                  bytes=nbytes, gbps=None, fraction_of_copy=None,
-                                  check_finite=None if plugin is not None else harness.CHECK_FINITE)  # fmt: skip
+        return harness.unless_oom(
+            measure,
+            bench_device,
+            ms=None,
+            graph_ms=None,
+            graph_note="out of memory",
+            bytes=nbytes,
+            gbps=None,
+            fraction_of_copy=None,
+            check_finite=None if plugin is not None else harness.CHECK_FINITE,
+        )
 
     result = benchmark.pedantic(run, rounds=1, iterations=1)
     kind = "plug-in" if plugin is not None else "FP16" if work.method == harness.FP16 else "built-in"

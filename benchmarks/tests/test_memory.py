@@ -56,9 +56,13 @@ def test_paper_comparison_rows_quote_the_paper_and_state_agreement():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"batch": 0}, "batch must be a positive int"), ({"generation": 1.5}, "generation must be a positive int"),
-     ({"method": "KIVI-3"}, "method must be one of"), ({"budget_gib": -1}, "budget_gib must be positive")],
-)  # fmt: skip
+    [
+        ({"batch": 0}, "batch must be a positive int"),
+        ({"generation": 1.5}, "generation must be a positive int"),
+        ({"method": "KIVI-3"}, "method must be one of"),
+        ({"budget_gib": -1}, "budget_gib must be positive"),
+    ],
+)
 def test_bad_input_is_named(kwargs, message):
     args = {"method": "PN-Mix", "batch": 1, "generation": 1024, **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -104,12 +108,15 @@ def _refused(argv: list[str], capsys) -> list[str]:
 
 @pytest.mark.parametrize(
     ("argv", "says"),
-    [(["--budget-gib", "-1"], "--budget-gib: must be a finite number > 0, got '-1'"),
-     (["--budget-gib", "0"], "--budget-gib: must be a finite number > 0, got '0'"),
-     (["--budget-gib", "nan"], "--budget-gib: must be a finite number > 0, got 'nan'"),
-     (["--budget-gib", "inf"], "--budget-gib: must be a finite number > 0, got 'inf'"),
-     (["--prompt", "-5"], "--prompt: must be >= 1, got -5"), (["--prompt", "0"], "--prompt: must be >= 1, got 0")],
-)  # fmt: skip
+    [
+        (["--budget-gib", "-1"], "--budget-gib: must be a finite number > 0, got '-1'"),
+        (["--budget-gib", "0"], "--budget-gib: must be a finite number > 0, got '0'"),
+        (["--budget-gib", "nan"], "--budget-gib: must be a finite number > 0, got 'nan'"),
+        (["--budget-gib", "inf"], "--budget-gib: must be a finite number > 0, got 'inf'"),
+        (["--prompt", "-5"], "--prompt: must be >= 1, got -5"),
+        (["--prompt", "0"], "--prompt: must be >= 1, got 0"),
+    ],
+)
 def test_cli_refuses_out_of_range_arguments_on_one_line(capsys, argv, says):
     (line,) = _refused(argv, capsys)
     assert line == f"python -m benchmarks.memory: error: argument {says}"
@@ -117,11 +124,16 @@ def test_cli_refuses_out_of_range_arguments_on_one_line(capsys, argv, says):
 
 @pytest.mark.parametrize(
     ("content", "says"),
-    [(None, "cannot read it (No such file or directory)"), ("{not json", "not JSON (Expecting property name"),
-     ("[1, 2]", "not a pytest-benchmark result: it has no 'benchmarks' list"),
-     (json.dumps({"benchmarks": [{"extra_info": {"suite": "fig6-memory", "workspace_measured_gib": 1.0}}]}),
-      "benchmarks[0] (fig6-memory): no method, no batch, no generation, no device, no date_utc, no command")],
-)  # fmt: skip
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("{not json", "not JSON (Expecting property name"),
+        ("[1, 2]", "not a pytest-benchmark result: it has no 'benchmarks' list"),
+        (
+            json.dumps({"benchmarks": [{"extra_info": {"suite": "fig6-memory", "workspace_measured_gib": 1.0}}]}),
+            "benchmarks[0] (fig6-memory): no method, no batch, no generation, no device, no date_utc, no command",
+        ),
+    ],
+)
 def test_a_missing_or_malformed_measured_file_stops_before_any_table(tmp_path, capsys, content, says):
     path = tmp_path / "bench.json"
     if content is not None:

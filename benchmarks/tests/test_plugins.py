@@ -87,8 +87,12 @@ def test_the_implementations_named_are_those_of_impl_else_of_the_environment():
 def test_every_method_a_suite_runs_names_the_code_that_runs_it():
     from conformance import loader
 
-    benchmarked = {w.method for f in (fig6_memory, fig6c_throughput, fig7_latency, kernel_decode)
-                   for s in SCALES.values() for w in f(s)}  # fmt: skip
+    benchmarked = {
+        w.method
+        for f in (fig6_memory, fig6c_throughput, fig7_latency, kernel_decode)
+        for s in SCALES.values()
+        for w in f(s)
+    }
     assert benchmarked <= set(plugins.BUILTIN_IMPLEMENTATIONS) == set(METHODS)
     registered = loader.builtins()
     for method, name in plugins.BUILTIN_IMPLEMENTATIONS.items():
@@ -231,8 +235,11 @@ def test_a_failed_forward_that_stored_tokens_stops_the_cache_until_reset(model):
 
 # -- the suites, end to end at the tiny scale ---------------------------------------------------
 
-SUITES = ("benchmarks/suites/test_kernels.py::test_decode_attention_bandwidth",
-          "benchmarks/suites/test_fig7_latency.py", "benchmarks/suites/test_fig6c_throughput.py")  # fmt: skip
+SUITES = (
+    "benchmarks/suites/test_kernels.py::test_decode_attention_bandwidth",
+    "benchmarks/suites/test_fig7_latency.py",
+    "benchmarks/suites/test_fig6c_throughput.py",
+)
 
 
 def run_suites(*args: str) -> subprocess.CompletedProcess:
@@ -276,6 +283,7 @@ def test_an_implementation_that_does_not_load_stops_the_run_before_any_benchmark
     proc = run_suites("--impl", f"{THIRD_PARTY}:no_such_factory")
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-    assert errors == [f"ERROR: '{THIRD_PARTY}' has no attribute 'no_such_factory' (implementation "
-                      f"'{THIRD_PARTY}:no_such_factory')"], proc.stderr  # fmt: skip
+    assert errors == [
+        f"ERROR: '{THIRD_PARTY}' has no attribute 'no_such_factory' (implementation '{THIRD_PARTY}:no_such_factory')"
+    ], proc.stderr
     assert "passed" not in proc.stdout and "benchmark" not in proc.stdout.lower()

@@ -278,8 +278,15 @@ def test_a_model_that_cannot_load_is_refused_before_it_loads(tool, probe, tmp_pa
 @pytest.mark.parametrize("tool", _with("chat"), ids=lambda t: t.id)
 def test_a_model_without_the_chat_template_it_needs_is_refused_naming_the_option(tool, tmp_path, capsys, guarded):
     model = write_gguf(tmp_path / "no-template.gguf", template=None)
-    refused(tool, tool.args(tmp_path / "out", model), capsys, "--model", str(model), "no chat template",
-            "--chat-template FILE")  # fmt: skip
+    refused(
+        tool,
+        tool.args(tmp_path / "out", model),
+        capsys,
+        "--model",
+        str(model),
+        "no chat template",
+        "--chat-template FILE",
+    )
 
 
 @pytest.mark.parametrize("tool", _with("chat"), ids=lambda t: t.id)
@@ -391,26 +398,45 @@ class Fault:
 
 def _no_steps(monkeypatch):
     gpu_check = importlib.import_module("benchmarks.gpu_check")
-    monkeypatch.setattr(gpu_check, "run_pytest", lambda args, timeout_s=None: {
-        "command": "pytest", "exit_code": 0, "seconds": 0.1, "timed_out": False, "reason": None})  # fmt: skip
+    monkeypatch.setattr(
+        gpu_check,
+        "run_pytest",
+        lambda args, timeout_s=None: {
+            "command": "pytest",
+            "exit_code": 0,
+            "seconds": 0.1,
+            "timed_out": False,
+            "reason": None,
+        },
+    )
 
 
 #: Commands whose whole run takes seconds here: the gpu check with its steps faked, the long-output
 #: tool on the conftest's tiny random Llama (no chat template: plain prompts).
 FAULTS = [
-    Fault("benchmarks.gpu_check", lambda tiny: ["--short", "--tiny"], "pnmix-gpu-check",
-          lambda r: set(r["steps"]) == set(gpu_check.BUDGET_S)),
-    Fault("benchmarks.long_output", lambda tiny: ["--smoke", "--model", str(tiny), "--plain-prompts",
-                                                  "--methods", "PN-Mix"], "pnmix-long-output",
-          lambda r: r["chat_template"] == {"source": "none"} and "--plain-prompts" in r["command"]
-          and r["peak_rss_mib"] > 0 and r["summary"]["positions"] == 64),
-]  # fmt: skip
+    Fault(
+        "benchmarks.gpu_check",
+        lambda tiny: ["--short", "--tiny"],
+        "pnmix-gpu-check",
+        lambda r: set(r["steps"]) == set(gpu_check.BUDGET_S),
+    ),
+    Fault(
+        "benchmarks.long_output",
+        lambda tiny: ["--smoke", "--model", str(tiny), "--plain-prompts", "--methods", "PN-Mix"],
+        "pnmix-long-output",
+        lambda r: (
+            r["chat_template"] == {"source": "none"}
+            and "--plain-prompts" in r["command"]
+            and r["peak_rss_mib"] > 0
+            and r["summary"]["positions"] == 64
+        ),
+    ),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
-def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(fault, tiny, tmp_path, disk_full, monkeypatch,
-                                                                  capsys):  # fmt: skip
+def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(fault, tiny, tmp_path, disk_full, monkeypatch, capsys):
     _no_steps(monkeypatch)
     (tmp_path / "spare").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "spare"))  # the kept files land in the test's folder

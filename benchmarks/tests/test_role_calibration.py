@@ -28,9 +28,15 @@ def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_bu
     for a in role_calibration.allocations(cal, [3.0, 3.5, 5.0]):
         assert a["average_bits"] <= a["budget"] + 1e-9
     assert role_calibration.allocations(cal, [5.0])[0]["bits"] == [4] * len(cal["tags"])
-    result = role_calibration.record("role-calibration", command="x", model={"name": "tiny", "fingerprint": "f"},
-                                     layers=[0, 2], group_size=32, calibration=cal,
-                                     allocations=role_calibration.allocations(cal, [3.5]))  # fmt: skip
+    result = role_calibration.record(
+        "role-calibration",
+        command="x",
+        model={"name": "tiny", "fingerprint": "f"},
+        layers=[0, 2],
+        group_size=32,
+        calibration=cal,
+        allocations=role_calibration.allocations(cal, [3.5]),
+    )
     assert json.loads(json.dumps(result))["calibration"] == cal  # plain JSON
     assert "| tag" in role_calibration.render(result)
 

@@ -16,8 +16,14 @@ DOC = " ".join(CORPUS) + " " + " ".join(CORPUS[::-1])
 
 
 def tiny_task(folder):
-    docs = [{"context": DOC + DECODE_MARK + " Question: what is the passkey? Answer:", "choices": [" 4213", " boats"],
-             "answer": i % 2} for i in range(3)]  # fmt: skip
+    docs = [
+        {
+            "context": DOC + DECODE_MARK + " Question: what is the passkey? Answer:",
+            "choices": [" 4213", " boats"],
+            "answer": i % 2,
+        }
+        for i in range(3)
+    ]
     (folder / "tiny.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "tiny.yaml").write_text(
         "task: tinytask_mc\ndataset_path: json\n"
@@ -32,8 +38,20 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     tiny_task(tmp_path)
     runs = ["PN-Mix @ 2.25", "KIVI @ 1.5", "Kitty", "transformers-quanto"]
-    argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(tmp_path),
-            "--runs", *runs, "--threads", "1"]  # fmt: skip
+    argv = [
+        "--model",
+        str(tiny),
+        "--tasks",
+        "tinytask_mc",
+        "--include-path",
+        str(tmp_path),
+        "--out",
+        str(tmp_path),
+        "--runs",
+        *runs,
+        "--threads",
+        "1",
+    ]
     assert task_accuracy.main(argv) == 0
     (path,) = tmp_path.glob("task-accuracy-*.json")
     data = json.loads(path.read_text())
@@ -53,11 +71,14 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("argv", "says"),
-    [(["--tasks", "no_such_task"], "--tasks: unknown task(s) ['no_such_task']"),
-     (["--limit", "0"], "--limit must be a positive"), (["--budgets", "0.5"], "--budgets must be key bits"),
-     (["--runs", "PN-Mix @ 9"], "--runs: no run labelled ['PN-Mix @ 9']"),
-     (["--model", "/no/such/model.gguf"], "/no/such/model.gguf")],
-)  # fmt: skip
+    [
+        (["--tasks", "no_such_task"], "--tasks: unknown task(s) ['no_such_task']"),
+        (["--limit", "0"], "--limit must be a positive"),
+        (["--budgets", "0.5"], "--budgets must be key bits"),
+        (["--runs", "PN-Mix @ 9"], "--runs: no run labelled ['PN-Mix @ 9']"),
+        (["--model", "/no/such/model.gguf"], "/no/such/model.gguf"),
+    ],
+)
 def test_bad_arguments_are_refused_before_the_model_loads(tiny, tmp_path, capsys, argv, says, monkeypatch):
     monkeypatch.setattr(task_accuracy, "evaluate", lambda *a, **k: pytest.fail("refused before any work"))
     tiny_task(tmp_path)

@@ -367,8 +367,14 @@ def test_fit_grows_past_a_flat_start_without_leaping():
 
 def test_labels_and_names():
     assert [length_label(n) for n in (1024, 2048, 4096, 8000, 1000, 1500, 32768)] == [
-        "1k", "2k", "4k", "8k", "1k", "1500", "32k"
-    ]  # fmt: skip
+        "1k",
+        "2k",
+        "4k",
+        "8k",
+        "1k",
+        "1500",
+        "32k",
+    ]
     assert task_name("passkey", 1024) == "pnmix_passkey_1k" and group_name(8000) == "pnmix_tasks_8k"
 
 

@@ -148,12 +148,15 @@ class TemplateCache:
         state = self._state
         keys, values = state.keys, state.values
         report = {
-            "sink_key": size(state.sink[0]), "sink_value": size(state.sink[1]),
-            "residual_key": size(state.k), "residual_value": size(state.v),
+            "sink_key": size(state.sink[0]),
+            "sink_value": size(state.sink[1]),
+            "residual_key": size(state.k),
+            "residual_value": size(state.v),
             "key_low": size(*(c for c, _, _ in keys)),
-            "key_scale": size(*(s for _, s, _ in keys)), "key_zero": size(*(z for _, _, z in keys)),
+            "key_scale": size(*(s for _, s, _ in keys)),
+            "key_zero": size(*(z for _, _, z in keys)),
             "value_payload": size(*(block[0] for block in values)),
-        }  # fmt: skip
+        }
         if self.config.values_quantized:
             report["value_scale"] = size(*(s for _, s, _ in values))
             report["value_zero"] = size(*(z for _, _, z in values))

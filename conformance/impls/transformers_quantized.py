@@ -49,9 +49,12 @@ class Backend:
         import transformers.cache_utils as cache_utils
 
         return getattr(cache_utils, self.layer)(
-            nbits=config.b_low, axis_key=self.axis, axis_value=self.axis,
-            q_group_size=config.value_group(head_dim), residual_length=config.residual_length,
-        )  # fmt: skip
+            nbits=config.b_low,
+            axis_key=self.axis,
+            axis_value=self.axis,
+            q_group_size=config.value_group(head_dim),
+            residual_length=config.residual_length,
+        )
 
     def parts(self, states) -> tuple:
         """(payload, scale, zero) of one quantized state."""
@@ -173,10 +176,15 @@ class QuantizedLayerCache:
         kp, ks, kz = self.backend.parts(self.layer._quantized_keys)
         vp, vs, vz = self.backend.parts(self.layer._quantized_values)
         return StorageReport(
-            key_low=_bytes(kp), key_scale=_bytes(ks), key_zero=_bytes(kz),
-            value_payload=_bytes(vp), value_scale=_bytes(vs), value_zero=_bytes(vz),
-            residual_key=_bytes(self.layer.keys), residual_value=_bytes(self.layer.values),
-        )  # fmt: skip
+            key_low=_bytes(kp),
+            key_scale=_bytes(ks),
+            key_zero=_bytes(kz),
+            value_payload=_bytes(vp),
+            value_scale=_bytes(vs),
+            value_zero=_bytes(vz),
+            residual_key=_bytes(self.layer.keys),
+            residual_value=_bytes(self.layer.values),
+        )
 
     def _require_prefill(self) -> None:
         if self.layer is None:

@@ -24,8 +24,18 @@ def test_the_transformers_adapter_attends_as_transformers_sdpa_does(new):
     right (what transformers' "sdpa" attention computes in a model), not the spec's float32 attention."""
     impl = loader.load("transformers-quanto")
     assert impl.capabilities.attention == "own"
-    case = cs.Case(PNMixConfig(b_high=4, b_low=4, value_bits=4, group_size=8, residual_length=8, n_sink=0),
-                   1, 2, 2, 16, torch.float16, 40, (3,), 5, "wide_range").fit(impl.capabilities)  # fmt: skip
+    case = cs.Case(
+        PNMixConfig(b_high=4, b_low=4, value_bits=4, group_size=8, residual_length=8, n_sink=0),
+        1,
+        2,
+        2,
+        16,
+        torch.float16,
+        40,
+        (3,),
+        5,
+        "wide_range",
+    ).fit(impl.capabilities)
     q, k, v = cs.prefill_tensors(case, "cpu")
     cache = impl.create(case.config)
     cache.prefill(q, k, v)

@@ -61,9 +61,10 @@ def attention_run(tmp_path_factory) -> dict:
 
 def test_a_failure_is_recorded_in_the_property_words_with_its_fitted_example(attention_run):
     (failed,) = [
-        r for r in attention_run["results"]
+        r
+        for r in attention_run["results"]
         if r["property"] == "test_decode_attention_within_the_low_precision_error" and r["outcome"] == "failed"
-    ]  # fmt: skip
+    ]
     assert failed["implementation"] == "unscaled_attention"
     reason = failed["reason"]
     assert reason.startswith("AssertionError: attention error ") and " above " in reason, reason
@@ -89,12 +90,17 @@ def test_the_realistic_workload_is_measured_even_where_attention_fails(attention
         assert storage["realistic_bits_per_element"] == pytest.approx((keys + values) / 2)
     # PN-Mix's keys: 3 bits on half the channels, 1 on the rest, plus scales, sinks and residual;
     # KIVI's at 1 bit; both at 2-bit values. The storage test passes: only attention is wrong.
-    assert 2.25 < by["unscaled_attention", "test_the_realistic_workload_holds_what_it_reports"]["measured"][
-        "realistic_key_bits_per_element"
-    ] < 3  # fmt: skip
-    assert by["kivi", "test_the_realistic_workload_holds_what_it_reports"]["measured"][
-        "realistic_key_bits_per_element"
-    ] < 2  # fmt: skip
+    assert (
+        2.25
+        < by["unscaled_attention", "test_the_realistic_workload_holds_what_it_reports"]["measured"][
+            "realistic_key_bits_per_element"
+        ]
+        < 3
+    )
+    assert (
+        by["kivi", "test_the_realistic_workload_holds_what_it_reports"]["measured"]["realistic_key_bits_per_element"]
+        < 2
+    )
     assert by["unscaled_attention", "test_the_realistic_workload_attention"]["outcome"] == "failed"
     assert by["kivi", "test_the_realistic_workload_attention"]["outcome"] == "passed"
 

@@ -16,11 +16,33 @@ from .. import _runtime  # sets TRITON_INTERPRET before the kernel below is deco
 
 @triton.jit
 def _append_rows_kernel(
-    k_ptr, v_ptr, old_k_ptr, old_v_ptr, rk_ptr, rv_ptr, counts_ptr,
-    t, n_old, rows, n_kv, d, n_programs,
-    s_kb, s_kh, s_kt, s_kd, s_vb, s_vh, s_vt, s_vd, s_old, s_res,
-    COPY_OLD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    old_k_ptr,
+    old_v_ptr,
+    rk_ptr,
+    rv_ptr,
+    counts_ptr,
+    t,
+    n_old,
+    rows,
+    n_kv,
+    d,
+    n_programs,
+    s_kb,
+    s_kh,
+    s_kt,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vt,
+    s_vd,
+    s_old,
+    s_res,
+    COPY_OLD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     bh = tl.program_id(0)
     b = bh // n_kv
     h = bh % n_kv
@@ -54,9 +76,13 @@ def _append_rows_kernel(
 
 
 def append_rows(
-    k: torch.Tensor, v: torch.Tensor, res_k: torch.Tensor, res_v: torch.Tensor, counts: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    res_k: torch.Tensor,
+    res_v: torch.Tensor,
+    counts: torch.Tensor,
     old: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Write k, v [B, H_kv, t, d] into the residual buffers res_k, res_v [B, H_kv, rows, d]
     (contiguous) at row counts[2], then add t to counts[2].
 
@@ -70,9 +96,27 @@ def append_rows(
     old_k, old_v, n_old = old if old is not None else (res_k, res_v, 0)
     n, block_t, block_d = b * h, min(triton.next_power_of_2(t), 16), triton.next_power_of_2(d)
     _runtime.launch(
-        _append_rows_kernel, (n,),
-        k, v, old_k, old_v, res_k, res_v, counts,
-        t, n_old, res_k.shape[2], h, d, n,
-        *k.stride(), *v.stride(), old_k.stride(1), res_k.stride(1),
-        COPY_OLD=n_old > 0, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=1 if block_t * block_d <= 256 else 4,
-    )  # fmt: skip
+        _append_rows_kernel,
+        (n,),
+        k,
+        v,
+        old_k,
+        old_v,
+        res_k,
+        res_v,
+        counts,
+        t,
+        n_old,
+        res_k.shape[2],
+        h,
+        d,
+        n,
+        *k.stride(),
+        *v.stride(),
+        old_k.stride(1),
+        res_k.stride(1),
+        COPY_OLD=n_old > 0,
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
+        num_warps=1 if block_t * block_d <= 256 else 4,
+    )

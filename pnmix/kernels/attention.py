@@ -27,12 +27,35 @@ LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2
 
 @triton.jit
 def _load_tile(
-    pos, cols, d_ok, n_sink, n_q,
-    sink_ptr, res_ptr, low_ptr, high_ptr, slot, scale_ptr, zero_ptr, dense_ptr,
-    d, lo_row, hi_row, v_row, v_groups, rank_ptr, n_boost,
-    IS_KEY: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, VG: tl.constexpr,
-    B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, B_HI: tl.constexpr, PAGE_RANKS: tl.constexpr,
-):  # fmt: skip
+    pos,
+    cols,
+    d_ok,
+    n_sink,
+    n_q,
+    sink_ptr,
+    res_ptr,
+    low_ptr,
+    high_ptr,
+    slot,
+    scale_ptr,
+    zero_ptr,
+    dense_ptr,
+    d,
+    lo_row,
+    hi_row,
+    v_row,
+    v_groups,
+    rank_ptr,
+    n_boost,
+    IS_KEY: tl.constexpr,
+    QUANT: tl.constexpr,
+    G: tl.constexpr,
+    VG: tl.constexpr,
+    B_LO: tl.constexpr,
+    HAS_HIGH: tl.constexpr,
+    B_HI: tl.constexpr,
+    PAGE_RANKS: tl.constexpr,
+):
     """A [BLOCK_N, BLOCK_D] float32 tile of keys or values at positions pos (-1 = none).
 
     The high-plane column of each channel is `slot` (one selection for all tokens), or with
@@ -127,8 +150,7 @@ def _scaled_queries(q_ptr, q_rows, row_ok, cols, d, qk_scale):
 
 
 @triton.jit
-def _key_chunk(q, first, klo, ks, kz, group, t, d, q_top, KC: tl.constexpr, B_LO: tl.constexpr,
-               DOT: tl.constexpr):  # fmt: skip
+def _key_chunk(q, first, klo, ks, kz, group, t, d, q_top, KC: tl.constexpr, B_LO: tl.constexpr, DOT: tl.constexpr):
     """The low plane's logits over KC channels from `first` on (q: their scaled queries).
 
     Scale and zero fold into the operands, q.k = (q * s).code + q.z per channel; each byte of codes is
@@ -207,16 +229,62 @@ def _chunk(split, n_splits, n, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _split_kernel(
-    q_ptr, m_ptr, l_ptr, acc_ptr, counts_ptr,
-    sk_ptr, sv_ptr, rk_ptr, rv_ptr, klo_ptr, khi_ptr, mask_ptr, ks_ptr, kz_ptr, vp_ptr, vs_ptr, vz_ptr,
-    t_new, n_rep, n_kv, d, qk_scale, n_splits,
-    s_sink, s_res, s_vres, s_klo, s_khi, s_mask, s_ks, s_vp, s_vs, v_row, v_groups, n_boost,
-    ADJACENT: tl.constexpr, PAGE_RANKS: tl.constexpr, CAUSAL: tl.constexpr, FAST: tl.constexpr,
-    G: tl.constexpr, VG: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr, B_HI: tl.constexpr,
-    V_QUANT: tl.constexpr, V_FIELDS: tl.constexpr, W_V: tl.constexpr, B_V: tl.constexpr,
-    SLIDING: tl.constexpr, DOT: tl.constexpr, KEY_CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    counts_ptr,
+    sk_ptr,
+    sv_ptr,
+    rk_ptr,
+    rv_ptr,
+    klo_ptr,
+    khi_ptr,
+    mask_ptr,
+    ks_ptr,
+    kz_ptr,
+    vp_ptr,
+    vs_ptr,
+    vz_ptr,
+    t_new,
+    n_rep,
+    n_kv,
+    d,
+    qk_scale,
+    n_splits,
+    s_sink,
+    s_res,
+    s_vres,
+    s_klo,
+    s_khi,
+    s_mask,
+    s_ks,
+    s_vp,
+    s_vs,
+    v_row,
+    v_groups,
+    n_boost,
+    ADJACENT: tl.constexpr,
+    PAGE_RANKS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    FAST: tl.constexpr,
+    G: tl.constexpr,
+    VG: tl.constexpr,
+    B_LO: tl.constexpr,
+    HAS_HIGH: tl.constexpr,
+    B_HI: tl.constexpr,
+    V_QUANT: tl.constexpr,
+    V_FIELDS: tl.constexpr,
+    W_V: tl.constexpr,
+    B_V: tl.constexpr,
+    SLIDING: tl.constexpr,
+    DOT: tl.constexpr,
+    KEY_CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """Partial attention of one (sequence, KV head) over one split of each region.
 
     Each region is its own loop: sinks and residual are dense tiles; the quantized region is
@@ -329,9 +397,35 @@ def _split_kernel(
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
-                pos, cols, col_ok[None, :], 0, n_q, klo, klo, klo, khi, slot, ks, kz, klo, d, d, n_boost, 0, 0,
-                meta, n_boost, True, True, G, VG, B_LO, HAS_HIGH, B_HI, PAGE_RANKS,
-            )  # fmt: skip
+                pos,
+                cols,
+                col_ok[None, :],
+                0,
+                n_q,
+                klo,
+                klo,
+                klo,
+                khi,
+                slot,
+                ks,
+                kz,
+                klo,
+                d,
+                d,
+                n_boost,
+                0,
+                0,
+                meta,
+                n_boost,
+                True,
+                True,
+                G,
+                VG,
+                B_LO,
+                HAS_HIGH,
+                B_HI,
+                PAGE_RANKS,
+            )
             e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
             logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
         p, alpha, l_i, m_i = _online_softmax(
@@ -349,9 +443,35 @@ def _split_kernel(
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
             v = _load_tile(
-                pos, cols, col_ok[None, :], 0, n_q, vp, vp, vp, vp, slot, vs, vz, vp, d, 0, 0, v_row, v_groups,
-                vp, 0, False, True, G, VG, B_V, False, 1, False,
-            )  # fmt: skip
+                pos,
+                cols,
+                col_ok[None, :],
+                0,
+                n_q,
+                vp,
+                vp,
+                vp,
+                vp,
+                slot,
+                vs,
+                vz,
+                vp,
+                d,
+                0,
+                0,
+                v_row,
+                v_groups,
+                vp,
+                0,
+                False,
+                True,
+                G,
+                VG,
+                B_V,
+                False,
+                1,
+                False,
+            )
             e = _headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)  # dequantized values may pass 65504
             pv = _dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
         else:  # FP16 values in the quantized region
@@ -371,9 +491,19 @@ def _split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, t_new, n_rep, n_kv, d,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    n_splits,
+    t_new,
+    n_rep,
+    n_kv,
+    d,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     bh = tl.program_id(0)
     row = tl.program_id(1)
     b = bh // n_kv
@@ -462,8 +592,12 @@ def launch_config(layout: CacheLayout) -> dict:
 def _launch_overrides(num_splits, block_n, num_warps, num_stages) -> dict:
     """The launch choices given (not None), checked: positive ints; tiles and warps powers of two."""
     given = {"num_splits": num_splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
-    rules = {"block_n": (16, 256, True), "num_warps": (1, 32, True), "num_splits": (1, None, False),
-             "num_stages": (1, 8, False)}  # fmt: skip
+    rules = {
+        "block_n": (16, 256, True),
+        "num_warps": (1, 32, True),
+        "num_splits": (1, None, False),
+        "num_stages": (1, 8, False),
+    }
     for name, value in given.items():
         if value is None:
             continue
@@ -499,11 +633,22 @@ def merge(
     n_rep, rows = n_heads // n_kv, n_heads // n_kv * t_new
     out = torch.empty_like(q)
     _runtime.launch(
-        _merge_kernel, (batch * n_kv, rows),
-        m, l_sum, acc, out, splits, t_new, n_rep, n_kv, d,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=max(16, triton.next_power_of_2(d)),
-        CHUNK=min(16, triton.next_power_of_2(splits)), num_warps=4,
-    )  # fmt: skip
+        _merge_kernel,
+        (batch * n_kv, rows),
+        m,
+        l_sum,
+        acc,
+        out,
+        splits,
+        t_new,
+        n_rep,
+        n_kv,
+        d,
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CHUNK=min(16, triton.next_power_of_2(splits)),
+        num_warps=4,
+    )
     return out
 
 
@@ -551,23 +696,65 @@ def decode_attention(
     v_fields = v_quant and value_group == block_d and len(bit_planes(cfg.value_bits)) == 1
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
     _runtime.launch(
-        _split_kernel, (batch * n_kv, splits),
-        q, m, l_sum, acc, counts,
-        r["sink_key"], r["sink_value"], r["residual_key"], r["residual_value"], r["key_low"], r["key_high"],
-        r["mask"], r["key_scale"], r["key_zero"], r["value_payload"], vs, vz,
-        t_new, n_rep, n_kv, d, LOG2E * (1.0 / math.sqrt(d) if scale is None else scale), splits,
-        _stride(r["sink_key"]), _stride(r["residual_key"]), _stride(r["residual_value"]), _stride(r["key_low"]),
+        _split_kernel,
+        (batch * n_kv, splits),
+        q,
+        m,
+        l_sum,
+        acc,
+        counts,
+        r["sink_key"],
+        r["sink_value"],
+        r["residual_key"],
+        r["residual_value"],
+        r["key_low"],
+        r["key_high"],
+        r["mask"],
+        r["key_scale"],
+        r["key_zero"],
+        r["value_payload"],
+        vs,
+        vz,
+        t_new,
+        n_rep,
+        n_kv,
+        d,
+        LOG2E * (1.0 / math.sqrt(d) if scale is None else scale),
+        splits,
+        _stride(r["sink_key"]),
+        _stride(r["residual_key"]),
+        _stride(r["residual_value"]),
+        _stride(r["key_low"]),
         _stride(r["key_high"]),
-        _stride(r["mask"]), _stride(r["key_scale"]), _stride(r["value_payload"]), _stride(vs) if v_quant else 0,
-        r["value_payload"].stride(2), d // value_group, layout.n_high_channels,
-        ADJACENT=cfg.pair_layout == "adjacent", PAGE_RANKS=layout.selection.metadata == "page-ranks",
-        CAUSAL=t_new > 1, FAST=cfg.group_size % block_n == 0,
-        G=cfg.group_size, VG=value_group, B_LO=cfg.b_low, HAS_HIGH=has_high,
-        B_HI=(cfg.b_high - cfg.b_low) if has_high else 1, V_QUANT=v_quant, V_FIELDS=v_fields,
-        W_V=cfg.value_bits if v_fields else 8, B_V=cfg.value_bits if v_quant else 8,
-        SLIDING=cfg.value_residual == "sliding", DOT=dot, KEY_CHUNKS=2 if block_d >= 256 else 1,
-        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_D=block_d,
+        _stride(r["mask"]),
+        _stride(r["key_scale"]),
+        _stride(r["value_payload"]),
+        _stride(vs) if v_quant else 0,
+        r["value_payload"].stride(2),
+        d // value_group,
+        layout.n_high_channels,
+        ADJACENT=cfg.pair_layout == "adjacent",
+        PAGE_RANKS=layout.selection.metadata == "page-ranks",
+        CAUSAL=t_new > 1,
+        FAST=cfg.group_size % block_n == 0,
+        G=cfg.group_size,
+        VG=value_group,
+        B_LO=cfg.b_low,
+        HAS_HIGH=has_high,
+        B_HI=(cfg.b_high - cfg.b_low) if has_high else 1,
+        V_QUANT=v_quant,
+        V_FIELDS=v_fields,
+        W_V=cfg.value_bits if v_fields else 8,
+        B_V=cfg.value_bits if v_quant else 8,
+        SLIDING=cfg.value_residual == "sliding",
+        DOT=dot,
+        KEY_CHUNKS=2 if block_d >= 256 else 1,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(layout.n_high_channels)),
-        num_warps=tune["num_warps"], num_stages=tune["num_stages"], maxnreg=tune["maxnreg"],
-    )  # fmt: skip
+        num_warps=tune["num_warps"],
+        num_stages=tune["num_stages"],
+        maxnreg=tune["maxnreg"],
+    )
     return merge(m, l_sum, acc, q, n_kv, splits)

@@ -35,7 +35,7 @@ def encode(x, scale, zero, bits):
 @triton.jit
 def _plane_bits(
     packed_ptr, block_row, within, col, row_stride, mask, BITS: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr
-):  # fmt: skip
+):
     """The bits a code keeps in its W-bit plane, in place (0 where BITS has no such plane)."""
     if BITS & W:
         LOW: tl.constexpr = BITS - BITS % (2 * W)  # bits held by the wider planes, stored before this one

@@ -20,10 +20,24 @@ from .common import encode, eq2_eq7_params, round_to, unpack_field
 
 @triton.jit
 def _group_params_kernel(
-    x_ptr, scale_ptr, zero_ptr, bits_ptr,
-    n_cols, sx_bh, sx_pos, sx_col, sp_bh, sp_grp, sp_col, sb_bh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BITS: tl.constexpr, MIDPOINT: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    scale_ptr,
+    zero_ptr,
+    bits_ptr,
+    n_cols,
+    sx_bh,
+    sx_pos,
+    sx_col,
+    sp_bh,
+    sp_grp,
+    sp_col,
+    sb_bh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BITS: tl.constexpr,
+    MIDPOINT: tl.constexpr,
+):
     bh, g, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs = tl.arange(0, BLOCK_G)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -47,12 +61,36 @@ def _group_params_kernel(
 
 @triton.jit
 def _encode_pack_kernel(
-    x_ptr, scale_ptr, zero_ptr, bits_ptr, colmap_ptr, out_ptr,
-    n_rows, n_cols, sx_bh, sx_pos, sx_col, sp_bh, sp_grp, sp_col, sb_bh, sm_bh, so_bh, so_row, so_col,
-    GROUP: tl.constexpr, WIDTH: tl.constexpr, SHIFT: tl.constexpr, PLANE_ROWS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, PLANE_START: tl.constexpr,
-    BITS: tl.constexpr, USE_COLMAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    scale_ptr,
+    zero_ptr,
+    bits_ptr,
+    colmap_ptr,
+    out_ptr,
+    n_rows,
+    n_cols,
+    sx_bh,
+    sx_pos,
+    sx_col,
+    sp_bh,
+    sp_grp,
+    sp_col,
+    sb_bh,
+    sm_bh,
+    so_bh,
+    so_row,
+    so_col,
+    GROUP: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SHIFT: tl.constexpr,
+    PLANE_ROWS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    PLANE_START: tl.constexpr,
+    BITS: tl.constexpr,
+    USE_COLMAP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     bh, rb, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -83,11 +121,34 @@ def _encode_pack_kernel(
 
 @triton.jit
 def _dequantize_kernel(
-    low_ptr, high_ptr, slot_ptr, scale_ptr, zero_ptr, out_ptr,
-    n_pos, n_cols, sl_bh, sl_row, sl_col, sh_bh, sh_row, ss_bh, sp_bh, sp_grp, sp_col, so_bh, so_pos, so_col,
-    GROUP: tl.constexpr, B_LO: tl.constexpr, HAS_HIGH: tl.constexpr,
-    B_HI: tl.constexpr, CODES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+    low_ptr,
+    high_ptr,
+    slot_ptr,
+    scale_ptr,
+    zero_ptr,
+    out_ptr,
+    n_pos,
+    n_cols,
+    sl_bh,
+    sl_row,
+    sl_col,
+    sh_bh,
+    sh_row,
+    ss_bh,
+    sp_bh,
+    sp_grp,
+    sp_col,
+    so_bh,
+    so_pos,
+    so_col,
+    GROUP: tl.constexpr,
+    B_LO: tl.constexpr,
+    HAS_HIGH: tl.constexpr,
+    B_HI: tl.constexpr,
+    CODES: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     bh, pb, cb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = (pb * BLOCK_P + tl.arange(0, BLOCK_P))[:, None]
     cols = (cb * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
@@ -148,14 +209,27 @@ def group_params(
     block_c = min(_pow2(n_cols), 64)
     grid = (x.shape[0] * x.shape[1], n_groups, triton.cdiv(n_cols, block_c))
     _runtime.launch(
-        _group_params_kernel, grid,
-        x, scale, zero, bits if per_channel else x,
-        n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
-        _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
+        _group_params_kernel,
+        grid,
+        x,
+        scale,
+        zero,
+        bits if per_channel else x,
+        n_cols,
+        _bh_stride(x),
+        x.stride(pos_dim),
+        x.stride(col_dim),
+        _bh_stride(scale),
+        scale.stride(grp_dim),
+        scale.stride(pcol_dim),
         bits.stride(1) if per_channel else 0,
-        GROUP=group, BLOCK_G=_pow2(group), BLOCK_C=block_c, BITS=0 if per_channel else int(bits), MIDPOINT=midpoint,
+        GROUP=group,
+        BLOCK_G=_pow2(group),
+        BLOCK_C=block_c,
+        BITS=0 if per_channel else int(bits),
+        MIDPOINT=midpoint,
         num_warps=4,
-    )  # fmt: skip
+    )
 
 
 def encode_pack(
@@ -195,16 +269,39 @@ def encode_pack(
         block_r = min(_pow2(n_rows), 32)
         grid = (x.shape[0] * x.shape[1], triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
         _runtime.launch(
-            _encode_pack_kernel, grid,
-            x, scale, zero, bits if per_channel else x, colmap if colmap is not None else x, out,
-            n_rows, n_cols, _bh_stride(x), x.stride(pos_dim), x.stride(col_dim),
-            _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
-            bits.stride(1) if per_channel else 0, colmap.stride(1) if colmap is not None else 0,
-            _bh_stride(out), out.stride(orow_dim), out.stride(ocol_dim),
-            GROUP=group, WIDTH=width, SHIFT=shift + low, PLANE_ROWS=block * width // 8,
-            BLOCK_ROWS=block * field_bits // 8, PLANE_START=block * low // 8, BITS=0 if per_channel else int(bits),
-            USE_COLMAP=colmap is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8,  # 4 warps spill at 8 fields
-        )  # fmt: skip
+            _encode_pack_kernel,
+            grid,
+            x,
+            scale,
+            zero,
+            bits if per_channel else x,
+            colmap if colmap is not None else x,
+            out,
+            n_rows,
+            n_cols,
+            _bh_stride(x),
+            x.stride(pos_dim),
+            x.stride(col_dim),
+            _bh_stride(scale),
+            scale.stride(grp_dim),
+            scale.stride(pcol_dim),
+            bits.stride(1) if per_channel else 0,
+            colmap.stride(1) if colmap is not None else 0,
+            _bh_stride(out),
+            out.stride(orow_dim),
+            out.stride(ocol_dim),
+            GROUP=group,
+            WIDTH=width,
+            SHIFT=shift + low,
+            PLANE_ROWS=block * width // 8,
+            BLOCK_ROWS=block * field_bits // 8,
+            PLANE_START=block * low // 8,
+            BITS=0 if per_channel else int(bits),
+            USE_COLMAP=colmap is not None,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            num_warps=8,  # 4 warps spill at 8 fields
+        )
         low += width
 
 
@@ -238,16 +335,37 @@ def dequantize_plane(
     block_p = min(_pow2(n_pos), 32)
     grid = (out.shape[0] * out.shape[1], triton.cdiv(n_pos, block_p), triton.cdiv(n_cols, block_c))
     _runtime.launch(
-        _dequantize_kernel, grid,
-        low, high if has_high else low, slot if has_high else low, scale, zero, out,
-        n_pos, n_cols, _bh_stride(low), low.stride(lrow_dim), low.stride(lcol_dim),
-        _bh_stride(high) if has_high else 0, high.stride(2) if has_high else 0,
+        _dequantize_kernel,
+        grid,
+        low,
+        high if has_high else low,
+        slot if has_high else low,
+        scale,
+        zero,
+        out,
+        n_pos,
+        n_cols,
+        _bh_stride(low),
+        low.stride(lrow_dim),
+        low.stride(lcol_dim),
+        _bh_stride(high) if has_high else 0,
+        high.stride(2) if has_high else 0,
         slot.stride(1) if has_high else 0,
-        _bh_stride(scale), scale.stride(grp_dim), scale.stride(pcol_dim),
-        _bh_stride(out), out.stride(pos_dim), out.stride(col_dim),
-        GROUP=group, B_LO=low_bits, HAS_HIGH=has_high, B_HI=high_bits if has_high else 1,
-        CODES=codes, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
-    )  # fmt: skip
+        _bh_stride(scale),
+        scale.stride(grp_dim),
+        scale.stride(pcol_dim),
+        _bh_stride(out),
+        out.stride(pos_dim),
+        out.stride(col_dim),
+        GROUP=group,
+        B_LO=low_bits,
+        HAS_HIGH=has_high,
+        B_HI=high_bits if has_high else 1,
+        CODES=codes,
+        BLOCK_P=block_p,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
 
 
 __all__ = ["dequantize_plane", "encode_pack", "group_params"]

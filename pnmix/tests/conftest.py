@@ -17,9 +17,15 @@ def tiny_qwen3():
     from pnmix.hf import ATTENTION
 
     config = Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float16, attn_implementation=ATTENTION)
     return model.eval().to(_runtime.kernel_device())

@@ -19,11 +19,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 #: aten ops that launch nothing on the device: views, metadata, allocation, host-side tensors.
 NO_KERNEL = frozenset(
     {
-        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_", "resize_",
-        "view", "_unsafe_view", "_reshape_alias", "slice", "select", "as_strided", "t", "transpose", "permute",
-        "expand", "unsqueeze", "squeeze", "alias", "detach", "split", "unbind",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "lift_fresh",
+        "set_",
+        "resize_",
+        "view",
+        "_unsafe_view",
+        "_reshape_alias",
+        "slice",
+        "select",
+        "as_strided",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "alias",
+        "detach",
+        "split",
+        "unbind",
     }
-)  # fmt: skip
+)
 #: aten ops whose result the host reads (a device->host sync on CUDA) or whose shape depends on data.
 SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "unique"})
 
@@ -32,8 +53,14 @@ def _describe(value: object) -> object:
     """A launch argument as the launch sequence keeps it: a tensor by its storage, shape, strides
     and dtype (what a captured graph would bake in), anything else as it is."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
-                value.stride(), value.dtype)  # fmt: skip
+        return (
+            "tensor",
+            value.untyped_storage().data_ptr(),
+            value.storage_offset(),
+            tuple(value.shape),
+            value.stride(),
+            value.dtype,
+        )
     if isinstance(value, (list, tuple)):
         return tuple(map(_describe, value))
     return value

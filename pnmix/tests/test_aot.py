@@ -30,8 +30,13 @@ def gate(tmp_path_factory):
     """`python -m pnmix.aot --default` in its own process (kernels compiled, not interpreted)."""
     out = tmp_path_factory.mktemp("aot") / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "pnmix.aot", "--default", "--json", str(out)], env=env,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pnmix.aot", "--default", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     print(proc.stdout)  # the tables, shown with pytest -s or on failure
     return proc, json.loads(out.read_text()) if out.exists() else None
 
@@ -162,8 +167,15 @@ def test_the_memory_bound_is_bytes_in_flight_over_latency_times_bandwidth():
 
 
 def _row(arch, registers=255, loop=2114, warps=4, stages=1, shared=22528):
-    return {"kernel": aot.DECODE_KERNEL, "arch": arch, "warps": warps, "stages": stages, "registers": registers,
-            "shared_bytes": shared, "loop_instructions": loop}  # fmt: skip
+    return {
+        "kernel": aot.DECODE_KERNEL,
+        "arch": arch,
+        "warps": warps,
+        "stages": stages,
+        "registers": registers,
+        "shared_bytes": shared,
+        "loop_instructions": loop,
+    }
 
 
 def test_the_lower_bound_binds_and_the_targets_say_pass_or_fail():
@@ -179,10 +191,20 @@ def test_the_lower_bound_binds_and_the_targets_say_pass_or_fail():
     assert h200["issue"] > 1 and h200["binds"] == "memory" and h200["ceiling"] == h200["memory"] == 0.7283
     checks = aot.targets([sm80, sm90, aot.decode_entry(aot.Case("KIVI-2", "float16", 128, 4), 80, _row(80), 4608)])
     got = {(c["gpu"], c["bound"]): c["passed"] for c in checks}  # the non-default case is not a target
-    assert got == {("A100-SXM4-40GB", "memory"): True, ("A100-SXM4-40GB", "ceiling"): False,
-                   ("H100-SXM", "memory"): True, ("H100-SXM", "ceiling"): True, ("H200", "memory"): False}  # fmt: skip
-    result = {"archs": [80, 90], "kernels": [_row(80) | {"local_bytes": 0, "smem_limit": 1, "instructions": 9}],
-              "decode": [sm80, sm90], "failures": [], "targets": checks}  # fmt: skip
+    assert got == {
+        ("A100-SXM4-40GB", "memory"): True,
+        ("A100-SXM4-40GB", "ceiling"): False,
+        ("H100-SXM", "memory"): True,
+        ("H100-SXM", "ceiling"): True,
+        ("H200", "memory"): False,
+    }
+    result = {
+        "archs": [80, 90],
+        "kernels": [_row(80) | {"local_bytes": 0, "smem_limit": 1, "instructions": 9}],
+        "decode": [sm80, sm90],
+        "failures": [],
+        "targets": checks,
+    }
     text = aot.render(result)
     assert "FAIL target: binding ceiling 21% < 30% on A100-SXM4-40GB (float16, GQA 4)" in text
     assert "PASS target: memory bound 100% >= 90% on A100-SXM4-40GB (float16, GQA 4)" in text

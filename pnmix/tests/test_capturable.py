@@ -31,8 +31,15 @@ def data(seed, t, heads=2):
 
 
 def prefilled(config, **kwargs):
-    return PNMixCache.from_prefill(data(0, PROMPT, 4), data(1, PROMPT), data(2, PROMPT), config,
-                                   max_cache_len=CAPACITY, check_finite=False, **kwargs)  # fmt: skip
+    return PNMixCache.from_prefill(
+        data(0, PROMPT, 4),
+        data(1, PROMPT),
+        data(2, PROMPT),
+        config,
+        max_cache_len=CAPACITY,
+        check_finite=False,
+        **kwargs,
+    )
 
 
 def step_inputs(i):
@@ -141,8 +148,15 @@ def test_capturable_needs_a_preallocated_cache_and_a_device_side_page():
 def test_one_captured_step_replays_across_page_completions(method, check_finite):
     config = CONFIGS[method]
     eager = prefilled(config)
-    graphed = PNMixCache.from_prefill(data(0, PROMPT, 4), data(1, PROMPT), data(2, PROMPT), config,
-                                      max_cache_len=CAPACITY, check_finite=check_finite, capturable=True)  # fmt: skip
+    graphed = PNMixCache.from_prefill(
+        data(0, PROMPT, 4),
+        data(1, PROMPT),
+        data(2, PROMPT),
+        config,
+        max_cache_len=CAPACITY,
+        check_finite=check_finite,
+        capturable=True,
+    )
     static_k, static_v, static_q = step_inputs(0)
     eager.append(static_k, static_v)
     eager.attend(static_q)
@@ -177,11 +191,17 @@ def test_the_hf_cache_generates_the_same_tokens_and_bytes_when_capturable(tiny_q
     ids = torch.randint(0, 512, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(DEV)
     caches, outputs = {}, {}
     for capturable in (False, True):
-        caches[capturable] = PNMixHFCache(model.config, config, backend="triton", max_cache_len=CAPACITY,
-                                          capturable=capturable)  # fmt: skip
-        outputs[capturable] = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                             max_new_tokens=2 * N + 1, min_new_tokens=2 * N + 1, do_sample=False,
-                                             **{cache_argument(model): caches[capturable]})  # fmt: skip
+        caches[capturable] = PNMixHFCache(
+            model.config, config, backend="triton", max_cache_len=CAPACITY, capturable=capturable
+        )
+        outputs[capturable] = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=2 * N + 1,
+            min_new_tokens=2 * N + 1,
+            do_sample=False,
+            **{cache_argument(model): caches[capturable]},
+        )
     assert torch.equal(outputs[True], outputs[False])
     for eager, static in zip(caches[False].layers, caches[True].layers, strict=True):
         assert static.cache.capturable and static.cache.layout == eager.cache.layout

@@ -175,14 +175,25 @@ def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
     with torch.no_grad():
         model(input_ids=ids[:, :12], **{hf.cache_argument(model): one})
         model(input_ids=ids[:, :12], **{hf.cache_argument(model): chunked})
-        expected = torch.cat([model(input_ids=ids[:, t : t + 1], **{hf.cache_argument(model): one}).logits
-                              for t in range(12, 60)], 1)  # fmt: skip
-        got = torch.cat([model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): chunked}).logits
-                         for a in range(12, 60, 16)], 1)  # fmt: skip
+        expected = torch.cat(
+            [model(input_ids=ids[:, t : t + 1], **{hf.cache_argument(model): one}).logits for t in range(12, 60)], 1
+        )
+        got = torch.cat(
+            [
+                model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): chunked}).logits
+                for a in range(12, 60, 16)
+            ],
+            1,
+        )
         plain = hf.PNMixHFCache(model.config, config, backend="reference")  # chunks without stepwise
         model(input_ids=ids[:, :12], **{hf.cache_argument(model): plain})
-        wrong = torch.cat([model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): plain}).logits
-                           for a in range(12, 60, 16)], 1)  # fmt: skip
+        wrong = torch.cat(
+            [
+                model(input_ids=ids[:, a : a + 16], **{hf.cache_argument(model): plain}).logits
+                for a in range(12, 60, 16)
+            ],
+            1,
+        )
     torch.testing.assert_close(got, expected)  # float32 model: equal up to the order of float32 sums
     assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
     with pytest.raises(ValueError, match="stepwise=True needs backend='reference'"):
@@ -228,8 +239,11 @@ def test_a_failed_forward_leaves_every_layer_as_it_was(monkeypatch, where, layer
     expected = [_logits(model, ids[:, :20], clean), _logits(model, ids[:, 20:21], clean)]
     if where != "prefill":
         _logits(model, ids[:, :20], cache)
-    owner, name = {"prefill": (ReferenceCache, "prefill"), "append": (ReferenceCache, "append"),
-                   "mlp": (type(model.model.layers[layer].mlp), "forward")}[where]  # fmt: skip
+    owner, name = {
+        "prefill": (ReferenceCache, "prefill"),
+        "append": (ReferenceCache, "append"),
+        "mlp": (type(model.model.layers[layer].mlp), "forward"),
+    }[where]
     fault = FailOnce(monkeypatch, owner, name, at=layer)
     with pytest.raises(torch.OutOfMemoryError, match="injected"):
         _logits(model, ids[:, :20] if where == "prefill" else ids[:, 20:21], cache)
@@ -257,8 +271,9 @@ def test_beam_search_is_refused_and_leaves_the_cache_empty():
     cache = hf.PNMixHFCache(model.config, config, backend="reference")
     ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
     with pytest.raises(Exception, match="beam search"):
-        model.generate(input_ids=ids, max_new_tokens=3, num_beams=2, do_sample=False,
-                       **{hf.cache_argument(model): cache})  # fmt: skip
+        model.generate(
+            input_ids=ids, max_new_tokens=3, num_beams=2, do_sample=False, **{hf.cache_argument(model): cache}
+        )
     assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
 
 
@@ -332,10 +347,12 @@ def test_per_token_precision_decodes_through_the_triton_kernel_as_through_the_sp
         cache = hf.PNMixHFCache(model.config, config, backend=backend, token_bits=bits)
         with torch.no_grad():
             model(input_ids=ids[:, :30], **{arg: cache})
-            logits[backend] = torch.cat([model(input_ids=ids[:, t : t + 1], **{arg: cache}).logits
-                                         for t in range(30, 40)], 1).float()  # fmt: skip
-        assert type(cache.layers[0].cache).__name__ == ("TritonTokenPrecisionCache" if backend == "triton"
-                                                        else "TokenPrecisionCache")  # fmt: skip
+            logits[backend] = torch.cat(
+                [model(input_ids=ids[:, t : t + 1], **{arg: cache}).logits for t in range(30, 40)], 1
+            ).float()
+        assert type(cache.layers[0].cache).__name__ == (
+            "TritonTokenPrecisionCache" if backend == "triton" else "TokenPrecisionCache"
+        )
     # float16 model: the kernel rounds dequantized keys and values to float16 (property 7's bound allows it),
     # which moves the logits by a few float16 roundings at their scale (0.4e-3 of 0.5 when written)
     ref = logits["reference"]

@@ -16,9 +16,16 @@ SMALL_PAGES = PNMixConfig(group_size=8, residual_length=8, n_sink=4)
 def model():
     # Two layers, GQA 2:1, head_dim 64: a real model's KV shape scaled down.
     config = Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, tie_word_embeddings=False, rope_theta=1_000_000.0,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=False,
+        rope_theta=1_000_000.0,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="pnmix").eval()
 
@@ -34,8 +41,14 @@ def test_generation_fills_the_preallocated_cache_and_stops_at_its_end(model):
     capacity = 13 + 11  # sinks, two flushed pages, a partial residual
     cache = PNMixHFCache(model.config, SMALL_PAGES, backend="triton", max_cache_len=capacity)
     assert cache.layers[0].get_max_cache_shape() == capacity
-    model.generate(input_ids=prompt, max_new_tokens=12, do_sample=False, past_key_values=cache, min_new_tokens=12,
-                   attention_mask=torch.ones_like(prompt))  # fmt: skip
+    model.generate(
+        input_ids=prompt,
+        max_new_tokens=12,
+        do_sample=False,
+        past_key_values=cache,
+        min_new_tokens=12,
+        attention_mask=torch.ones_like(prompt),
+    )
     assert all(layer.cache.capacity == capacity and layer.cache.length == capacity for layer in cache.layers)
     with pytest.raises(ValueError, match="max_cache_len"):
         cache.layers[0].cache.append(*(torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16),) * 2)

@@ -78,8 +78,10 @@ def test_a_decode_step_launches_at_most_three_kernels_and_never_waits(monkeypatc
             cache.append(k, v)
         with counting(monkeypatch) as attend:
             cache.attend(q)
-        print(f"{method} {'dynamic' if capacity is None else 'preallocated'}: append {dict(append.kernels)}, "
-              f"attend {dict(attend.kernels)}")  # fmt: skip
+        print(
+            f"{method} {'dynamic' if capacity is None else 'preallocated'}: append {dict(append.kernels)}, "
+            f"attend {dict(attend.kernels)}"
+        )
         assert append.kernels == {"_append_rows_kernel": 1}
         assert attend.total == 2, attend.kernels
         assert not append.syncs and not attend.syncs
@@ -145,8 +147,10 @@ def test_flush_and_sink_steps_run_eagerly_with_more_kernels(monkeypatch, capacit
     k, v, _ = step_tensors(9)
     with counting(monkeypatch) as flush_step:
         cache.append(k, v)
-    print(f"flush step ({'dynamic' if capacity is None else 'preallocated'}): {flush_step.total} kernels "
-          f"{dict(flush_step.kernels)}, host reads {dict(flush_step.syncs)}")  # fmt: skip
+    print(
+        f"flush step ({'dynamic' if capacity is None else 'preallocated'}): {flush_step.total} kernels "
+        f"{dict(flush_step.kernels)}, host reads {dict(flush_step.syncs)}"
+    )
     assert cache.layout[:3] == (3, 8, 0)
     assert flush_step.kernels["_group_params_kernel"] >= 1 and flush_step.kernels["_encode_pack_kernel"] >= 1
     assert flush_step.total > 3
@@ -246,8 +250,11 @@ def test_capture_refuses_what_cannot_be_captured():
     checked, dynamic = prefilled(check_finite="eager"), prefilled(capacity=None)
     sliding = prefilled(CONFIGS["KIVI-2"])  # its value window is full: every step quantizes a value
     k, v, _ = step_tensors(0)
-    for cache, match in ((checked, "check_finite='eager'"), (dynamic, "preallocated cache"),
-                         (sliding, "sliding value window")):  # fmt: skip
+    for cache, match in (
+        (checked, "check_finite='eager'"),
+        (dynamic, "preallocated cache"),
+        (sliding, "sliding value window"),
+    ):
         with pytest.raises(RuntimeError, match=match), torch.cuda.graph(torch.cuda.CUDAGraph()):
             cache.append(k, v)
 
@@ -288,8 +295,9 @@ def test_a_flush_failed_at_any_point_leaves_the_cache_as_it_was():
 
     config = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
     g = torch.Generator().manual_seed(0)
-    q, k, v, new_k, new_v = (torch.randn(1, h, n, 16, generator=g).half() for h, n in
-                             ((4, 13), (2, 13), (2, 13), (2, 6), (2, 6)))  # fmt: skip
+    q, k, v, new_k, new_v = (
+        torch.randn(1, h, n, 16, generator=g).half() for h, n in ((4, 13), (2, 13), (2, 13), (2, 6), (2, 6))
+    )
 
     def fresh() -> PNMixCache:
         return PNMixCache.from_prefill(q, k, v, config, max_cache_len=64)

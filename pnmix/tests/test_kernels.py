@@ -55,8 +55,18 @@ def test_key_quantize_pack_is_bit_identical(b_high, b_low, group, dtype, head_di
         encode_pack(k, group, "tokens", bits, scale, zero, high, field_bits=b_high - b_low, shift=b_low, colmap=index)
     assert torch.equal(high.cpu(), ref_high)
     out = torch.empty(b, h, t, head_dim, device=DEV)
-    dequantize_plane(low, scale, zero, out, group=group, along="tokens", low_bits=b_low, high=high,
-                     high_bits=b_high - b_low, slot=slot)  # fmt: skip
+    dequantize_plane(
+        low,
+        scale,
+        zero,
+        out,
+        group=group,
+        along="tokens",
+        low_bits=b_low,
+        high=high,
+        high_bits=b_high - b_low,
+        slot=slot,
+    )
     assert torch.equal(out.cpu(), R.dequantize(ref, group, -2))
 
 
@@ -110,8 +120,15 @@ def test_decode_attention_matches_the_spec(batch, n_kv, n_rep, length, t_new, sp
 def test_decode_attention_per_element_path_reads_every_bit_plane(b_high, b_low, value_bits, dtype):
     """Fields of several bit planes (3, 5, 6, 7 bits) on the per-element path: key groups under a tile,
     value groups under the head."""
-    cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, value_group_size=8, group_size=8,
-                        residual_length=16, n_sink=3)  # fmt: skip
+    cfg = R.PNMixConfig(
+        b_high=b_high,
+        b_low=b_low,
+        value_bits=value_bits,
+        value_group_size=8,
+        group_size=8,
+        residual_length=16,
+        n_sink=3,
+    )
     check_decode_attention(cfg, 16, 2, 2, 3, 61, 2, 2, dtype)
 
 
@@ -123,12 +140,12 @@ def test_decode_attention_per_element_path_reads_every_bit_plane(b_high, b_low, 
     [(3, 1, 2, 16), (4, 2, 4, 32), (2, 1, 1, 16), (4, 1, 3, 16), (8, 3, 2, 16)],  # 3 and 5 bits: several planes
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_attention_fast_path_matches_the_spec(batch, n_kv, n_rep, length, t_new, splits, b_high, b_low,
-                                                     value_bits, d, dtype):  # fmt: skip
+def test_decode_attention_fast_path_matches_the_spec(
+    batch, n_kv, n_rep, length, t_new, splits, b_high, b_low, value_bits, d, dtype
+):
     """Key groups of whole tiles and per-token value groups over the head: codes shifted out
     of vector loads, scale and zero folded into the operands, field-major value columns."""
-    cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, group_size=16, residual_length=16,
-                        n_sink=5)  # fmt: skip
+    cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, group_size=16, residual_length=16, n_sink=5)
     check_decode_attention(cfg, d, batch, n_kv, n_rep, length, t_new, splits, dtype)
 
 

@@ -40,13 +40,21 @@ def test_the_default_hf_decode_step_never_waits_on_the_device(tiny_qwen3, monkey
     prompt = prompt_ids()
     ids = torch.cat([prompt, forward(model, prompt, cache)[:, -1:].argmax(-1)], 1)
     with counting(monkeypatch, watch=PER_LAYER) as decode:  # every forward of this generate is a decode step
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=STEPS, min_new_tokens=STEPS,
-                       do_sample=False, **{pnmix.hf.cache_argument(model): cache})  # fmt: skip
+        model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+            **{pnmix.hf.cache_argument(model): cache},
+        )
     per_step = model.config.num_hidden_layers * STEPS
     syncs, aten, launches = sum(decode.syncs.values()) / per_step, decode.aten / per_step, decode.triton / per_step
-    print(f"check_finite={check_finite!r} {'dynamic' if capacity is None else 'preallocated'}, per layer-step: "
-          f"{syncs:g} syncs {dict(decode.syncs)}, {aten:g} aten ops, {launches:g} Triton launches; "
-          f"{dict(decode.kernels)}")  # fmt: skip
+    print(
+        f"check_finite={check_finite!r} {'dynamic' if capacity is None else 'preallocated'}, per layer-step: "
+        f"{syncs:g} syncs {dict(decode.syncs)}, {aten:g} aten ops, {launches:g} Triton launches; "
+        f"{dict(decode.kernels)}"
+    )
     assert cache.layers[0].cache.layout[:3] == (4, 8, 1 + STEPS)  # decode steps only, no flush among them
     assert launches <= 3
     if check_finite is True:

@@ -100,7 +100,11 @@ def test_an_ample_budget_takes_the_best_precision_and_an_exact_one_is_met():
     ],
 )
 def test_bad_input_is_refused_by_name(kwargs, match):
-    args = {"distortion": torch.tensor([[2.0, 1.0], [3.0, 1.0]]), "tokens": torch.tensor([5, 5]),
-            "costs": torch.tensor([2.0, 4.0]), "budget": 3.0} | kwargs  # fmt: skip
+    args = {
+        "distortion": torch.tensor([[2.0, 1.0], [3.0, 1.0]]),
+        "tokens": torch.tensor([5, 5]),
+        "costs": torch.tensor([2.0, 4.0]),
+        "budget": 3.0,
+    } | kwargs
     with pytest.raises(ValueError, match=match):
         allocate(**args)

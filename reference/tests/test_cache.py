@@ -197,8 +197,9 @@ def test_stepwise_attention_over_chunks_equals_token_by_token_decoding(cfg):
         res_k, res_v = chunked.residual()
         new_k, new_v = k[..., a : a + 16, :], v[..., a : a + 16, :]
         chunked.append(new_k, new_v)
-        got.append(chunked.attend_stepwise(q[..., a : a + 16, :], torch.cat([res_k, new_k], -2),
-                                           torch.cat([res_v, new_v], -2)))  # fmt: skip
+        got.append(
+            chunked.attend_stepwise(q[..., a : a + 16, :], torch.cat([res_k, new_k], -2), torch.cat([res_v, new_v], -2))
+        )
     got = torch.cat(got, -2).float()
     # Equal up to the float16 rounding of the output (the float32 sums run in another order).
     assert bool(((got - expected).abs() <= torch.finfo(torch.float16).eps * expected.abs().clamp_min(2**-14)).all())

@@ -120,8 +120,11 @@ def test_allocated_tensors_have_the_bytes_of_the_storage_model(config, length, e
 
 @pytest.mark.parametrize("name", sorted(SELECTIONS))
 def test_the_reference_cache_holds_exactly_the_table_shapes(name):
-    cfg = methods.kivi(2, group_size=8) if name == "none" else PNMixConfig(selection=name, group_size=8,
-                                                                            residual_length=16, n_sink=3)  # fmt: skip
+    cfg = (
+        methods.kivi(2, group_size=8)
+        if name == "none"
+        else PNMixConfig(selection=name, group_size=8, residual_length=16, n_sink=3)
+    )
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(3, 2, 4, 45, 16, generator=gen)
     cache = ReferenceCache.from_prefill(q, k[:, :2], v[:, :2], cfg)

@@ -17,8 +17,12 @@ def test_the_ratios_the_paper_states_follow_from_its_numbers():
 
 
 def test_quoted_methods_and_shares_are_well_formed():
-    quoted = {*paper.FIG6A_MAX_GENERATION, *paper.FIG6B_MAX_BATCH, *(m for m, _ in paper.FIG6C_TOKENS_PER_S),
-              *paper.FIG7_SLOPE_US}  # fmt: skip
+    quoted = {
+        *paper.FIG6A_MAX_GENERATION,
+        *paper.FIG6B_MAX_BATCH,
+        *(m for m, _ in paper.FIG6C_TOKENS_PER_S),
+        *paper.FIG7_SLOPE_US,
+    }
     assert quoted <= set(METHODS)
     for shares in paper.FIG5_SHARE_PERCENT.values():
         assert len(shares) == len(paper.FIG5_TOP_PERCENT) and list(shares) == sorted(shares)

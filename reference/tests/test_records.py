@@ -66,9 +66,13 @@ def test_pytest_benchmark_json_is_told_by_its_own_keys():
 
 @pytest.mark.parametrize(
     ("data", "says"),
-    [({"kind": "something-else"}, "kind 'something-else'"), ([1, 2], "no 'kind' key"),
-     ({"benchmarks": []}, "no 'kind' key"), ("text", "no 'kind' key")],
-)  # fmt: skip
+    [
+        ({"kind": "something-else"}, "kind 'something-else'"),
+        ([1, 2], "no 'kind' key"),
+        ({"benchmarks": []}, "no 'kind' key"),
+        ("text", "no 'kind' key"),
+    ],
+)
 def test_unknown_content_is_rejected_saying_what_was_found_and_expected(data, says):
     with pytest.raises(ValueError) as err:
         records.kind_of(data)

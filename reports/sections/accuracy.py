@@ -77,8 +77,9 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         overall = "-"
         if every:
             a, d = accuracy(every), paired(every, pooled(base, useful))
-            overall = f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + ("" if run is base else f", {d.difference:+.3f}, "
-                                                                      f"p {d.p_value:.2g}")  # fmt: skip
+            overall = f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + (
+                "" if run is base else f", {d.difference:+.3f}, p {d.p_value:.2g}"
+            )
         rows.append([run["label"], _bits(run.get("key_bits")), _bits(run.get("value_bits")), overall])
     tasks_rows = [
         [
@@ -125,23 +126,42 @@ def _figure(data: dict, useful: list[str]) -> bytes | None:
 
     def draw(ax):
         for family in ("PN-Mix", "KIVI"):
-            runs = sorted((r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
-                          key=lambda r: r["key_bits"])  # fmt: skip
+            runs = sorted(
+                (r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
+                key=lambda r: r["key_bits"],
+            )
             if runs:
                 accs = [accuracy(pooled(r, useful)) for r in runs]
-                ax.errorbar([r["key_bits"] for r in runs], [a.value for a in accs],
-                            yerr=[[a.value - a.low for a in accs], [a.high - a.value for a in accs]],
-                            marker="o", capsize=3, color=figures.color(family), label=family)  # fmt: skip
+                ax.errorbar(
+                    [r["key_bits"] for r in runs],
+                    [a.value for a in accs],
+                    yerr=[[a.value - a.low for a in accs], [a.high - a.value for a in accs]],
+                    marker="o",
+                    capsize=3,
+                    color=figures.color(family),
+                    label=family,
+                )
         for r in data["runs"]:
             if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16:
                 a = accuracy(pooled(r, useful))
-                ax.errorbar([r["key_bits"]], [a.value], yerr=[[a.value - a.low], [a.high - a.value]], ls="",
-                            marker="s", capsize=3, color=figures.color(r["label"]), label=r["label"])  # fmt: skip
+                ax.errorbar(
+                    [r["key_bits"]],
+                    [a.value],
+                    yerr=[[a.value - a.low], [a.high - a.value]],
+                    ls="",
+                    marker="s",
+                    capsize=3,
+                    color=figures.color(r["label"]),
+                    label=r["label"],
+                )
         fp16 = accuracy(base)
         ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
         ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
-        ax.set(xlabel="key bits per element (the paper's counting)", ylabel="accuracy (informative tasks)",
-               title=f"Task accuracy against key bits: {data['model']}")  # fmt: skip
+        ax.set(
+            xlabel="key bits per element (the paper's counting)",
+            ylabel="accuracy (informative tasks)",
+            title=f"Task accuracy against key bits: {data['model']}",
+        )
 
     return figures.png(draw, size=(7.0, 4.5))
 
@@ -160,9 +180,16 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
     if main is not None:
         d = paired(pooled(main, useful), base)
         ok = d.p_value >= ALPHA or d.difference >= 0
-        out.append(Claim(TABLE2, CONFIRMED if ok else NOT_CONFIRMED, "measured",
-                         f"PN-Mix at {main['key_bits']:.2f} key bits against FP16 on the same {len(base)} items: "
-                         f"{d.difference:+.3f} (exact McNemar p {d.p_value:.2g}); {where}", cite))  # fmt: skip
+        out.append(
+            Claim(
+                TABLE2,
+                CONFIRMED if ok else NOT_CONFIRMED,
+                "measured",
+                f"PN-Mix at {main['key_bits']:.2f} key bits against FP16 on the same {len(base)} items: "
+                f"{d.difference:+.3f} (exact McNemar p {d.p_value:.2g}); {where}",
+                cite,
+            )
+        )
     sub = [r for r in data["runs"] if r["role"] == "budget" and r["budget"] <= SUB_BUDGET]
     pairs = [(r, by_label.get(r["label"].replace("PN-Mix", "KIVI"))) for r in sub if r["label"].startswith("PN-Mix")]
     pairs = [(p, k) for p, k in pairs if k is not None]
@@ -175,11 +202,17 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
         d = paired(pooled(keys, useful), pooled(values, useful))
         # the claim holds where keys alone lose more than values alone, beyond chance on these items
         holds = d.difference < 0 and d.p_value < ALPHA
-        out.append(Claim(TABLE8, CONFIRMED if holds else NOT_CONFIRMED, "measured",
-                         f"keys only {dk.difference:+.3f} against FP16 (p {dk.p_value:.2g}), values only "
-                         f"{dv.difference:+.3f} (p {dv.p_value:.2g}); keys only - values only {d.difference:+.3f} "
-                         f"(p {d.p_value:.2g}){'' if holds else ': no difference beyond chance'}; {where}",
-                         cite))  # fmt: skip
+        out.append(
+            Claim(
+                TABLE8,
+                CONFIRMED if holds else NOT_CONFIRMED,
+                "measured",
+                f"keys only {dk.difference:+.3f} against FP16 (p {dk.p_value:.2g}), values only "
+                f"{dv.difference:+.3f} (p {dv.p_value:.2g}); keys only - values only {d.difference:+.3f} "
+                f"(p {d.p_value:.2g}){'' if holds else ': no difference beyond chance'}; {where}",
+                cite,
+            )
+        )
     return out
 
 
@@ -225,5 +258,6 @@ def render(sources: Sequence[Source]) -> Section:
         "other methods at their own bits. A task where FP16 is within "
         f"{INFORMATIVE_MARGIN:.0%} of chance is reported but left out of the pooled accuracy and the verdicts.\n"
     )
-    return Section("Task accuracy (Table 2, Fig. 3, Table 8)", cites.legend() + "\n" + intro + "\n".join(parts),
-                   figs, claims)  # fmt: skip
+    return Section(
+        "Task accuracy (Table 2, Fig. 3, Table 8)", cites.legend() + "\n" + intro + "\n".join(parts), figs, claims
+    )

@@ -183,8 +183,10 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         + (" (device, date, hypothesis profile and command of each: the list of result files)")
     )
     details = details_of(sources)
-    claims = [escape(f"- **{name}** ({identity(details.get(name))}): {claims_text(details.get(name))}")
-              for name in order({n for n, _ in columns})]  # fmt: skip
+    claims = [
+        escape(f"- **{name}** ({identity(details.get(name))}): {claims_text(details.get(name))}")
+        for name in order({n for n, _ in columns})
+    ]
     parts = [
         (note + "\n") if note else "",
         "Every property (rows, in the suite's order) for every implementation and device (columns). pass: holds "

@@ -38,8 +38,9 @@ def _provenance(s: Source) -> str:
 
 def primary(sources: Sequence[Source], match: str = "asymptotic") -> Source | None:
     """The newest full (non-smoke) result whose channel methods were matched by `match`: what the section states."""
-    full = [s for s in sources if "--smoke" not in s.data.get("command", "")
-            and s.data.get("match", "asymptotic") == match]  # fmt: skip
+    full = [
+        s for s in sources if "--smoke" not in s.data.get("command", "") and s.data.get("match", "asymptotic") == match
+    ]
     return max(full, key=lambda s: s.data.get("date_utc", ""), default=None)
 
 
@@ -50,8 +51,14 @@ def _draw(data: dict):
         for ax, r in zip(axes, results, strict=True):
             for name, curves in r["long_output"].items():
                 if "kl" in curves:
-                    ax.plot(range(1, len(curves["kl"]) + 1), curves["kl"], marker="o", ms=3,
-                            color=figures.color(name), label=name)  # fmt: skip
+                    ax.plot(
+                        range(1, len(curves["kl"]) + 1),
+                        curves["kl"],
+                        marker="o",
+                        ms=3,
+                        color=figures.color(name),
+                        label=name,
+                    )
             ax.set_title(f"{r['budget']} bits: KL(FP16 || method)")
             ax.set_xlabel(f"span of output positions (of {r['long_positions']})")
             ax.set_yscale("log")
@@ -60,9 +67,17 @@ def _draw(data: dict):
 
 
 def _claims(s: Source, only_combination: bool = False, suffix: str = "") -> list[Claim]:
-    return [Claim(c["claim"] + suffix, CONFIRMED if c["holds"] else NOT_CONFIRMED, c["source"], c["evidence"],
-                  CLAIMS_SOURCE if "computed" in c["source"] else _provenance(s))
-            for c in s.data["claims"] if not only_combination or "combination" in c["claim"]]  # fmt: skip
+    return [
+        Claim(
+            c["claim"] + suffix,
+            CONFIRMED if c["holds"] else NOT_CONFIRMED,
+            c["source"],
+            c["evidence"],
+            CLAIMS_SOURCE if "computed" in c["source"] else _provenance(s),
+        )
+        for c in s.data["claims"]
+        if not only_combination or "combination" in c["claim"]
+    ]
 
 
 def trade_offs(s: Source, stored: Source | None = None) -> list[Claim]:
@@ -78,18 +93,27 @@ def trade_offs(s: Source, stored: Source | None = None) -> list[Claim]:
         if batch.get("FP16"):
             ratios.append((r["budget"], batch["TriAxialKV"] / batch["FP16"]))
     lo, hi = CONCURRENCY
-    out.append(Claim(
-        f"TriAxialKV serves {lo}-{hi}x the concurrency of BF16, at least {lo}x (arXiv 2605.17170)",
-        CONFIRMED if ratios and all(lo <= x for _, x in ratios) else NOT_CONFIRMED,
-        f"computed from the storage formula (Fig. 6b model: {paper.MODEL}, {paper.GPU}, 8K generated)",
-        "; ".join(f"{b} bits: {x:.2f}x FP16's largest batch" for b, x in ratios) + " (weights and workspace "
-        "included: the cache alone would give more)",
-        computed("benchmarks.memory.max_batch with each method's storage model"),
-    ))  # fmt: skip
-    out.append(Claim(f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)", NOT_MEASURED, "-",
-                     "no GPU here: the Triton decode of per-token precision (bitwidth-homogeneous splits merged by "
-                     "log-sum-exp, pnmix/kernels/token_attention.py) is checked on the interpreter and compiled for "
-                     "sm_80/sm_90, but has not run on a GPU", quoted("arXiv 2605.17170")))  # fmt: skip
+    out.append(
+        Claim(
+            f"TriAxialKV serves {lo}-{hi}x the concurrency of BF16, at least {lo}x (arXiv 2605.17170)",
+            CONFIRMED if ratios and all(lo <= x for _, x in ratios) else NOT_CONFIRMED,
+            f"computed from the storage formula (Fig. 6b model: {paper.MODEL}, {paper.GPU}, 8K generated)",
+            "; ".join(f"{b} bits: {x:.2f}x FP16's largest batch" for b, x in ratios) + " (weights and workspace "
+            "included: the cache alone would give more)",
+            computed("benchmarks.memory.max_batch with each method's storage model"),
+        )
+    )
+    out.append(
+        Claim(
+            f"TriAxialKV decodes at {THROUGHPUT} (arXiv 2605.17170)",
+            NOT_MEASURED,
+            "-",
+            "no GPU here: the Triton decode of per-token precision (bitwidth-homogeneous splits merged by "
+            "log-sum-exp, pnmix/kernels/token_attention.py) is checked on the interpreter and compiled for "
+            "sm_80/sm_90, but has not run on a GPU",
+            quoted("arXiv 2605.17170"),
+        )
+    )
     return out
 
 
@@ -112,30 +136,49 @@ def _tables(data: dict, label: str, level: int, cite: Citations) -> list[str]:
     )
     parts = []
     for r in data["results"]:
-        rows = [[n, m["config"], f"{m['bits']:.3f}", f"{m['stored_bits']:.3f}", f"{m['attention_kl']:.3g}",
-                 f"{m['output_mse']:.3g}", fmt(m.get("e2e_kl"), ".3g"), fmt(m.get("e2e_top1"), ".3f"),
-                 f"{m['e2e_nll']:.4g}"] for n, m in r["methods"].items()]  # fmt: skip
+        rows = [
+            [
+                n,
+                m["config"],
+                f"{m['bits']:.3f}",
+                f"{m['stored_bits']:.3f}",
+                f"{m['attention_kl']:.3g}",
+                f"{m['output_mse']:.3g}",
+                fmt(m.get("e2e_kl"), ".3g"),
+                fmt(m.get("e2e_top1"), ".3f"),
+                f"{m['e2e_nll']:.4g}",
+            ]
+            for n, m in r["methods"].items()
+        ]
         parts += [
             f"{'#' * level} Budget {r['budget']} bits\n",
-            table(rows, ["method", "config", *COMPUTED_COLUMNS, *MEASURED_COLUMNS],
-                  f"equal-bits run {label}; measured: {', '.join(MEASURED_COLUMNS)}; computed: "
-                  f"{', '.join(COMPUTED_COLUMNS)} (storage formulas, on this run's allocation and conversation "
-                  "lengths)"),
-        ]  # fmt: skip
+            table(
+                rows,
+                ["method", "config", *COMPUTED_COLUMNS, *MEASURED_COLUMNS],
+                f"equal-bits run {label}; measured: {', '.join(MEASURED_COLUMNS)}; computed: "
+                f"{', '.join(COMPUTED_COLUMNS)} (storage formulas, on this run's allocation and conversation "
+                "lengths)",
+            ),
+        ]
         if r["long_output"]:
             q = [[n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c]
             parts += [
                 f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
                 table(q, ["method", "Q1", "Q2", "Q3", "Q4"], f"measured: equal-bits run {label}"),
             ]
-        mem = [[x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
-               for x in r["memory"]]  # fmt: skip
+        mem = [
+            [x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
+            for x in r["memory"]
+        ]
         parts += [
             f"Memory of each method at this budget ({paper.MODEL}, {paper.GPU_MEMORY_GIB:g} GiB budget, prompt "
             f"{paper.PROMPT})\n",
-            table(mem, ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
-                  memory),
-        ]  # fmt: skip
+            table(
+                mem,
+                ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
+                memory,
+            ),
+        ]
     return parts
 
 
@@ -188,8 +231,12 @@ def render(sources: Sequence[Source]) -> Section:
         ]
     parts += [
         "### TriAxialKV's trade-offs and the combination, checked\n",
-        claims_table(trade_offs(s, stored), cite, numbered=False,
-                     whose="the claims restate TriAxialKV's paper (arXiv 2605.17170) and this comparison's question"),
-    ]  # fmt: skip
+        claims_table(
+            trade_offs(s, stored),
+            cite,
+            numbered=False,
+            whose="the claims restate TriAxialKV's paper (arXiv 2605.17170) and this comparison's question",
+        ),
+    ]
     parts[parts.index("SOURCES")] = cite.legend()
     return Section(TITLE, "\n".join(parts), figs)

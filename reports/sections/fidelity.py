@@ -94,8 +94,14 @@ def _fig5(sources: Sequence[Source]) -> bytes | None:
         for s, style in zip(sources, itertools.cycle(("-", ":", "-.")), strict=False):
             shares = {str(k): v for k, v in s.data["summary"]["fig5_share_median"].items()}
             model = s.data["model"].split()[0]
-            ax.plot(x, [100 * shares[p] for p in SHARES], ls=style, marker="o", color=figures.color(model),
-                    label=f"{model}, {_label(s)} (measured)")  # fmt: skip
+            ax.plot(
+                x,
+                [100 * shares[p] for p in SHARES],
+                ls=style,
+                marker="o",
+                color=figures.color(model),
+                label=f"{model}, {_label(s)} (measured)",
+            )
         for model, ys in paper.FIG5_SHARE_PERCENT.items():
             ax.plot(x, ys, marker="*", ls="--", color=figures.color(model), label=f"{model} (paper, quoted)")
         ax.set(

@@ -66,15 +66,30 @@ def pnmix_faster_at_end(rows: list[dict]) -> Verdict:
 _SLOPE = paper.FIG7_SLOPE_US
 _FIT = f"{paper.FIG7_FIT[0] // 1024}K-{paper.FIG7_FIT[1] // 1024}K"
 CLAIMS: tuple[tuple[str, str, Callable[[list[dict]], Verdict]], ...] = (
-    (f"Fig. 6c: at equal batch, FP16 decodes faster than PN-Mix while it fits (B = {FP16_B}: "
-     f"{TPS[FP16, FP16_B]:.1f} vs {TPS[PN_MIX, FP16_B]:.1f} tok/s)", "fig6c-throughput", fp16_faster_at_equal_batch),
-    (f"Fig. 6c: PN-Mix's largest feasible throughput exceeds FP16's: {PAPER_MAX_THROUGHPUT}",
-     "fig6c-throughput", pnmix_max_throughput_higher),
-    (f"Fig. 7: PN-Mix's per-step latency grows more slowly than Kitty's over steps {_FIT} ({_SLOPE[PN_MIX]:.2f} vs "
-     f"{_SLOPE[KITTY]:.2f} us/step, {paper.FIG7_SLOPE_REDUCTION:.1%} lower)", "fig7-latency", pnmix_slope_lower),
-    (f"Fig. 7: at {paper.FIG7_GENERATION // 1024}K steps PN-Mix decodes a step {paper.FIG7_GAP_AT_END_MS} ms faster "
-     "than Kitty", "fig7-latency", pnmix_faster_at_end),
-)  # fmt: skip
+    (
+        f"Fig. 6c: at equal batch, FP16 decodes faster than PN-Mix while it fits (B = {FP16_B}: "
+        f"{TPS[FP16, FP16_B]:.1f} vs {TPS[PN_MIX, FP16_B]:.1f} tok/s)",
+        "fig6c-throughput",
+        fp16_faster_at_equal_batch,
+    ),
+    (
+        f"Fig. 6c: PN-Mix's largest feasible throughput exceeds FP16's: {PAPER_MAX_THROUGHPUT}",
+        "fig6c-throughput",
+        pnmix_max_throughput_higher,
+    ),
+    (
+        f"Fig. 7: PN-Mix's per-step latency grows more slowly than Kitty's over steps {_FIT} ({_SLOPE[PN_MIX]:.2f} vs "
+        f"{_SLOPE[KITTY]:.2f} us/step, {paper.FIG7_SLOPE_REDUCTION:.1%} lower)",
+        "fig7-latency",
+        pnmix_slope_lower,
+    ),
+    (
+        f"Fig. 7: at {paper.FIG7_GENERATION // 1024}K steps PN-Mix decodes a step {paper.FIG7_GAP_AT_END_MS} ms faster "
+        "than Kitty",
+        "fig7-latency",
+        pnmix_faster_at_end,
+    ),
+)
 
 
 def judge_all(full: dict[str, list[dict]]) -> list[Claim]:

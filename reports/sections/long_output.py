@@ -74,8 +74,14 @@ def _draw(s: Source):
         for ax, (metric, title) in zip(axes, PANELS, strict=True):
             for name, values in summary["methods"].items():
                 if metric in values:
-                    ax.plot(mids[: len(values[metric])], values[metric], marker="o", ms=3, color=figures.color(name),
-                            label=name)  # fmt: skip
+                    ax.plot(
+                        mids[: len(values[metric])],
+                        values[metric],
+                        marker="o",
+                        ms=3,
+                        color=figures.color(name),
+                        label=name,
+                    )
             ax.set_title(title)
             ax.set_xlabel("output position")
 
@@ -104,8 +110,13 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
         if png is not None:
             figs[FIGURE.format(i)] = png
             positions = s.data["summary"]["positions"]
-            parts.append(figure(FIGURE.format(i), f"Fidelity over {positions} output positions: KL, top-1 agreement "
-                                                  f"and NLL per span of positions (measured, {label})"))  # fmt: skip
+            parts.append(
+                figure(
+                    FIGURE.format(i),
+                    f"Fidelity over {positions} output positions: KL, top-1 agreement "
+                    f"and NLL per span of positions (measured, {label})",
+                )
+            )
     if not figures.available():
         parts.append(figures.MISSING + "\n")
     return parts, figs

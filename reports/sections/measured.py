@@ -70,8 +70,15 @@ def gpu_check_lines(s: Source) -> list[str]:
     the pytest-benchmark file it names, read as a result of its own)."""
     d = s.data
     head = f"GPU check `{s.name}` ({d.get('device')}, {d.get('date_utc')}, `{d.get('command')}`):"
-    steps = [f"{name} `{step['command']}` exited {step['exit_code']} after {step['seconds']} s"
-             + (f" ({step['reason']})" if step.get("reason") else
-                " (no reason recorded)" if step.get("exit_code") not in (0, None) else "")
-             for name, step in d.get("steps", {}).items()]  # fmt: skip
+    steps = [
+        f"{name} `{step['command']}` exited {step['exit_code']} after {step['seconds']} s"
+        + (
+            f" ({step['reason']})"
+            if step.get("reason")
+            else " (no reason recorded)"
+            if step.get("exit_code") not in (0, None)
+            else ""
+        )
+        for name, step in d.get("steps", {}).items()
+    ]
     return [escape(head + " " + "; ".join(steps) + ".")]

@@ -193,28 +193,49 @@ def _measured_table(points: list[dict], cite: Citations) -> str:
     rows = []
     for p in sorted(points, key=lambda p: (p["generation"], p["batch"], p["method"])):
         fits = not p["oom"]
-        rows.append([
-            p["method"], p["batch"], p["generation"], "fits" if fits else "OOM",
-            fmt(p["peak_allocated_gib"], ".2f"), fmt(p.get("peak_reserved_gib"), ".2f"),
-            fmt(p["model_peak_gib"], ".2f"),
-            fmt(p["peak_allocated_gib"] - p["model_peak_gib"] if fits else None, "+.2f"),
-            fmt(_paper_gib(p["method"], p["batch"], p["generation"]), ".2f"),
-        ])  # fmt: skip
-    headers = ["method", "batch", "L_gen", "outcome", "peak allocated GiB", "peak reserved GiB", "model GiB",
-               "measured - model", "paper GiB"]  # fmt: skip
+        rows.append(
+            [
+                p["method"],
+                p["batch"],
+                p["generation"],
+                "fits" if fits else "OOM",
+                fmt(p["peak_allocated_gib"], ".2f"),
+                fmt(p.get("peak_reserved_gib"), ".2f"),
+                fmt(p["model_peak_gib"], ".2f"),
+                fmt(p["peak_allocated_gib"] - p["model_peak_gib"] if fits else None, "+.2f"),
+                fmt(_paper_gib(p["method"], p["batch"], p["generation"]), ".2f"),
+            ]
+        )
+    headers = [
+        "method",
+        "batch",
+        "L_gen",
+        "outcome",
+        "peak allocated GiB",
+        "peak reserved GiB",
+        "model GiB",
+        "measured - model",
+        "paper GiB",
+    ]
     measured_from = ", ".join(cite.cite(x) for x in sorted({_provenance(p) for p in points}))
-    source = f"measured: {measured_from}; model GiB computed: the memory model {cite.cite(MODEL_SOURCE)}; paper GiB " \
-             f"quoted: the paper {cite.cite(PAPER_SOURCE)}"  # fmt: skip
+    source = (
+        f"measured: {measured_from}; model GiB computed: the memory model {cite.cite(MODEL_SOURCE)}; paper GiB "
+        f"quoted: the paper {cite.cite(PAPER_SOURCE)}"
+    )
     return table(rows, headers, source)
 
 
 def _beside_the_paper(verdicts: list[tuple[Claim, Claim | None]], points: list[dict], cite: Citations) -> str:
     """The paper's Fig. 6a/6b claims with the model's verdict at the same points (and the GPU's)."""
-    rows = [[fc.figure, fc.claim.split(": ", 1)[1], model.evidence.removesuffix("; no GPU measurement"), _yes(model)]
-            for fc, (model, _) in zip(CLAIMS, verdicts, strict=True)]  # fmt: skip
+    rows = [
+        [fc.figure, fc.claim.split(": ", 1)[1], model.evidence.removesuffix("; no GPU measurement"), _yes(model)]
+        for fc, (model, _) in zip(CLAIMS, verdicts, strict=True)
+    ]
     headers = ["figure", "paper (quoted)", "model (computed)", "agrees"]
-    source = f"paper column quoted: the paper {cite.cite(PAPER_SOURCE)}; model columns computed: the memory model " \
-             f"{cite.cite(MODEL_SOURCE)}"  # fmt: skip
+    source = (
+        f"paper column quoted: the paper {cite.cite(PAPER_SOURCE)}; model columns computed: the memory model "
+        f"{cite.cite(MODEL_SOURCE)}"
+    )
     if points:
         rows = [[*r, _yes(m)] for r, (_, m) in zip(rows, verdicts, strict=True)]
         headers.append("measured agrees")
@@ -296,13 +317,19 @@ def render(sources: Sequence[Source]) -> Section:
         parts += [
             figure(n, c)
             for n, c in (
-                ("fig6a-memory.png", f"Fig. 6a: peak memory vs generation length, B = {paper.FIG6A_BATCH} (lines "
-                                     f"computed by the model; stars the paper's, on its {paper.GPU})"),
-                ("fig6b-memory.png", f"Fig. 6b: peak memory vs batch, L_gen = {paper.FIG6B_GENERATION // 1024}K "
-                                     f"(lines computed by the model; stars the paper's, on its {paper.GPU})"),
+                (
+                    "fig6a-memory.png",
+                    f"Fig. 6a: peak memory vs generation length, B = {paper.FIG6A_BATCH} (lines "
+                    f"computed by the model; stars the paper's, on its {paper.GPU})",
+                ),
+                (
+                    "fig6b-memory.png",
+                    f"Fig. 6b: peak memory vs batch, L_gen = {paper.FIG6B_GENERATION // 1024}K "
+                    f"(lines computed by the model; stars the paper's, on its {paper.GPU})",
+                ),
             )
             if n in figs
-        ]  # fmt: skip
+        ]
     else:
         parts.append(figures.MISSING + "\n")
     parts[parts.index("SOURCES")] = cite.legend()

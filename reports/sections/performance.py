@@ -93,8 +93,15 @@ def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
         for m in sorted({m for m, _ in paper.FIG6C_TOKENS_PER_S}):
             pts = sorted((b, v) for (pm, b), v in paper.FIG6C_TOKENS_PER_S.items() if pm == m and (m, b) in shown)
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="*", ms=12, ls="", color=figures.color(m), mec="k",
-                        label=f"{m} (paper, {paper.GPU}, quoted)")  # fmt: skip
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    marker="*",
+                    ms=12,
+                    ls="",
+                    color=figures.color(m),
+                    mec="k",
+                    label=f"{m} (paper, {paper.GPU}, quoted)",
+                )
         title = f"Fig. 6c: throughput vs batch (measured: {rows[0]['device']}; stars: the paper's {paper.GPU})"
         ax.set(xlabel="batch B", ylabel="tokens / s", title=title)
 
@@ -367,6 +374,7 @@ def render(sources: Sequence[Source]) -> Section:
 def cited(md: str) -> str:
     """Each table's full source said once, in a list at the top, and cited under the tables by label."""
     cites = Citations("P")
-    lines = [SOURCE + cites.cite(line.removeprefix(SOURCE)) if line.startswith(SOURCE) else line
-             for line in md.splitlines()]  # fmt: skip
+    lines = [
+        SOURCE + cites.cite(line.removeprefix(SOURCE)) if line.startswith(SOURCE) else line for line in md.splitlines()
+    ]
     return cites.legend() + "\n" + "\n".join(lines) + "\n"

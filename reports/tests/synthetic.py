@@ -20,11 +20,21 @@ FIG6C = {("FP16", 20): 500.0, ("FP16", 21): None, ("Kitty", 20): 450.0, ("PN-Mix
 KERNEL = {("FP16", 1, 8192): 0.10, ("Kitty", 1, 8192): 0.05, ("PN-Mix", 1, 8192): 0.04}
 COPY_GBPS = 4000.0
 #: kernel launch choices (block_n, warps, stages, split factor): (ms, max error, fits); bound 0.01 everywhere.
-LAUNCH = {(64, 4, 1, 1): (0.10, 0.001, True), (64, 4, 2, 1): (0.08, 0.002, True),
-          (32, 4, 2, 1): (0.05, 0.5, True), (128, 8, 3, 1): (None, None, False)}  # fmt: skip
+LAUNCH = {
+    (64, 4, 1, 1): (0.10, 0.001, True),
+    (64, 4, 2, 1): (0.08, 0.002, True),
+    (32, 4, 2, 1): (0.05, 0.5, True),
+    (128, 8, 3, 1): (None, None, False),
+}
 #: `reference.records.machine` of the run that wrote a file.
-MACHINE = {"platform": "Linux-6.8-x86_64", "cpu": "x86_64, 16 logical cores", "memory": "128.0 GiB",
-           "gpu": DEVICE, "cuda": "12.8", "TRITON_INTERPRET": "unset"}  # fmt: skip
+MACHINE = {
+    "platform": "Linux-6.8-x86_64",
+    "cpu": "x86_64, 16 logical cores",
+    "memory": "128.0 GiB",
+    "gpu": DEVICE,
+    "cuda": "12.8",
+    "TRITON_INTERPRET": "unset",
+}
 
 
 def _bench(name: str, info: dict, median_s: float = 1.0) -> dict:
@@ -241,10 +251,14 @@ def gpu_check(bench_name: str = "bench-GPU-1.json") -> dict:
         "command": "python -m benchmarks.gpu_check",
         "steps": {
             "conformance": {"command": "pytest conformance pnmix --impl triton", "exit_code": 0, "seconds": 120.0},
-            "benchmarks": {"command": "pytest benchmarks/suites --bench-scale full", "exit_code": 1, "seconds": 300.0,
-                           "json": f"benchmarks/results/{bench_name}"},
+            "benchmarks": {
+                "command": "pytest benchmarks/suites --bench-scale full",
+                "exit_code": 1,
+                "seconds": 300.0,
+                "json": f"benchmarks/results/{bench_name}",
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def current(data: dict) -> dict:
@@ -277,9 +291,16 @@ def task_accuracy() -> dict:
     worse = [0] * 10 + fp16_a[10:]  # the first 10 right answers lost
 
     def run(label, role, key_bits, a, budget=None, value_bits=2.5):
-        return {"label": label, "role": role, "key_bits": key_bits, "value_bits": value_bits, "budget": budget,
-                "method": label.split(" @")[0], "model_args": "method=x",
-                "results": {"a_1k": {"correct": a}, "b_1k": {"correct": fp16_b}}}  # fmt: skip
+        return {
+            "label": label,
+            "role": role,
+            "key_bits": key_bits,
+            "value_bits": value_bits,
+            "budget": budget,
+            "method": label.split(" @")[0],
+            "model_args": "method=x",
+            "results": {"a_1k": {"correct": a}, "b_1k": {"correct": fp16_b}},
+        }
 
     runs = [run("FP16", "baseline", 16.0, fp16_a, value_bits=16.0)]
     for budget in (3.0, 2.25, 1.5):
@@ -305,9 +326,31 @@ def task_accuracy() -> dict:
 #: does not parse, a control character.
 HOSTILE = "x\n| injected | row |\r\n<script>alert(1)</script> & <b>b</b> $\\frac{$ \x1b[31m"
 #: The keys whose text the report shows (names, devices, commands, reasons, labels).
-SHOWN_TEXT = ("implementation", "implementations", "device", "command", "model", "reason", "example", "name",
-              "label", "method", "version", "origin", "date_utc", "protocol", "timing", "config", "claim",
-              "evidence", "warnings", "model_fingerprint", "realistic_workload", "datetime", "brand_raw")  # fmt: skip
+SHOWN_TEXT = (
+    "implementation",
+    "implementations",
+    "device",
+    "command",
+    "model",
+    "reason",
+    "example",
+    "name",
+    "label",
+    "method",
+    "version",
+    "origin",
+    "date_utc",
+    "protocol",
+    "timing",
+    "config",
+    "claim",
+    "evidence",
+    "warnings",
+    "model_fingerprint",
+    "realistic_workload",
+    "datetime",
+    "brand_raw",
+)
 
 
 #: Methods the report's schemas require by name (`reports.schema`).

@@ -32,9 +32,14 @@ def test_a_status_and_basis_that_contradict_each_other_are_refused(status, basis
 
 @pytest.mark.parametrize(
     ("status", "basis"),
-    [(NOT_MEASURED, "-"), (CONFIRMED, "measured"), (NOT_CONFIRMED, "computed"), (CONFIRMED, "measured here"),
-     (CONFIRMED, "computed from the storage formula")],
-)  # fmt: skip
+    [
+        (NOT_MEASURED, "-"),
+        (CONFIRMED, "measured"),
+        (NOT_CONFIRMED, "computed"),
+        (CONFIRMED, "measured here"),
+        (CONFIRMED, "computed from the storage formula"),
+    ],
+)
 def test_a_status_and_basis_that_agree_are_taken(status, basis):
     assert Claim("c", status, basis, "evidence", "provenance").basis == basis
 
@@ -52,8 +57,11 @@ def test_citations_describe_each_source_once():
 
 def test_the_claims_table_cites_each_provenance_once():
     long = "measured on cpu, 2026-12-01, command `x`, file `f.json`"
-    claims = [Claim("a", CONFIRMED, "measured", "e1", long), Claim("b", NOT_CONFIRMED, "measured", "e2", long),
-              Claim("c", NOT_MEASURED, "-", "nothing here", "-")]  # fmt: skip
+    claims = [
+        Claim("a", CONFIRMED, "measured", "e1", long),
+        Claim("b", NOT_CONFIRMED, "measured", "e2", long),
+        Claim("c", NOT_MEASURED, "-", "nothing here", "-"),
+    ]
     body = claims_section.render(claims).body
     rows = table_after(body, "1 confirmed")
     assert [r["source"] for r in rows] == ["[C1]", "[C1]", "-"]

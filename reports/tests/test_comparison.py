@@ -77,8 +77,12 @@ def test_the_summary_gives_each_implementation_its_verdict_bits_error_and_speed(
     data = synthetic.conformance()
     for r in data["results"]:
         if r["implementation"] == "reference" and r["property"] == "test_a":
-            r["measured"] = {"realistic_bits_per_element": 2.7, "realistic_key_bits_per_element": 2.4,
-                             "realistic_value_bits_per_element": 3.0, "realistic_attention_error": 0.013}  # fmt: skip
+            r["measured"] = {
+                "realistic_bits_per_element": 2.7,
+                "realistic_key_bits_per_element": 2.4,
+                "realistic_value_bits_per_element": 3.0,
+                "realistic_attention_error": 0.013,
+            }
     bench = synthetic.gpu_benchmarks()
     for b in bench["benchmarks"]:
         b["extra_info"]["implementation"] = {"PN-Mix": "triton", "Kitty": "kitty-triton"}.get(b["extra_info"]["method"])
@@ -162,8 +166,13 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
     reason = "no example fits its claims: reference: no head_dim within its claims (14 examples)"
     nothing = {**data["results"][3], "outcome": "skipped", "examples": {"run": 0, "dropped": 14}, "reason": reason}
     data["results"][3] = nothing  # reference's test_b
-    unclaimed = {**nothing, "property": "test_e", "nodeid": "conformance/test_p1_packing.py::test_e[reference]",
-                 "examples": {"run": 0, "dropped": 0}, "reason": "reference does not claim bf16"}  # fmt: skip
+    unclaimed = {
+        **nothing,
+        "property": "test_e",
+        "nodeid": "conformance/test_p1_packing.py::test_e[reference]",
+        "examples": {"run": 0, "dropped": 0},
+        "reason": "reference does not claim bf16",
+    }
     data["results"].append(unclaimed)
     data["implementation_details"][0]["claims"] = {"attention": "spec"}
     source = load(tmp_path, "c.json", data)

@@ -43,11 +43,22 @@ def _long_output(tmp_path, name, positions, date):
     from benchmarks import long_output as bench_long
     from reference import records
 
-    per_prompt = [{m: {"kl": [0.1 * (i + 1)] * positions, "top1": [1.0] * positions, "nll": [1.0] * positions}
-                   for i, m in enumerate(("KIVI-2 +32 sinks", "Kitty", "PN-Mix"))}]  # fmt: skip
+    per_prompt = [
+        {
+            m: {"kl": [0.1 * (i + 1)] * positions, "top1": [1.0] * positions, "nll": [1.0] * positions}
+            for i, m in enumerate(("KIVI-2 +32 sinks", "Kitty", "PN-Mix"))
+        }
+    ]
     per_prompt[0]["FP16"] = {"nll": [0.5] * positions}
-    data = records.record("long-output", "cpu", command="python -m benchmarks.long_output", model="M (x)", prompts=1,
-                          chunk=1, summary=bench_long.summarize(per_prompt, 4))  # fmt: skip
+    data = records.record(
+        "long-output",
+        "cpu",
+        command="python -m benchmarks.long_output",
+        model="M (x)",
+        prompts=1,
+        chunk=1,
+        summary=bench_long.summarize(per_prompt, 4),
+    )
     data["date_utc"] = date
     return inputs.load(synthetic.write(tmp_path, name, data), "--input")
 
@@ -57,8 +68,10 @@ def every_figure(drawn, tmp_path):
     """Every figure of the memory, fidelity (two long-output runs) and equal-bits sections."""
     memory.render([])
     full = inputs.load(COMMITTED_FIDELITY, "committed")
-    longs = [_long_output(tmp_path, "a.json", 16, "2026-12-01T00:00:00+00:00"),
-             _long_output(tmp_path, "b.json", 32, "2026-12-02T00:00:00+00:00")]  # fmt: skip
+    longs = [
+        _long_output(tmp_path, "a.json", 16, "2026-12-01T00:00:00+00:00"),
+        _long_output(tmp_path, "b.json", 32, "2026-12-02T00:00:00+00:00"),
+    ]
     section = fidelity.render([full], "", longs)
     equal_bits.render([inputs.load(p, "committed") for p in COMMITTED_EQUAL_BITS])
     assert len(drawn) == 2 + 2 + 2 + 1 and {"long-output-1.png", "long-output-2.png"} <= set(section.figures)
@@ -97,8 +110,10 @@ def test_an_unknown_name_gets_the_same_colour_in_every_run():
     names = ["Qwen3-14B", "SmolLM2-135M", "prefill", "full", "my-new-cache"]
     code = f"from reports import figures; print([figures.color(n) for n in {names!r}])"
     env = {seed: {**os.environ, "PYTHONHASHSEED": seed} for seed in ("1", "2")}
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=e).stdout
-            for e in env.values()}  # fmt: skip
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=e).stdout
+        for e in env.values()
+    }
     assert runs == {f"{[figures.color(n) for n in names]}\n"}
 
 

@@ -17,9 +17,13 @@ COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").
 
 @pytest.mark.parametrize(
     ("maker", "kind"),
-    [(synthetic.conformance, "conformance"), (synthetic.gpu_check, "gpu-check"),
-     (synthetic.gpu_benchmarks, "pytest-benchmark"), (synthetic.tiny_benchmarks, "pytest-benchmark")],
-)  # fmt: skip
+    [
+        (synthetic.conformance, "conformance"),
+        (synthetic.gpu_check, "gpu-check"),
+        (synthetic.gpu_benchmarks, "pytest-benchmark"),
+        (synthetic.tiny_benchmarks, "pytest-benchmark"),
+    ],
+)
 def test_kind_comes_from_the_content_not_the_name(tmp_path, maker, kind):
     path = synthetic.write(tmp_path, "results.json", maker())
     assert inputs.load(path, "--input").kind == kind
@@ -33,7 +37,7 @@ def test_committed_fidelity_result_is_recognised():
 @pytest.mark.parametrize(
     ("content", "says"),
     [(json.dumps({"kind": "something-else"}), "kind 'something-else'"), ("{not json", "cannot read it as JSON")],
-)  # fmt: skip
+)
 def test_unknown_or_broken_file_fails_naming_the_file(tmp_path, content, says):
     """What counts as unknown content is reference.records.kind_of's (tested there); here: the file is named."""
     path = tmp_path / "mystery.json"
@@ -107,16 +111,18 @@ def test_the_synthetic_results_of_the_tests_pass_the_schema(tmp_path, maker):
         ),
         (
             {**synthetic.conformance(), "results": [{"implementation": "x", "outcome": 1}] * 3},
-            ["results[0].outcome: is an integer (1), expected one of 'passed', 'failed', 'skipped', 'xfailed', "
-             "'xpassed' (and in 2 more items)",
-             "results[0].module: missing (and in 2 more items)"],
+            [
+                "results[0].outcome: is an integer (1), expected one of 'passed', 'failed', 'skipped', 'xfailed', "
+                "'xpassed' (and in 2 more items)",
+                "results[0].module: missing (and in 2 more items)",
+            ],
         ),
         (
             {**synthetic.gpu_check(), "steps": {"fig7": {"command": "pytest"}}},
             ["steps.fig7.exit_code: missing", "steps.fig7.seconds: missing"],
         ),
     ],
-)  # fmt: skip
+)
 def test_a_file_of_a_known_kind_but_wrong_content_is_refused_one_line_per_problem(tmp_path, data, says):
     path = synthetic.write(tmp_path, "odd.json", data)
     with pytest.raises(inputs.InputError) as err:
@@ -157,53 +163,137 @@ _STEP = re.compile(r"\.?([A-Za-z_]\w*)|\[(\d+)\]|\['([^']*)'\]|\[(\w+)=([\w-]+)\
 #: (result, field as the error names it, value written there, the problem the one line says). A field that
 #: the report reads gets its probe by a row here; [suite=kernel] stands for the first benchmark of that suite.
 BAD_VALUES = [
-    ("gpu", "benchmarks[suite=kernel].extra_info.gbps", math.inf,
-     "is a number (inf), expected a finite number in (0, 1000000] or null"),
-    ("gpu", "benchmarks[suite=kernel].extra_info.bytes", -1,
-     "is an integer (-1), expected an integer in [1, 1125899906842624] or null"),
-    ("gpu", "benchmarks[suite=kernel].extra_info.context", 0,
-     "is an integer (0), expected an integer in [1, 16777216]"),
-    ("gpu", "benchmarks[suite=kernel].extra_info.copy_gbps", None,
-     "is null (None), expected a finite number in (0, 1000000]"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.batch", -5,
-     "is an integer (-5), expected an integer in [1, 1048576]"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.batch", 0,
-     "is an integer (0), expected an integer in [1, 1048576]"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.batch", 10**30,
-     "is an integer (1000000000000000000000000000000), expected an integer in [1, 1048576]"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.batch", math.nan,
-     "is a number (nan), expected an integer in [1, 1048576]"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.tokens_per_s", -math.inf,
-     "is a number (-inf), expected a finite number in (0, 1000000000] or null"),
-    ("gpu", "benchmarks[suite=fig6c-throughput].extra_info.prompt", -141,
-     "is an integer (-141), expected an integer in [0, 16777216]"),
-    ("gpu", "benchmarks[suite=fig7-latency].extra_info.step_ms", 0.0,
-     "is a number (0.0), expected a finite number in (0, 604800000] or null"),
-    ("gpu", "benchmarks[suite=fig7-latency].extra_info.step_ms", None,
-     "is null at a full-scale point that ran (neither out of memory nor a launch choice that does not fit): "
-     "expected a number"),
-    ("gpu", "benchmarks[suite=fig6-memory].extra_info.peak_allocated_gib", -1.0,
-     "is a number (-1.0), expected a finite number in [0, 1048576] or null"),
-    ("gpu", "benchmarks[suite=kernel-launch].extra_info.warps", 0,
-     "is an integer (0), expected an integer in [1, 65536]"),
-    ("gpu", "benchmarks[suite=kernel].stats.median", math.nan,
-     "is a number (nan), expected a finite number in [0, 604800] or null"),
-    ("gpu", "benchmarks[suite=kernel].extra_info.gbps", "fast",
-     "is a string ('fast'), expected a finite number in (0, 1000000] or null"),
-    ("tiny", "benchmarks[suite=fig7-latency].extra_info.step_ms", -1.0,
-     "is a number (-1.0), expected a finite number in (0, 604800000] or null"),
-    ("conformance", "results[0].outcome", "exploded",
-     "is a string ('exploded'), expected one of 'passed', 'failed', 'skipped', 'xfailed', 'xpassed'"),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].extra_info.gbps",
+        math.inf,
+        "is a number (inf), expected a finite number in (0, 1000000] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].extra_info.bytes",
+        -1,
+        "is an integer (-1), expected an integer in [1, 1125899906842624] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].extra_info.context",
+        0,
+        "is an integer (0), expected an integer in [1, 16777216]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].extra_info.copy_gbps",
+        None,
+        "is null (None), expected a finite number in (0, 1000000]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.batch",
+        -5,
+        "is an integer (-5), expected an integer in [1, 1048576]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.batch",
+        0,
+        "is an integer (0), expected an integer in [1, 1048576]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.batch",
+        10**30,
+        "is an integer (1000000000000000000000000000000), expected an integer in [1, 1048576]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.batch",
+        math.nan,
+        "is a number (nan), expected an integer in [1, 1048576]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.tokens_per_s",
+        -math.inf,
+        "is a number (-inf), expected a finite number in (0, 1000000000] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6c-throughput].extra_info.prompt",
+        -141,
+        "is an integer (-141), expected an integer in [0, 16777216]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig7-latency].extra_info.step_ms",
+        0.0,
+        "is a number (0.0), expected a finite number in (0, 604800000] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig7-latency].extra_info.step_ms",
+        None,
+        "is null at a full-scale point that ran (neither out of memory nor a launch choice that does not fit): "
+        "expected a number",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6-memory].extra_info.peak_allocated_gib",
+        -1.0,
+        "is a number (-1.0), expected a finite number in [0, 1048576] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel-launch].extra_info.warps",
+        0,
+        "is an integer (0), expected an integer in [1, 65536]",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].stats.median",
+        math.nan,
+        "is a number (nan), expected a finite number in [0, 604800] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=kernel].extra_info.gbps",
+        "fast",
+        "is a string ('fast'), expected a finite number in (0, 1000000] or null",
+    ),
+    (
+        "tiny",
+        "benchmarks[suite=fig7-latency].extra_info.step_ms",
+        -1.0,
+        "is a number (-1.0), expected a finite number in (0, 604800000] or null",
+    ),
+    (
+        "conformance",
+        "results[0].outcome",
+        "exploded",
+        "is a string ('exploded'), expected one of 'passed', 'failed', 'skipped', 'xfailed', 'xpassed'",
+    ),
     ("conformance", "results[0].duration_s", -1, "is an integer (-1), expected a finite number in [0, 604800]"),
     ("conformance", "device", "cpu \ud800", "is a string that is not valid Unicode (a string ('cpu \\ud800'))"),
-    ("gpu-check", "steps.benchmarks.seconds", math.nan,
-     "is a number (nan), expected a finite number in [0, 604800] or null"),
-    ("gpu-check", "steps.benchmarks.exit_code", 1000,
-     "is an integer (1000), expected an integer in [-255, 255] or null"),
+    (
+        "gpu-check",
+        "steps.benchmarks.seconds",
+        math.nan,
+        "is a number (nan), expected a finite number in [0, 604800] or null",
+    ),
+    (
+        "gpu-check",
+        "steps.benchmarks.exit_code",
+        1000,
+        "is an integer (1000), expected an integer in [-255, 255] or null",
+    ),
     ("fidelity", "prompts", 0, "is an integer (0), expected an integer in [1, 16777216]"),
     ("fidelity", "summary.fig5_share_median['10']", 1.5, "is a number (1.5), expected a finite number in [0, 1]"),
-    ("fidelity", "summary.table9_mean['KIVI-style uniform 2-bit'].kl", math.nan,
-     "is a number (nan), expected a finite number >= -1e-06"),
+    (
+        "fidelity",
+        "summary.table9_mean['KIVI-style uniform 2-bit'].kl",
+        math.nan,
+        "is a number (nan), expected a finite number >= -1e-06",
+    ),
     ("fidelity", "end_to_end.fp16_nll", -math.inf, "is a number (-inf), expected a finite number >= 0"),
     ("long-output", "summary.positions", -1, "is an integer (-1), expected an integer in [1, 16777216]"),
     ("long-output", "summary.methods.FP16.nll[0]", math.nan, "is a number (nan), expected a finite number >= 0"),
@@ -215,13 +305,15 @@ BAD_VALUES = [
     ("task-accuracy", "tasks[0].chance", 2, "is an integer (2), expected a finite number in [0, 1]"),
     ("task-accuracy", "runs[0].results.a_1k.correct[0]", 2, "is an integer (2), expected one of 0, 1"),
     ("task-accuracy", "runs[0].results.a_1k.correct", [1] * 39, "has 39 outcomes, expected the task's 40 items"),
-]  # fmt: skip
+]
 
 
 def _at(data: object, path: str) -> tuple[object, object, str]:
     """(container, key, path as the error names it) of the field at `path` in `data`."""
-    steps = [next(g for g in m.groups() if g is not None) if not m.group(4) else (m.group(4), m.group(5))
-             for m in _STEP.finditer(path)]  # fmt: skip
+    steps = [
+        next(g for g in m.groups() if g is not None) if not m.group(4) else (m.group(4), m.group(5))
+        for m in _STEP.finditer(path)
+    ]
     shown, keys = "", []
     for step in steps:
         if isinstance(step, tuple):  # the first list item whose extra_info has this value

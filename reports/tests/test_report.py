@@ -19,11 +19,19 @@ from .mdtables import table_after, tables, tables_without_source
 
 ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
-SECTIONS = ("## 1. Summary", "## 2. Conformance matrix", "## 3. Storage and bit widths",
-            "## 4. Memory feasibility (Fig. 6a, 6b)", "## 5. Measured performance", "## 6. Fidelity",
-            "## 7. Channels or token roles at equal bits (TriAxialKV)",
-            "## 8. Task accuracy (Table 2, Fig. 3, Table 8)",
-            "## 9. The paper's claims", "## 10. History", "## 11. Environment and provenance")  # fmt: skip
+SECTIONS = (
+    "## 1. Summary",
+    "## 2. Conformance matrix",
+    "## 3. Storage and bit widths",
+    "## 4. Memory feasibility (Fig. 6a, 6b)",
+    "## 5. Measured performance",
+    "## 6. Fidelity",
+    "## 7. Channels or token roles at equal bits (TriAxialKV)",
+    "## 8. Task accuracy (Table 2, Fig. 3, Table 8)",
+    "## 9. The paper's claims",
+    "## 10. History",
+    "## 11. Environment and provenance",
+)
 #: A third party's implementation, written from the README: the report takes it with one --impl.
 PLUGIN = "reports.tests.thirdparty:make"
 NOTHING_RUN = ["--no-conformance", "--no-benchmarks", "--fidelity", "off"]
@@ -73,8 +81,11 @@ def test_quick_report_numbers_match_their_sources(quick):
         assert summary[name]["verdict"] == conformance_section.verdict(mine) + summary_section.attention_note(details)
         passed = sum(int(c.partition(" x")[2] or 1) for c in (row[name] for row in matrix) if c.startswith("pass"))
         assert passed == sum(r["outcome"] == "passed" for r in mine), name
-    realistic = [r["measured"] for r in data["results"] if r["implementation"] == "thirdparty-kivi"
-                 and "realistic_bits_per_element" in r["measured"]]  # fmt: skip
+    realistic = [
+        r["measured"]
+        for r in data["results"]
+        if r["implementation"] == "thirdparty-kivi" and "realistic_bits_per_element" in r["measured"]
+    ]
     assert summary["thirdparty-kivi"]["bits / element"].startswith(f"{realistic[0]['realistic_bits_per_element']:.2f}")
     # storage and memory: the numbers of reference.storage and benchmarks.memory
     bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
@@ -86,8 +97,11 @@ def test_quick_report_numbers_match_their_sources(quick):
     # committed results that record no code fingerprint are history, not compared
     assert "The fidelity analyses were not run here (--quick)" in md
     history = {r["file"].strip("`"): r for r in table_after(md, "## 10. History")}
-    committed = [p for p in (ROOT / "benchmarks" / "results").rglob("*.json") if "code" not in json.loads(p.read_text())
-                 and "benchmarks" not in json.loads(p.read_text())]  # fmt: skip
+    committed = [
+        p
+        for p in (ROOT / "benchmarks" / "results").rglob("*.json")
+        if "code" not in json.loads(p.read_text()) and "benchmarks" not in json.loads(p.read_text())
+    ]
     for p in committed:
         assert history[p.relative_to(ROOT).as_posix()]["why not current"].startswith("records no code fingerprint")
     # benchmark suites: run on the CPU (tiny harness), the plug-in beside the built-ins, labelled as such
@@ -98,7 +112,10 @@ def test_quick_report_numbers_match_their_sources(quick):
     assert plugin_rows == {"kernel", "fig7-latency", "fig6c-throughput"}
     claims = table_after(md, "## 9.")
     assert len(claims) >= 14 and {r["status"] for r in claims} <= {
-        "**confirmed**", "**not confirmed**", "**not measured here**"}  # fmt: skip
+        "**confirmed**",
+        "**not confirmed**",
+        "**not measured here**",
+    }
 
 
 @pytest.mark.slow
@@ -132,13 +149,21 @@ def test_a_bad_input_fails_at_once_naming_the_file(tmp_path, monkeypatch, capsys
 
 @pytest.mark.parametrize(
     ("argv", "says"),
-    [(["--name", "a/b"], "--name must be a plain folder name"), (["--name", ".hidden"], "--name must be"),
-     (["--name", "a\nb"], "--name must be"), (["--name", "a b"], "--name must be"), (["--name=-r"], "--name must be"),
-     (["--name", "r$(x)"], "--name must be"), (["--name", "r" * 201], "--name must be"),
-     (["--name", ""], "--name must be"),
-     (["--impl", "nonesuch"], "--impl 'nonesuch'"), (["--impl", "kivi", "--no-conformance"], "contradict"),
-     (["--only", "nonesuch"], "--only 'nonesuch'"), (["--impl", "kivi", "--only", "fp16"], "give one of them")],
-)  # fmt: skip
+    [
+        (["--name", "a/b"], "--name must be a plain folder name"),
+        (["--name", ".hidden"], "--name must be"),
+        (["--name", "a\nb"], "--name must be"),
+        (["--name", "a b"], "--name must be"),
+        (["--name=-r"], "--name must be"),
+        (["--name", "r$(x)"], "--name must be"),
+        (["--name", "r" * 201], "--name must be"),
+        (["--name", ""], "--name must be"),
+        (["--impl", "nonesuch"], "--impl 'nonesuch'"),
+        (["--impl", "kivi", "--no-conformance"], "contradict"),
+        (["--only", "nonesuch"], "--only 'nonesuch'"),
+        (["--impl", "kivi", "--only", "fp16"], "give one of them"),
+    ],
+)
 def test_bad_arguments_are_named(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
@@ -147,9 +172,11 @@ def test_bad_arguments_are_named(argv, says, capsys):
 
 @pytest.mark.parametrize(
     ("factory", "says"),
-    [("returns_none", "its factory returned None (NoneType), not an implementation: it lacks name,"),
-     ("broken_factory", "its factory raised RuntimeError: no device")],
-)  # fmt: skip
+    [
+        ("returns_none", "its factory returned None (NoneType), not an implementation: it lacks name,"),
+        ("broken_factory", "its factory raised RuntimeError: no device"),
+    ],
+)
 def test_an_implementation_that_does_not_load_stops_the_run_at_once(tmp_path, monkeypatch, capsys, factory, says):
     monkeypatch.setattr(steps, "run_all", lambda *a, **k: pytest.fail("a load failure must stop it before any step"))
     impl = f"conformance.meta.test_loader:{factory}"
@@ -176,9 +203,13 @@ def _plant(kind: str, at: Path) -> None:
 
 @pytest.mark.parametrize(
     ("planted", "says"),
-    [("dangling link", "is a symbolic link (to "), ("link to a report", "is a symbolic link (to "),
-     ("file", "exists and is not a folder"), ("folder", "exists and is not a report folder (no REPORT.md)")],
-)  # fmt: skip
+    [
+        ("dangling link", "is a symbolic link (to "),
+        ("link to a report", "is a symbolic link (to "),
+        ("file", "exists and is not a folder"),
+        ("folder", "exists and is not a report folder (no REPORT.md)"),
+    ],
+)
 def test_what_is_at_the_report_folder_path_is_refused_before_any_work(tmp_path, monkeypatch, capsys, planted, says):
     _plant(planted, tmp_path / "r")
     before = sorted((p.name, p.is_symlink()) for p in tmp_path.iterdir())
@@ -221,10 +252,13 @@ def test_results_of_other_code_are_history_not_compared(tmp_path):
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
-    [([], steps.ALL_IMPLS), (["--impl", "x.y:make"], (*steps.ALL_IMPLS, "x.y:make")),
-     (["--quick", "--impl", "triton"], (*steps.QUICK_IMPLS, "triton")),
-     (["--only", "kivi", "--only", "fp16"], ("kivi", "fp16"))],
-)  # fmt: skip
+    [
+        ([], steps.ALL_IMPLS),
+        (["--impl", "x.y:make"], (*steps.ALL_IMPLS, "x.y:make")),
+        (["--quick", "--impl", "triton"], (*steps.QUICK_IMPLS, "triton")),
+        (["--only", "kivi", "--only", "fp16"], ("kivi", "fp16")),
+    ],
+)
 def test_impl_adds_to_the_default_set_and_only_replaces_it(argv, expected):
     assert cli.implementations(cli.parser().parse_args(argv)) == list(expected)
 
@@ -299,8 +333,10 @@ def test_text_of_the_inputs_cannot_add_rows_html_or_formulas_to_the_report(tmp_p
     of this tree's code (compared) and of other code (History): the report renders, its tables keep their
     columns and none of that text reaches it raw."""
     results = ROOT / "benchmarks" / "results"
-    valid = {**{k: v for k, v in test_inputs.VALID.items()}, "equal-bits-bits": lambda: json.loads(
-        min(results.glob("equal-bits-*.json")).read_text())}  # fmt: skip
+    valid = {
+        **{k: v for k, v in test_inputs.VALID.items()},
+        "equal-bits-bits": lambda: json.loads(min(results.glob("equal-bits-*.json")).read_text()),
+    }
     argv = []
     for name, make in valid.items():
         for current in (True, False):
@@ -335,19 +371,31 @@ def test_a_plugin_is_loaded_once_and_its_module_file_and_version_are_recorded(tm
     assert cli.main([*argv, "--no-benchmarks", "--fidelity", "off"]) == 0
     assert loads == [PLUGIN]
     (row,) = table_after((tmp_path / "r" / "REPORT.md").read_text(), "### Implementations given")
-    assert row == {"given as": f"`{PLUGIN}`", "name": "thirdparty-kivi", "version": "0.1.0",
-                   "module file": "`reports/tests/thirdparty.py`", "origin": PLUGIN}  # fmt: skip
+    assert row == {
+        "given as": f"`{PLUGIN}`",
+        "name": "thirdparty-kivi",
+        "version": "0.1.0",
+        "module file": "`reports/tests/thirdparty.py`",
+        "origin": PLUGIN,
+    }
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
-    [(["--impl", "reference.implementation:make"],
-      "implementation 'reference.implementation:make' (reference.implementation:make) is named 'reference', as is the "
-      "built-in 'reference' (reference = reference.implementation:make (pnmix "),
-     (["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_twin"],
-      "implementation 'reports.tests.thirdparty:make_twin' (reports.tests.thirdparty:make_twin) is named "
-      f"'thirdparty-kivi', as is '{PLUGIN}' ({PLUGIN}): their results would be filed under one name")],
-)  # fmt: skip
+    [
+        (
+            ["--impl", "reference.implementation:make"],
+            "implementation 'reference.implementation:make' (reference.implementation:make) is named 'reference', "
+            "as is the "
+            "built-in 'reference' (reference = reference.implementation:make (pnmix ",
+        ),
+        (
+            ["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_twin"],
+            "implementation 'reports.tests.thirdparty:make_twin' (reports.tests.thirdparty:make_twin) is named "
+            f"'thirdparty-kivi', as is '{PLUGIN}' ({PLUGIN}): their results would be filed under one name",
+        ),
+    ],
+)
 def test_two_implementations_under_one_name_are_refused_naming_both_origins(tmp_path, monkeypatch, capsys, argv, says):
     monkeypatch.setattr(steps, "run_all", no_steps)
     with pytest.raises(SystemExit) as exit_:

@@ -107,11 +107,18 @@ def test_measured_memory_points_decide_the_memory_claims(gpu):
     s = memory.render(gpu)
     rows = table_after(s.body, "### Measured on a GPU")
     assert [(r["method"], r["batch"], r["outcome"]) for r in rows] == [
-        ("FP16", "20", "fits"), ("FP16", "21", "OOM"), ("PN-Mix", "110", "fits")]  # fmt: skip
+        ("FP16", "20", "fits"),
+        ("FP16", "21", "OOM"),
+        ("PN-Mix", "110", "fits"),
+    ]
     assert rows[0]["measured - model"] == "+1.50" and rows[0]["paper GiB"] == "38.48"
     # Fig. 6a has no measured point here (the model decides); Fig. 6b's points are measured and agree
     assert [(c.basis, c.status) for c in s.claims] == [
-        ("computed", CONFIRMED), ("computed", CONFIRMED), ("measured", CONFIRMED), ("measured", CONFIRMED)]  # fmt: skip
+        ("computed", CONFIRMED),
+        ("computed", CONFIRMED),
+        ("measured", CONFIRMED),
+        ("measured", CONFIRMED),
+    ]
     arch = ARCHITECTURES["Qwen3-8B"]
     fig6a = {int(r["L_gen"]): r for r in table_after(s.body, "### Fig. 6a")}
     assert fig6a[32768]["PN-Mix"] == f"{bench_memory.point(arch, 'PN-Mix', 32, 32768).peak_gib:.2f}"
@@ -140,8 +147,15 @@ def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
     per_prompt = [
         {"PN-Mix": {"kl": [0.125, 0.375], "top1": [1.0, 0.0], "nll": [1.0, 2.0]}, "FP16": {"nll": [0.5, 1.5]}}
     ]
-    data = records.record("long-output", "cpu", command="python -m benchmarks.long_output --tokens 2", model="M (x)",
-                          prompts=1, chunk=1, summary=bench_long.summarize(per_prompt, 2))  # fmt: skip
+    data = records.record(
+        "long-output",
+        "cpu",
+        command="python -m benchmarks.long_output --tokens 2",
+        model="M (x)",
+        prompts=1,
+        chunk=1,
+        summary=bench_long.summarize(per_prompt, 2),
+    )
     s = fidelity.render([], "", [load(tmp_path, "long.json", data)])
     assert "### Fidelity over long outputs" in s.body and "0.125" in s.body and "0.375" in s.body
     assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output-1.png"}
@@ -153,11 +167,23 @@ def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="pyth
 
     n = len(pnmix_kl)
     ones = [1.0] * n
-    per_prompt = [{"PN-Mix": {"kl": pnmix_kl, "top1": ones, "nll": ones},
-                   "KIVI-2": {"kl": kivi_kl, "top1": ones, "nll": ones}, "FP16": {"nll": fp16_nll}}]  # fmt: skip
-    return records.record("long-output", "cpu", command=command, model="M (x)", prompts=1, chunk=1,
-                          key_bits=dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True)),
-                          summary=bench_long.summarize(per_prompt, 8))  # fmt: skip
+    per_prompt = [
+        {
+            "PN-Mix": {"kl": pnmix_kl, "top1": ones, "nll": ones},
+            "KIVI-2": {"kl": kivi_kl, "top1": ones, "nll": ones},
+            "FP16": {"nll": fp16_nll},
+        }
+    ]
+    return records.record(
+        "long-output",
+        "cpu",
+        command=command,
+        model="M (x)",
+        prompts=1,
+        chunk=1,
+        key_bits=dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True)),
+        summary=bench_long.summarize(per_prompt, 8),
+    )
 
 
 EQUAL = (2.263, 2.263)  # key bits of PN-Mix and KIVI-2
