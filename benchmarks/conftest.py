@@ -9,7 +9,7 @@ Full-scale points need CUDA and skip without it; tiny points run wherever the su
 benchmark's `extra_info`; pytest-benchmark's own statistics time the whole point.
 
 --impl (the conformance suite's option, or its PNMIX_IMPL) adds implementations timed beside the
-built-in methods at the kernel, Fig. 7 and Fig. 6c points (`benchmarks.plugins`); a name that
+built-in methods at the kernel, Fig. 7 and Fig. 6c points (`benchmarks.efficiency.plugins`); a name that
 does not load stops the run before any test, with the loader's one-line reason.
 
 Before the first test of a session, whichever it is, this process takes its GPU and caps its
@@ -27,8 +27,8 @@ import pytest
 import torch
 from tabulate import tabulate
 
-from benchmarks import harness, memory, plugins
-from benchmarks.workloads import SCALES, in_short_sweep
+from benchmarks.efficiency import harness, memory, plugins
+from benchmarks.efficiency.workloads import SCALES, in_short_sweep
 from reference import records
 
 OPTIONS = {
@@ -38,7 +38,7 @@ OPTIONS = {
     ),
     "--bench-sweep": (
         {"choices": ("all", "short"), "default": "all"},
-        "short: the subset a time-limited GPU session can run (benchmarks.workloads.in_short_sweep)",
+        "short: the subset a time-limited GPU session can run (benchmarks.efficiency.workloads.in_short_sweep)",
     ),
     "--budget-gib": (
         {"type": float, "default": memory.DEFAULT_BUDGET_GIB},

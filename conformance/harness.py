@@ -13,11 +13,10 @@ import torch
 from hypothesis import currently_in_test_context, note, settings
 from hypothesis.errors import UnsatisfiedAssumption
 
+from conformance import strategies as cs
 from reference import ReferenceCache, attention_ref
 from reference.contract import Capabilities
-from reference.tolerances import attention_bound
-
-from . import strategies as cs
+from reference.contract.tolerances import attention_bound
 
 
 @dataclass

@@ -24,10 +24,9 @@ import pytest
 import torch
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
+from conformance import harness, loader, strategies
 from reference.contract import Capabilities
 from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
-
-from . import harness, loader, strategies
 
 XFAIL_DIR = Path(__file__).parent / "xfails"
 _IMPLS = pytest.StashKey[list]()

@@ -14,10 +14,11 @@ import torch
 from hypothesis import strategies as st
 
 from reference import PNMixConfig
-from reference.config import CRITERIA, check_head_dim
+from reference.channels.config import check_head_dim
+from reference.channels.validation import quantizable_limit
 from reference.contract import Capabilities
-from reference.token_precision import TokenPrecisionConfig
-from reference.validation import quantizable_limit
+from reference.equations.saliency import CRITERIA
+from reference.tokens.config import TokenPrecisionConfig
 
 MAX_BATCH = 3
 MAX_KV_HEADS = 3
@@ -415,7 +416,7 @@ def _grid(case: Case, keys: bool) -> dict:
 
 def edge_magnitudes(case: Case) -> tuple[float, float, float]:
     """The magnitudes of "edges" for queries, keys and values: the largest the dtype holds at or
-    under what the cache accepts (`reference.validation.quantizable_limit` where the tensor is
+    under what the cache accepts (`reference.channels.validation.quantizable_limit` where the tensor is
     quantized), and for queries and keys at most float16's largest, 65504 (past it the scores
     q.k pass float32's range, and attention over exact keys is no longer finite either)."""
     cfg, top = case.config, torch.finfo(case.dtype).max

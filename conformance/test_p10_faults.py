@@ -1,6 +1,6 @@
 """Property 10: all or nothing. A state machine drives random sequences of prefill, append and
 attend, each call failed at a drawn point of its own work (the n-th torch call it makes raises
-an out-of-memory error, `reference.faults`); after every step the cache must equal, in all
+an out-of-memory error, `reference.contract.faults`); after every step the cache must equal, in all
 the protocol shows (length, saliency count, storage, selection, dequantized keys and values,
 attention, bit for bit), a twin of the same implementation fed only the calls that succeeded.
 A call that fails leaves the cache exactly as it was, whatever failed inside it. Before the
@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from conformance import strategies as cs
 from conformance.harness import TALLY, assert_unchanged, bits_of, fitted, observe
 from reference import PNMixConfig
-from reference.faults import FaultAt
+from reference.contract.faults import FaultAt
 
 #: Small pages, so that a few short appends cross page boundaries (flushes) and sinks fill.
 BASE = cs.Case(PNMixConfig(group_size=8, residual_length=8, n_sink=2), 1, 2, 2, 16, torch.float16, 8, (), 10)

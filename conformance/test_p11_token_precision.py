@@ -1,6 +1,6 @@
 """Property 11: per-token precision (TriAxialKV, role-aware PN-Mix), for implementations that claim it
 (`Capabilities.token_precision`). What is checked, against the spec's
-`reference.token_cache.TokenPrecisionCache` fed the same calls:
+`reference.tokens.cache.TokenPrecisionCache` fed the same calls:
 
 - every token is held at its own precision: each dequantized element lies within 1.5 quantization
   steps of the spec's (its step: the spec's stored scale of that element's group; a faithful
@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from conformance import strategies as cs
 from conformance.harness import bits_of, fitted, held_bytes, judge
-from reference.faults import FaultAt
-from reference.token_cache import TokenPrecisionCache
-from reference.token_precision import TokenPrecisionConfig
+from reference.contract.faults import FaultAt
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig
 
 pytestmark = pytest.mark.token_precision
 

@@ -18,7 +18,7 @@ CASE = cs.Case(reference.PNMixConfig(), 2, 3, 1, 24, torch.float16, 16, (), 0)
 #: The shapes every claimed combination of bits is packed at (`strategies.claimed_combinations`).
 COMBINATIONS = cs.Case(reference.PNMixConfig(group_size=8, residual_length=8), 1, 2, 1, 16, torch.float16, 8, (), 40)
 TOKENS = st.sampled_from([8, 16, 24, 64])
-REFERENCE_LAYOUT = pytest.mark.requires("reference_layout", "the reference's byte layout (reference.packing)")
+REFERENCE_LAYOUT = pytest.mark.requires("reference_layout", "the reference's byte layout (reference.equations.packing)")
 PREFILL_SELECTION = pytest.mark.requires("prefill_selection", "a pair mask chosen at prefill (Eq. 6)")
 
 

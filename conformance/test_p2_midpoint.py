@@ -14,7 +14,7 @@ from hypothesis import example, given
 from conformance import strategies as cs
 from conformance.harness import covers_claimed_combinations, drop, final_state, fitted
 from reference import PNMixConfig, channel_mask_from_pairs, token_layout
-from reference.tolerances import float32_slack, spacing
+from reference.contract.tolerances import float32_slack, spacing
 
 ONE_BIT = PNMixConfig(b_high=3, b_low=1, group_size=8, residual_length=8, n_sink=3)
 

@@ -12,8 +12,8 @@ from hypothesis import example, given
 from conformance import strategies as cs
 from conformance.harness import fitted
 from reference import PNMixConfig, channel_mask_from_pairs, select_salient_pairs
-from reference.saliency import criterion_scores
-from reference.tolerances import SALIENCY_RELATIVE
+from reference.contract.tolerances import SALIENCY_RELATIVE
+from reference.equations.saliency import criterion_scores
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=2, ratio=0.25)
 

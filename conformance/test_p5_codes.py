@@ -11,7 +11,7 @@ from hypothesis import example, given
 from conformance import strategies as cs
 from conformance.harness import bits_of, covers_claimed_combinations, final_state, fitted
 from reference import PNMixConfig, channel_mask_from_pairs, exact_tail, token_layout
-from reference.tolerances import TIE_RELATIVE, exact_ties, quantization_bound
+from reference.contract.tolerances import TIE_RELATIVE, exact_ties, quantization_bound
 
 CFG = PNMixConfig(group_size=8, residual_length=8, n_sink=1)
 F32_SCALES = PNMixConfig(b_high=2, b_low=1, group_size=8, residual_length=8, n_sink=0, scale_dtype=torch.float32)
@@ -43,7 +43,7 @@ EXAMPLES = (
 #: (`strategies.claimed_combinations`): a flushed page, sinks, and a residual left.
 COMBINATIONS = cs.Case(PNMixConfig(group_size=8, residual_length=8, n_sink=1), 1, 2, 2, 8, torch.float16, 19, (6,), 60)
 REFERENCE_NUMERICS = pytest.mark.requires(
-    "reference_numerics", "the reference's numerics (reference.quant) bit for bit"
+    "reference_numerics", "the reference's numerics (reference.equations.quant) bit for bit"
 )
 
 

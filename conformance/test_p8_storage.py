@@ -9,7 +9,7 @@ from hypothesis import example, given
 from conformance import strategies as cs
 from conformance.harness import final_state, fitted, held_bytes, states
 from reference import PNMixConfig, storage_model
-from reference.layout import CacheLayout
+from reference.channels.layout import CacheLayout
 
 
 @pytest.mark.requires("reference_layout", "the reference's storage layout (reference.storage_model)")
@@ -42,7 +42,7 @@ def test_the_realistic_workload_holds_what_it_reports(impl, device, record_prope
     """As the common workload, on `strategies.REALISTIC` (the paper's configuration over 4096
     tokens, head_dim 128, as far as the implementation's design admits): bits per element of all
     it holds, and of its keys and its values apart, by the components of its storage report
-    (`reference.layout.CacheLayout` says whose tokens each component holds: the pair mask counts
+    (`reference.channels.layout.CacheLayout` says whose tokens each component holds: the pair mask counts
     with the keys; bookkeeping bytes a cache declares count only in the total)."""
     case = fitted(impl, cs.REALISTIC, device, draw_bounds=False)
     record_property("realistic_workload", cs.describe(case))

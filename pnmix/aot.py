@@ -36,11 +36,9 @@ from pathlib import Path
 
 import torch
 
-from reference.layout import CacheLayout
-from reference.methods import METHODS, TOKEN_METHODS
-
-from . import _runtime
-from .gpus import (
+from pnmix import _runtime
+from pnmix.cache import PNMixCache
+from pnmix.gpus import (
     ARCHS,
     GPUS,
     REQUIRED_CEILING,
@@ -50,6 +48,10 @@ from .gpus import (
     programs_per_sm,
     smem_limit,
 )
+from pnmix.token_cache import TritonTokenPrecisionCache
+from reference.channels.layout import CacheLayout
+from reference.methods import METHODS, TOKEN_METHODS
+from reference.records import KIND, environment, write_json
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 HEAD_DIMS = (64, 128, 256)
@@ -85,12 +87,8 @@ def cases(scope: str) -> list[Case]:
 def record_launches(case: Case, gpu: _runtime.Target) -> tuple[list[_runtime.Launch], CacheLayout | None]:
     """Every launch of a prefill (with page flushes), a one-token append, decode and dequantize (a per-token
     precision method: its decode, of a prompt with every kind of store; no layout)."""
-    from .cache import PNMixCache
-
     dtype, d, kv = DTYPES[case.dtype], case.head_dim, 2
     if case.method in TOKEN_METHODS:
-        from .token_cache import TritonTokenPrecisionCache
-
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, heads, 200, d, generator=gen).to(dtype) for heads in (kv * case.gqa, kv, kv))
         bits = torch.where(torch.rand(200, generator=gen) < 0.7, 2, 4)
@@ -466,8 +464,6 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.scope or "all", args.jobs)
     print(render(result))
     if args.json is not None:
-        from reference.records import KIND, environment, write_json
-
         write_json(args.json, {KIND: "pnmix-aot", **environment(None), **result})
     return 1 if result["failures"] or (args.require_targets and result["below_target"]) else 0
 

@@ -1,7 +1,7 @@
 """`PNMixCache`: the PN-Mix key/value cache on Triton kernels, dynamic or preallocated.
 
 Same behaviour as `reference.ReferenceCache` (the spec), bit for bit in what it stores: the
-components of `reference.layout.CacheLayout`, each a `_Rows` buffer (or, for the pair mask,
+components of `reference.channels.layout.CacheLayout`, each a `_Rows` buffer (or, for the pair mask,
 a tensor stored once), so the storage report is measured from the tensors actually held.
 Derived metadata (per-channel bits, the high-plane columns) is rebuilt from the stored
 selection when a page is flushed, never stored.
@@ -15,14 +15,15 @@ import struct
 
 import torch
 
-from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, saliency, token_layout, validation
-from reference import packing as spec_packing
-from reference.cache import all_or_nothing
-from reference.quant import Quantized
-
-from . import _runtime
-from .kernels import append_rows, decode_attention, dequantize_plane, encode_pack, group_params
-from .kernels.attention import PackedRegion
+from pnmix import _runtime
+from pnmix.kernels import append_rows, decode_attention, dequantize_plane, encode_pack, group_params
+from pnmix.kernels.attention import PackedRegion
+from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, token_layout
+from reference.channels import validation
+from reference.channels.cache import all_or_nothing
+from reference.equations import packing as spec_packing
+from reference.equations import saliency
+from reference.equations.quant import Quantized
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -157,10 +158,10 @@ class PNMixCache:
     it raises ValueError. Without it buffers grow exactly. float16 and bfloat16 inputs (the
     spec's ReferenceCache also takes float32); the kernels run compiled on CUDA or under the
     Triton interpreter on the CPU (pnmix._runtime). The buffers are the components of its
-    `reference.layout.CacheLayout`; every append carries out the layout's plan.
+    `reference.channels.layout.CacheLayout`; every append carries out the layout's plan.
 
     check_finite: check that inputs hold no NaN or Inf and that keys and values fit the
-    scale/zero dtype (the errors of `reference.validation`, naming the argument).
+    scale/zero dtype (the errors of `reference.channels.validation`, naming the argument).
 
     - True (the default): `prefill` checks q, k and v before it stores anything (ValueError,
       the cache stays empty). `append` and `attend` never wait on the device: each reduces its
@@ -198,7 +199,7 @@ class PNMixCache:
     (group_params and encode_pack on N rows of keys and of values) and a few aten ops.
 
     `prefill` and `append` are all or nothing: whatever fails inside (a rejected argument, an
-    allocation, a kernel, an interrupt), the cache is left as it was (`reference.cache.all_or_nothing`).
+    allocation, a kernel, an interrupt), the cache is left as it was (`reference.channels.cache.all_or_nothing`).
     """
 
     def __init__(
@@ -352,7 +353,7 @@ class PNMixCache:
             torch.maximum(worst, last, out=worst)
 
     def _judge(self, worst: list[float], where: str) -> None:
-        """Raise the first problem the flags read back show (`reference.validation.value_problem`)."""
+        """Raise the first problem the flags read back show (`reference.channels.validation.value_problem`)."""
         cfg = self.config
         bits = {"k": cfg.b_low, "v": cfg.value_bits if cfg.values_quantized else None, "q": None}
         for name, top in zip(WATCHED, worst, strict=True):
@@ -613,7 +614,7 @@ class PNMixCache:
 
     @property
     def layout(self) -> TokenLayout:
-        """Where the tokens held live (`reference.layout.TokenLayout`)."""
+        """Where the tokens held live (`reference.channels.layout.TokenLayout`)."""
         return token_layout(self.config, self.length)
 
     @property
@@ -626,7 +627,7 @@ class PNMixCache:
         return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
 
     def packed(self) -> dict[str, torch.Tensor]:
-        """The used part of the packed quantized region, in the `reference.packing` layouts: views of
+        """The used part of the packed quantized region, in the `reference.equations.packing` layouts: views of
         the cache's own buffers, not copies (read them, never write them)."""
         self._require_prefill()
         return {c.name: self._rows[c.name].view() for c in self.cache_layout.components if c.region == "quantized"}

@@ -36,11 +36,11 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
+from pnmix.cache import PNMixCache, check_caches, check_finite_mode
+from pnmix.token_cache import TritonTokenPrecisionCache
 from reference import PNMixConfig, ReferenceCache, attention_ref
-from reference.token_cache import TokenPrecisionCache
-from reference.token_precision import TokenPrecisionConfig
-
-from .cache import PNMixCache, check_caches, check_finite_mode
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig
 
 ATTENTION = "pnmix"
 
@@ -291,8 +291,6 @@ class PNMixLayer(CacheLayerMixin):
             return
         if self.schedule is not None:
             if self.backend == "triton":
-                from .token_cache import TritonTokenPrecisionCache
-
                 cache = TritonTokenPrecisionCache(self.config)
             else:
                 cache = TokenPrecisionCache(self.config)
@@ -371,10 +369,10 @@ class PNMixHFCache(Cache):
     as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`;
     reference backend): long-output fidelity at the cost of one forward per chunk.
 
-    config may instead be a `reference.token_precision.TokenPrecisionConfig` (TriAxialKV, role-aware
+    config may instead be a `reference.tokens.config.TokenPrecisionConfig` (TriAxialKV, role-aware
     PN-Mix: per-token precision; its Triton backend decodes with `pnmix.kernels.token_attention`, the
     stores quantized by the spec's code): token_bits then gives the bits of the first
-    positions (the prompt's, from its role tags: `reference.roles`, `reference.bit_allocation`) and
+    positions (the prompt's, from its role tags: `reference.tokens.roles`, `reference.tokens.allocation`) and
     generated_bits those of every later token (default: config.high_bits).
 
     impl: instead of a backend, an implementation of `reference.contract` (anything with

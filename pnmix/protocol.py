@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from reference import PNMixConfig, TokenPrecisionConfig, packing
+from pnmix import __version__, _runtime
+from pnmix.cache import BOOKKEEPING_BYTES, PNMixCache
+from pnmix.kernels import dequantize_plane, encode_pack
+from pnmix.token_cache import TritonTokenPrecisionCache
+from reference import PNMixConfig, TokenPrecisionConfig
 from reference.contract import BIT_EXACT, Capabilities, variant
+from reference.equations import packing
 from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
-
-from . import __version__, _runtime
-from .cache import BOOKKEEPING_BYTES, PNMixCache
-from .kernels import dequantize_plane, encode_pack
-from .token_cache import TritonTokenPrecisionCache
 
 
 def _identity_params(b: int, h: int, rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:

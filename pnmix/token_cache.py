@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from reference import validation
-from reference.token_cache import TokenPrecisionCache
-
-from .kernels.token_attention import token_decode_attention
+from pnmix.kernels.token_attention import token_decode_attention
+from reference.channels import validation
+from reference.tokens.cache import TokenPrecisionCache
 
 
 class TritonTokenPrecisionCache(TokenPrecisionCache):
-    """The spec's stores (`reference.token_cache.TokenPrecisionCache`: its quantization and bytes, on the
+    """The spec's stores (`reference.tokens.cache.TokenPrecisionCache`: its quantization and bytes, on the
     tensors' device), read by the Triton decode of `pnmix.kernels.token_attention`: splits of one store
     and one bit width each, merged by log-sum-exp. float16 and bfloat16."""
 

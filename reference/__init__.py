@@ -4,20 +4,31 @@ Eq. 2 and Eq. 7: `quantize`, `dequantize`, `asymmetric_params`, `midpoint_params
 Eq. 6: `pair_norms`, `pair_saliency`, `select_salient_pairs`, `channel_mask_from_pairs`.
 Packing (Appendix G): `pack_fields`, `pack_key_codes`, `pack_value_codes`, `pack_mask` and inverses.
 Cache-layout plan (which token goes where, what is stored): `CacheLayout`, `token_layout`, `allocation`.
-Channel selection rules: `reference.selection`. Online cache (Fig. 1): `ReferenceCache`.
+Channel selection rules: `reference.channels.selection`. Online cache (Fig. 1): `ReferenceCache`.
 Storage accounting: `storage_model` (sums the layout's table), `measure`, `bit_widths`.
 Attention oracle: `attention_ref`.
 Per-token precision (TriAxialKV, role-aware PN-Mix): `TokenPrecisionConfig` (its storage plan,
-`reference.token_precision`) and `TokenPrecisionCache`; role tags `reference.roles`, calibration
-`reference.tag_distortion`, allocation `reference.bit_allocation`.
+`reference.tokens.config`) and `TokenPrecisionCache`; role tags `reference.tokens.roles`, calibration
+`reference.tokens.distortion`, allocation `reference.tokens.allocation`.
 """
 
-from .attention import attention_ref
-from .cache import ReferenceCache
-from .config import PNMixConfig, bit_planes, block_positions
-from .layout import AppendPlan, CacheLayout, Component, TokenLayout, allocation, exact_tail, token_layout
-from .models import MODEL_SHAPES, ModelShape
-from .packing import (
+from reference.channels.cache import ReferenceCache
+from reference.channels.config import PNMixConfig
+from reference.channels.layout import (
+    AppendPlan,
+    CacheLayout,
+    Component,
+    TokenLayout,
+    allocation,
+    exact_tail,
+    token_layout,
+)
+from reference.channels.selection import SELECTIONS, Selection
+from reference.channels.storage import COMPONENTS, BitWidths, StorageReport, bit_widths, measure, storage_model
+from reference.equations.attention import attention_ref
+from reference.equations.packing import (
+    bit_planes,
+    block_positions,
     pack_fields,
     pack_key_codes,
     pack_mask,
@@ -27,7 +38,7 @@ from .packing import (
     unpack_mask,
     unpack_value_codes,
 )
-from .quant import (
+from reference.equations.quant import (
     Quantized,
     asymmetric_params,
     dequantize,
@@ -38,7 +49,7 @@ from .quant import (
     quantize,
     quantize_keys,
 )
-from .saliency import (
+from reference.equations.saliency import (
     channel_mask_from_pairs,
     pair_channels,
     pair_norms,
@@ -46,10 +57,9 @@ from .saliency import (
     prefill_pair_mask,
     select_salient_pairs,
 )
-from .selection import SELECTIONS, Selection
-from .storage import COMPONENTS, BitWidths, StorageReport, bit_widths, measure, storage_model
-from .token_cache import TokenPrecisionCache
-from .token_precision import TokenPrecisionConfig
+from reference.models import MODEL_SHAPES, ModelShape
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig
 
 __version__ = "0.1.0"
 

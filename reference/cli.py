@@ -1,6 +1,6 @@
 """`python -m reference`: storage and bit-width tables computed from the analytic model.
 
-Every number printed here is computed from `reference.storage` (formula), not measured.
+Every number printed here is computed from `reference.channels.storage` (formula), not measured.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import sys
 import torch
 from tabulate import tabulate
 
-from .config import PNMixConfig
-from .methods import METHODS
-from .models import MODEL_SHAPES
-from .paper import FIG6A_BATCH, FIG6B_GENERATION, MODEL, N_QUANTIZED, PROMPT
-from .records import GIB
-from .selection import UNIFORM
-from .storage import bit_widths, storage_model
+from reference.channels.config import PNMixConfig
+from reference.channels.selection import UNIFORM
+from reference.channels.storage import bit_widths, storage_model
+from reference.methods import METHODS
+from reference.models import MODEL_SHAPES
+from reference.paper import FIG6A_BATCH, FIG6B_GENERATION, MODEL, N_QUANTIZED, PROMPT
+from reference.records import GIB
 
 
 def _int_at_least(text: str, low: int) -> int:
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     print(
         f"Average bits per element, head_dim {args.head_dim}, T_q = {args.n_quantized}, "
-        "residual excluded (computed from reference.storage)\n"
+        "residual excluded (computed from reference.channels.storage)\n"
     )
     headers = ["config", "key bits", "mask bits", "key bits total", "value bits", "bytes/token/KV head"]
     print(tabulate(bits, headers=headers, tablefmt="github", floatfmt=("", ".4f", ".2e", ".4f", ".4f", ".2f")))

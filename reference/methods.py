@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from .config import KEY_BITS, PNMixConfig
-from .selection import PAGE_CHANNELS, UNIFORM
-from .token_precision import TokenPrecisionConfig
+from reference.channels.config import KEY_BITS, PNMixConfig
+from reference.channels.selection import PAGE_CHANNELS, UNIFORM
+from reference.tokens.config import TokenPrecisionConfig
 
 EVERY_TOKEN = 2**62  # an exact region longer than any sequence
 #: How each baseline treats keys, whatever its bits, group and sinks.
@@ -97,7 +97,7 @@ METHODS: dict[str, Callable[..., PNMixConfig]] = {
 #: Every method's name in the order tables and figures list them (a figure's colors follow it too).
 NAMES = tuple(METHODS)
 
-#: The per-token precision methods (`reference.token_precision`): TriAxialKV, and role-aware PN-Mix
+#: The per-token precision methods (`reference.tokens.config`): TriAxialKV, and role-aware PN-Mix
 #: (its per-tag budget with PN-Mix's pairs in the low tokens' keys), by the names tables use.
 TOKEN_METHODS = {"TriAxialKV": TokenPrecisionConfig(), "role-aware PN-Mix": TokenPrecisionConfig(low_keys="pairs")}
 

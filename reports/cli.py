@@ -29,14 +29,13 @@ from tqdm import tqdm
 
 from conformance import loader
 from reference import records
-
-from . import currency, environment, files, inputs, interrupts, steps
-from .document import assemble
-from .provenance import ROOT, display_path
-from .sections import accuracy, conformance, equal_bits, fidelity, memory, performance, storage, summary
-from .sections import claims as claims_section
-from .sections import environment as environment_section
-from .sections import history as history_section
+from reports import currency, environment, files, inputs, interrupts, steps
+from reports.document import assemble
+from reports.provenance import ROOT, display_path
+from reports.sections import accuracy, conformance, equal_bits, fidelity, memory, performance, storage, summary
+from reports.sections import claims as claims_section
+from reports.sections import environment as environment_section
+from reports.sections import history as history_section
 
 DEFAULT_OUT = Path(__file__).resolve().parent
 COMMITTED = ROOT / "benchmarks" / "results"

@@ -14,8 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from reference import records
-
-from .inputs import BENCHMARK, Source
+from reports.inputs import BENCHMARK, Source
 
 NO_FINGERPRINT = "records no code fingerprint (written before results recorded the code they measured)"
 

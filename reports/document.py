@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .markdown import Section
+from reports.markdown import Section
 
 
 def anchor(heading: str) -> str:

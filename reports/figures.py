@@ -33,7 +33,7 @@ COLORS = {
     "transformers-quanto": "#8c564b",
     "transformers-hqq": "#e377c2",
 }
-#: Other names for a method of COLORS (benchmarks.equal_bits calls KIVI-2 with 32 sinks "KIVI").
+#: Other names for a method of COLORS (benchmarks.fidelity.equal_bits calls KIVI-2 with 32 sinks "KIVI").
 ALIASES = {"KIVI": "KIVI-2 +32 sinks"}
 #: Colours of any other series (a model, a scope), picked by a hash of the name: never one of COLORS.
 FALLBACK = (

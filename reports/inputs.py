@@ -2,7 +2,7 @@
 `reference.records.kind_of`, not from its name).
 
 Kinds: "conformance" (`pytest conformance --conformance-json`), "fidelity" (`python -m
-benchmarks.fidelity`), "gpu-check" (`python -m benchmarks.gpu_check`) and "pytest-benchmark"
+benchmarks.fidelity.analyses`), "gpu-check" (`python -m benchmarks.gpu_check`) and "pytest-benchmark"
 (`pytest benchmarks/suites --benchmark-json`).
 """
 
@@ -16,16 +16,15 @@ from pathlib import Path
 
 from reference import records
 from reference.records import BENCHMARK, KINDS
-
-from . import schema
-from .provenance import display_path
+from reports import schema
+from reports.provenance import display_path
 
 #: extra_info keys every benchmark of the suites the report reads must have, and each suite's (types: `schema`).
 COMMON_KEYS = tuple(schema.EXTRA_INFO_COMMON)
 SUITE_KEYS = {suite: tuple(k for k in keys if not k.endswith("?")) for suite, keys in schema.EXTRA_INFO.items()}
 SCALES = ("full", "tiny")
 #: Suites whose figures are computed, not measured: the report shows them from their module instead.
-COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.memory), in the memory section"}
+COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.efficiency.memory), in the memory section"}
 
 
 @dataclasses.dataclass(frozen=True)

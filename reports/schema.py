@@ -11,7 +11,7 @@ A schema is written with plain values:
 - `ListOf(schema, nonempty)`: a list of such items; `Maybe(schema)`: null or such a value.
 
 Each schema lists only what the code reads (`reports/sections/`, and the `markdown`/`verdicts` of
-`benchmarks.fidelity` and `benchmarks.long_output` that the fidelity section calls), so files
+`benchmarks.fidelity.analyses` and `benchmarks.fidelity.long_output` that the fidelity section calls), so files
 written before a field existed still load where the sections read it with a default. The upper
 bounds are far past any real run: a value beyond one is a damaged or hand-edited file, not a measurement.
 """
@@ -22,7 +22,7 @@ import dataclasses
 import math
 import re
 
-from benchmarks.fidelity import ORDER
+from benchmarks.fidelity.analyses import ORDER
 from reference import paper
 from reference.records import BENCHMARK
 
@@ -160,7 +160,7 @@ FIDELITY = {
     "versions": dict,
     "model_fingerprint?": TEXT,
     "summary": {
-        # benchmarks.fidelity.verdicts reads every criterion of Fig. 4's order at both scopes and both r
+        # benchmarks.fidelity.analyses.verdicts reads every criterion of Fig. 4's order at both scopes and both r
         "fig4_jaccard_mean": {
             **{
                 f"{c} ({scope}), r={r}": FRACTION
@@ -173,7 +173,7 @@ FIDELITY = {
         "fig4_aggregated_jaccard_mean?": {"*": FRACTION},
         "fig4_pairs?": {"per_layer_and_prompt": ListOf(COUNT), "exact": bool, "max_pairs": COUNT},
         "fig5_share_median": {**{str(p): FRACTION for p in paper.FIG5_TOP_PERCENT}, "*": FRACTION},
-        # the methods benchmarks.fidelity.verdicts names; the others are listed in the table
+        # the methods benchmarks.fidelity.analyses.verdicts names; the others are listed in the table
         "table9_mean": {
             "KIVI-style uniform 2-bit": _TABLE9,
             "PolarQuant-style 2-bit": _TABLE9,
@@ -251,7 +251,7 @@ _EQUAL_BITS_METHOD = {
     "e2e_nll": NONNEGATIVE,
     "low_share?": FRACTION,
 }
-#: The methods `benchmarks.equal_bits.findings` compares (and divides by the KL of TriAxialKV and PN-Mix).
+#: The methods `benchmarks.fidelity.equal_bits.findings` compares (and divides by the KL of TriAxialKV and PN-Mix).
 _COMPARED = {**_EQUAL_BITS_METHOD, "e2e_kl": DIVERGENCE}
 _DIVISOR = {**_COMPARED, "attention_kl": Range(0, above=True), "e2e_kl": Range(0, above=True)}
 EQUAL_BITS = {

@@ -22,9 +22,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from conformance.loader import builtins
-
-from .interrupts import shielded
-from .provenance import ROOT, display_path
+from reports.interrupts import shielded
+from reports.provenance import ROOT, display_path
 
 ALL_IMPLS = tuple(builtins())
 #: What --quick checks: the specs and the adapters of third-party code (plain PyTorch, seconds each);
@@ -95,7 +94,7 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
     argv = (
         sys.executable,
         "-m",
-        "benchmarks.fidelity",
+        "benchmarks.fidelity.analyses",
         *(("--smoke",) if mode == "smoke" else ()),
         "--out",
         display_path(folder),

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import harness, memory
 from benchmarks.conftest import points
-from benchmarks.workloads import SCALES, fig6_memory
+from benchmarks.efficiency import harness, memory
+from benchmarks.efficiency.workloads import SCALES, fig6_memory
 from reference.paper import FIG6A_MAX_GENERATION, FIG6B_MAX_BATCH
 from reference.records import GIB
 

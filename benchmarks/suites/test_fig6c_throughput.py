@@ -2,10 +2,10 @@
 
 Sampled protocol (default): the cache is filled to several lengths, a few decode steps are
 timed at each (CUDA events), and the piecewise-linear step time is integrated over all
-L_gen steps (`benchmarks.analysis.integrated_decode_seconds`); the prompt's time is added.
+L_gen steps (`benchmarks.efficiency.analysis.integrated_decode_seconds`); the prompt's time is added.
 Full protocol (--throughput-protocol full): every step is run and the whole loop timed.
 Steps are eager (CUDA events around each, launch overhead included). Out of memory anywhere in
-a point is recorded as {"oom": true}. A plug-in (--impl, `benchmarks.plugins`) runs PN-Mix's
+a point is recorded as {"oom": true}. A plug-in (--impl, `benchmarks.efficiency.plugins`) runs PN-Mix's
 points with its own caches in the model (`PNMixHFCache(impl=)`, not preallocated); its
 roofline counts the bytes its caches hold (`harness.Generation.read_bytes`).
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import analysis, harness
 from benchmarks.conftest import skip_unclaimed
-from benchmarks.workloads import SCALES, fig6c_throughput
+from benchmarks.efficiency import analysis, harness
+from benchmarks.efficiency.workloads import SCALES, fig6c_throughput
 
 #: Tokens a decode step appends to every layer's cache.
 STEP_TOKENS = 1

@@ -2,12 +2,12 @@
 
 Each step is its own test; one cache per method walks forward through the steps (synthetic
 keys and values fill the gaps), so a sweep costs one fill, not one per point. The slope over
-steps 11K-31K (`benchmarks.analysis.latency_slope_us`) is computed from these points by the report.
+steps 11K-31K (`benchmarks.efficiency.analysis.latency_slope_us`) is computed from these points by the report.
 step_ms is the eager step as a transformers user runs it (CUDA events around the call, launch
 overhead included, as the paper measures); graph_ms is the same step replayed from a CUDA graph
 (launch overhead removed, as gpt-fast reports decode), with graph_note saying why when there is
 none. Out of memory anywhere in a point is recorded as {"oom": true}. A plug-in (--impl,
-`benchmarks.plugins`) runs PN-Mix's points with its own caches in the model (`PNMixHFCache(impl=)`,
+`benchmarks.efficiency.plugins`) runs PN-Mix's points with its own caches in the model (`PNMixHFCache(impl=)`,
 not preallocated, no graph: graph_note says why); roofline_step_ms counts the bytes its caches hold.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import harness
+from benchmarks.efficiency import harness
+from benchmarks.efficiency.workloads import SCALES, fig7_latency
 from benchmarks.suites.test_fig6c_throughput import skip_unless_model_claimed, step_roofline_ms
-from benchmarks.workloads import SCALES, fig7_latency
 
 
 @pytest.fixture(scope="module")

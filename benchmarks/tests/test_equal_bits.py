@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from benchmarks import equal_bits
+from benchmarks.fidelity import equal_bits
 from reference import bit_widths
-from reference.roles import Tag
-from reference.token_precision import TokenPrecisionConfig
+from reference.tokens.allocation import token_bits
+from reference.tokens.config import TokenPrecisionConfig
+from reference.tokens.roles import Tag
 
 
 @pytest.mark.parametrize("method", equal_bits.CHANNEL_METHODS)
@@ -32,12 +33,12 @@ def test_pnmix_candidates_spend_kivis_key_bits_by_pair():
 def test_tags_take_their_allocation_and_unseen_tags_the_high_bits():
     config = TokenPrecisionConfig()
     seen, unseen = Tag(0, 0, 5), Tag(3, 0, 0)
-    bits = equal_bits.token_bits([seen, unseen, seen], {str(seen): 2}, config)
+    bits = token_bits([seen, unseen, seen], {str(seen): 2}, config)
     assert bits.tolist() == [2, 4, 2]
 
 
 def test_a_small_run_measures_every_method_at_each_budget_and_states_the_claims(tiny_chat_model):
-    from benchmarks import conversations
+    from benchmarks.fidelity import conversations
 
     model, tokenizer = tiny_chat_model
     out = equal_bits.run(

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks import fidelity
+from benchmarks.fidelity import analyses as fidelity
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.long]
 

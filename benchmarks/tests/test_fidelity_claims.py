@@ -4,8 +4,8 @@ import copy
 import json
 from pathlib import Path
 
-from benchmarks import fidelity
-from reference.saliency import CRITERIA
+from benchmarks.fidelity import analyses as fidelity
+from reference.equations.saliency import CRITERIA
 
 RESULTS = Path(__file__).parents[1] / "results"
 

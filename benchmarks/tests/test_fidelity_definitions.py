@@ -3,7 +3,7 @@ where the plausible readings of the paper give different numbers."""
 
 import torch
 
-from benchmarks import fidelity
+from benchmarks.fidelity import analyses as fidelity
 from reference import PNMixConfig
 
 

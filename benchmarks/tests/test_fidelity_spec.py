@@ -9,12 +9,13 @@ import math
 import pytest
 import torch
 
-from benchmarks import fidelity
-from reference import PNMixConfig, ReferenceCache, quant
+from benchmarks.fidelity import analyses as fidelity
+from reference import PNMixConfig, ReferenceCache
+from reference.channels.selection import PAGE_CHANNELS
+from reference.equations import quant
+from reference.equations.polar import polar_dequantize, polar_quantize
+from reference.equations.saliency import CRITERIA, channel_mask_from_pairs, criterion_scores, select_salient_pairs
 from reference.methods import METHODS
-from reference.polar import polar_dequantize, polar_quantize
-from reference.saliency import CRITERIA, channel_mask_from_pairs, criterion_scores, select_salient_pairs
-from reference.selection import PAGE_CHANNELS
 
 PAGES = {"group_size": 8, "residual_length": 16, "n_sink": 3}
 

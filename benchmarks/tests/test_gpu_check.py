@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks.commands import gpu_check
 from benchmarks.conftest import points
 from reference.records import device_name
 

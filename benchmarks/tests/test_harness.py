@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks import harness, memory
-from benchmarks.models import tiny_architecture
+from benchmarks.efficiency import harness, memory
+from benchmarks.efficiency.architectures import tiny_architecture
 from reference.records import GIB
 
 ARCH = tiny_architecture()

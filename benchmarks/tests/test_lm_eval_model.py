@@ -16,8 +16,8 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance
 
-from benchmarks import lm_eval_cli
-from benchmarks.lm_eval_model import (
+from benchmarks.accuracy import lm_eval_cli
+from benchmarks.accuracy.lm_eval_model import (
     DECODE_MARK,
     PLAIN_TEXT,
     ModelArgsError,
@@ -26,9 +26,8 @@ from benchmarks.lm_eval_model import (
     check_chat,
     context_tags,
 )
-from reference.roles import SYSTEM, TEMPLATE, USER
-
-from .conftest import CORPUS
+from benchmarks.tests.conftest import CORPUS
+from reference.tokens.roles import SYSTEM, TEMPLATE, USER
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Small pages, so that a few dozen tokens reach the quantized region.
@@ -296,7 +295,7 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "benchmarks.lm_eval_cli",
+        "benchmarks.accuracy.lm_eval_cli",
         "--model",
         "pnmix",
         "--model_args",

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from benchmarks import long_output
+from benchmarks.fidelity import long_output
 from reference.methods import METHODS
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from benchmarks import memory
-from benchmarks.models import ARCHITECTURES
+from benchmarks.efficiency import memory
+from benchmarks.efficiency.architectures import ARCHITECTURES
 from reference import storage_model
 from reference.methods import METHODS
 from reference.paper import FIG6B_MAX_BATCH

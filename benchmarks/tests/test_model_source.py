@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from benchmarks import fidelity
-from benchmarks.model_source import DEFAULT, resolve
+from benchmarks.fidelity import analyses as fidelity
+from benchmarks.models.source import DEFAULT, resolve
 
 
 def test_a_gguf_file_is_fingerprinted_by_its_sha256(tmp_path):

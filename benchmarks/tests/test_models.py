@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.models import ARCHITECTURES, tiny_architecture
+from benchmarks.efficiency.architectures import ARCHITECTURES, tiny_architecture
 
 
 @pytest.mark.parametrize("arch", [*ARCHITECTURES.values(), tiny_architecture()], ids=lambda a: a.name)

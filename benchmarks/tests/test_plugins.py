@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import harness, plugins
-from benchmarks.models import tiny_architecture
-from benchmarks.workloads import SCALES, fig6_memory, fig6c_throughput, fig7_latency, kernel_decode
+from benchmarks.efficiency import harness, plugins
+from benchmarks.efficiency.architectures import tiny_architecture
+from benchmarks.efficiency.workloads import SCALES, fig6_memory, fig6c_throughput, fig7_latency, kernel_decode
 from reference import PNMixConfig
 from reference.contract import Capabilities, variant
-from reference.implementation import make as make_reference
+from reference.contract.implementation import make as make_reference
 from reference.methods import METHODS, kivi_preset
 from reference.records import code_files, implementation_targets
-from reference.token_precision import TokenPrecisionConfig
+from reference.tokens.config import TokenPrecisionConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY = "reports.tests.thirdparty"

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import gpu_check, model_source, preflight, saving
-from benchmarks.preflight import CHAT, ROLES
+from benchmarks.commands import gpu_check, preflight, saving
+from benchmarks.commands.preflight import CHAT, ROLES
+from benchmarks.models import source as model_source
 from reference import records
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -65,13 +66,13 @@ class LmEval(Tool):
 
 #: The commands. A new one is listed here with the arguments that reach its checks.
 TOOLS = [
-    Tool("benchmarks.gpu_check", ("--short", "--tiny"), model=False),
-    Tool("benchmarks.fidelity", ("--smoke",), chat=CHAT),
-    Tool("benchmarks.long_output", ("--smoke",), chat=CHAT),
-    Tool("benchmarks.equal_bits", ("--smoke",), chat=ROLES),
-    Tool("benchmarks.role_calibration", chat=ROLES),
-    Tool("benchmarks.task_accuracy", ("--smoke",), reads_config=True),
-    LmEval("benchmarks.lm_eval_cli", out=False),
+    Tool("benchmarks.commands.gpu_check", ("--short", "--tiny"), model=False),
+    Tool("benchmarks.fidelity.analyses", ("--smoke",), chat=CHAT),
+    Tool("benchmarks.fidelity.long_output", ("--smoke",), chat=CHAT),
+    Tool("benchmarks.fidelity.equal_bits", ("--smoke",), chat=ROLES),
+    Tool("benchmarks.fidelity.role_calibration", chat=ROLES),
+    Tool("benchmarks.accuracy.task_accuracy", ("--smoke",), reads_config=True),
+    LmEval("benchmarks.accuracy.lm_eval_cli", out=False),
 ]
 
 
@@ -88,7 +89,7 @@ def guarded(monkeypatch):
     """Model loading and each command's first expensive step replaced by the tripwire."""
     monkeypatch.setattr(model_source.ModelSource, "load", _tripwire)
     monkeypatch.setattr(model_source.ModelSource, "tokenizer", _tripwire)
-    monkeypatch.setattr(importlib.import_module("benchmarks.gpu_check"), "run_pytest", _tripwire)
+    monkeypatch.setattr(importlib.import_module("benchmarks.commands.gpu_check"), "run_pytest", _tripwire)
     if importlib.util.find_spec("lm_eval") is not None:
         from lm_eval._cli import HarnessCLI
 
@@ -104,7 +105,7 @@ def run(tool: Tool, argv: list[str]) -> int:
 
 def refused(tool: Tool, argv: list[str], capsys, *named: str) -> str:
     """Run `tool`: it must exit 2 before the tripwire, with one error line naming each of `named`."""
-    if tool.module == "benchmarks.lm_eval_cli":
+    if tool.module == "benchmarks.accuracy.lm_eval_cli":
         pytest.importorskip("lm_eval")
     assert run(tool, argv) == 2
     err = capsys.readouterr().err
@@ -397,7 +398,7 @@ class Fault:
 
 
 def _no_steps(monkeypatch):
-    gpu_check = importlib.import_module("benchmarks.gpu_check")
+    gpu_check = importlib.import_module("benchmarks.commands.gpu_check")
     monkeypatch.setattr(
         gpu_check,
         "run_pytest",
@@ -415,13 +416,13 @@ def _no_steps(monkeypatch):
 #: tool on the conftest's tiny random Llama (no chat template: plain prompts).
 FAULTS = [
     Fault(
-        "benchmarks.gpu_check",
+        "benchmarks.commands.gpu_check",
         lambda tiny: ["--short", "--tiny"],
         "pnmix-gpu-check",
         lambda r: set(r["steps"]) == set(gpu_check.BUDGET_S),
     ),
     Fault(
-        "benchmarks.long_output",
+        "benchmarks.fidelity.long_output",
         lambda tiny: ["--smoke", "--model", str(tiny), "--plain-prompts", "--methods", "PN-Mix"],
         "pnmix-long-output",
         lambda r: (

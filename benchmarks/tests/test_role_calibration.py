@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from benchmarks import role_calibration
+from benchmarks.fidelity import role_calibration
 
 
 def test_layers_spread_across_depth():
@@ -14,7 +14,7 @@ def test_layers_spread_across_depth():
 
 
 def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_budget(tiny_chat_model):
-    from benchmarks import conversations
+    from benchmarks.fidelity import conversations
 
     model, tokenizer = tiny_chat_model
     rows = conversations.load("calibration").select(range(2))

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from benchmarks import accuracy_sweep, task_accuracy
+from benchmarks.accuracy import sweep as accuracy_sweep
+from benchmarks.accuracy import task_accuracy
 from benchmarks.tasks import DECODE_MARK
-
-from .conftest import CORPUS
+from benchmarks.tests.conftest import CORPUS
 
 DOC = " ".join(CORPUS) + " " + " ".join(CORPUS[::-1])
 

@@ -53,7 +53,7 @@ def read_lines(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def src():
-    from benchmarks.model_source import resolve
+    from benchmarks.models.source import resolve
 
     return gen.sources(resolve().tokenizer())
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reference import PNMixConfig, StorageReport, validation
-from reference.attention import attention_ref
+from reference import PNMixConfig, StorageReport
+from reference.channels import validation
+from reference.channels.layout import exact_tail
 from reference.contract import Capabilities
-from reference.layout import exact_tail
+from reference.equations.attention import attention_ref
 from reference.methods import kivi_preset
 
 __version__ = "1.0"

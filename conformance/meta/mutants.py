@@ -19,11 +19,13 @@ from unittest import mock
 
 import torch
 
-from reference import ReferenceCache, quant, validation
-from reference import cache as cache_module
-from reference.implementation import ReferenceImplementation
-from reference.token_cache import TokenPrecisionCache
-from reference.token_precision import TokenPrecisionConfig
+from reference import ReferenceCache
+from reference.channels import cache as cache_module
+from reference.channels import validation
+from reference.contract.implementation import ReferenceImplementation
+from reference.equations import quant
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig
 
 
 def _mutant(name: str, cache_class: type = ReferenceCache, **overrides):

@@ -9,7 +9,7 @@ import dataclasses
 
 from reference import PNMixConfig, ReferenceCache
 from reference.contract import Capabilities, variant
-from reference.implementation import ReferenceImplementation
+from reference.contract.implementation import ReferenceImplementation
 
 
 class _ReadsMetadataLate(ReferenceCache):

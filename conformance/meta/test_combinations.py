@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conformance import strategies as cs
 from reference import PNMixConfig
-from reference.config import KEY_BITS, VALUE_BITS
+from reference.channels.config import KEY_BITS, VALUE_BITS
 from reference.contract import Capabilities
 
 BASE = cs.Case(PNMixConfig(group_size=8, residual_length=8, n_sink=1), 1, 2, 2, 8, torch.float16, 19, (6,), 60)

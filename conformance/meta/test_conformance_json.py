@@ -108,7 +108,7 @@ def test_the_realistic_workload_is_measured_even_where_attention_fails(attention
 def test_the_code_judged_and_each_implementation_code_and_claims(attention_run):
     code = attention_run["code"]
     assert code["targets"] == ["conformance", "reference"]
-    assert "conformance/plugin.py" in code["files"] and "reference/contract.py" in code["files"]
+    assert "conformance/plugin.py" in code["files"] and "reference/contract/__init__.py" in code["files"]
     assert not any("/meta/" in path for path in code["files"]), "the suite's own tests are not its code"
     details = {d["name"]: d for d in attention_run["implementation_details"]}
     assert set(details) == {"unscaled_attention", "kivi"}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conformance import loader
+from conformance.meta.test_mutants import run_suite
 from reference.contract import Capabilities, missing_names
 
 
@@ -60,7 +61,7 @@ def test_missing_names_become_stubs_that_say_so():
     [
         ("no-such-impl", "unknown implementation 'no-such-impl'"),
         ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-        ("reference.implementation:nothing", "has no attribute 'nothing'"),
+        ("reference.contract.implementation:nothing", "has no attribute 'nothing'"),
         (":make", "must look like 'package.module:factory'"),
     ],
 )
@@ -86,7 +87,6 @@ def test_builtins_leave_out_an_adapter_whose_extra_is_not_installed(monkeypatch)
 
 
 def test_naming_an_implementation_never_runs_the_suites_own_tests():
-    from conformance.meta.test_mutants import run_suite
 
     result = run_suite("conformance", "--impl", "reference", "--collect-only", "--no-conformance-json")
     assert result.returncode == 0, result.stdout[-2000:]
@@ -143,10 +143,10 @@ def test_a_run_whose_implementation_does_not_load_stops_with_one_line(broken_mod
 
 def test_two_implementations_under_one_name_are_refused_naming_both_origins():
     cmd = [sys.executable, "-m", "pytest", "conformance", "--impl", "reference"]
-    cmd += ["--impl", "reference.implementation:make", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--impl", "reference.contract.implementation:make", "--collect-only", "-q", "-p", "no:cacheprovider"]
     cmd += ["--no-conformance-json"]
     result = subprocess.run(cmd, cwd=Path(__file__).parents[2], capture_output=True, text=True)
     said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and len(said) == 1, said[-30:]
-    assert "--impl reference.implementation:make is named 'reference', as is reference" in said[0]
-    assert "reference = reference.implementation:make (pnmix" in said[0] and "must be unique" in said[0]
+    assert "--impl reference.contract.implementation:make is named 'reference', as is reference" in said[0]
+    assert "reference = reference.contract.implementation:make (pnmix" in said[0] and "must be unique" in said[0]

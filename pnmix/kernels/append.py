@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime  # sets TRITON_INTERPRET before the kernel below is decorated
+from pnmix import _runtime  # sets TRITON_INTERPRET before the kernel below is decorated
 
 
 @triton.jit

@@ -16,11 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.config import bit_planes
-from reference.layout import CacheLayout, TokenLayout
-
-from .. import _runtime
-from .common import round_to, saturate, unpack_field
+from pnmix import _runtime
+from pnmix.kernels.common import round_to, saturate, unpack_field
+from reference.channels.layout import CacheLayout, TokenLayout
+from reference.equations.packing import bit_planes
 
 LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2
 
@@ -536,8 +535,8 @@ def _merge_kernel(
 @dataclass(frozen=True)
 class PackedRegion:
     """What decode attention reads for one layer: every component of the cache's
-    `reference.layout.CacheLayout` by name (whole buffers or views; the kernels read them by
-    position), and `tokens`, the tokens they hold (`reference.layout.TokenLayout`).
+    `reference.channels.layout.CacheLayout` by name (whole buffers or views; the kernels read them by
+    position), and `tokens`, the tokens they hold (`reference.channels.layout.TokenLayout`).
 
     counts: (n_sink, n_quantized, n_residual, n_value_quantized) as an int32 tensor on the
     kernels' device, which the kernels read (so a captured CUDA graph replays with the lengths of

@@ -1,13 +1,13 @@
 """Device functions shared by every kernel: Eq. 2 / Eq. 7 parameters, encoding, unpacking.
 
-They follow the numerics of `reference.quant` operation for operation (float32, correctly
+They follow the numerics of `reference.equations.quant` operation for operation (float32, correctly
 rounded division, half-up rounding from the stored scale and zero), so codes are bit-identical.
 """
 
 import triton
 import triton.language as tl
 
-from .. import _runtime  # noqa: F401
+from pnmix import _runtime  # noqa: F401
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _plane_bits(
 
 @triton.jit
 def unpack_field(packed_ptr, pos, col, row_stride, mask, BITS: tl.constexpr):
-    """The BITS-bit code at (pos, col) of a field packed along pos in bit planes (`reference.packing`).
+    """The BITS-bit code at (pos, col) of a field packed along pos in bit planes (`reference.equations.packing`).
 
     pos: [R, 1] or [R, C] positions along the packed axis; col: column offsets (elements).
     """
@@ -58,7 +58,7 @@ def unpack_field(packed_ptr, pos, col, row_stride, mask, BITS: tl.constexpr):
         byte = tl.load(packed_ptr + (pos // per) * row_stride + col, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((pos % per) * BITS)) & ((1 << BITS) - 1)
     else:
-        # Blocks of BLOCK positions (`reference.config.block_positions`), BLOCK * BITS / 8 bytes each:
+        # Blocks of BLOCK positions (`reference.equations.packing.block_positions`), BLOCK * BITS / 8 bytes each:
         # the planes one after the other, widest first, the widest holding the lowest bits.
         BLOCK: tl.constexpr = 8 if BITS % 2 == 1 else 4
         block_row = (pos // BLOCK) * (BLOCK * BITS // 8)
@@ -84,7 +84,7 @@ def round_to(x, DTYPE: tl.constexpr):
 @triton.jit
 def saturate(x, DTYPE: tl.constexpr):
     """Finite float32 x beyond DTYPE's largest finite value clamped to it (infinities and NaN kept),
-    as `reference.attention.saturating_cast`: dequantized values may pass 65504 by a rounding of
+    as `reference.equations.attention.saturating_cast`: dequantized values may pass 65504 by a rounding of
     their scale, and attention over finite inputs stays finite."""
     if DTYPE == tl.float16:
         big = 65504.0

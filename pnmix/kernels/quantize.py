@@ -12,10 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.config import bit_planes, block_positions
-
-from .. import _runtime  # sets TRITON_INTERPRET before the kernels below are decorated
-from .common import encode, eq2_eq7_params, round_to, unpack_field
+from pnmix import _runtime  # sets TRITON_INTERPRET before the kernels below are decorated
+from pnmix.kernels.common import encode, eq2_eq7_params, round_to, unpack_field
+from reference.equations.packing import bit_planes, block_positions
 
 
 @triton.jit
@@ -248,7 +247,7 @@ def encode_pack(
     """Encode x with its stored scale/zero and pack bits [shift, shift + field_bits) of each code.
 
     out: [B, H, rows, cols] uint8 with rows = n_pos * field_bits / 8 along `along`, in the bit-plane
-    layout of `reference.packing` (one launch per plane); with colmap (int32 [B, H, n]) column j of
+    layout of `reference.equations.packing` (one launch per plane); with colmap (int32 [B, H, n]) column j of
     out holds x's column colmap[..., j] (the key high plane).
     """
     pos_dim, col_dim = _PLANE[along]

@@ -1,7 +1,7 @@
 """Decode attention over a per-token precision cache (TriAxialKV, role-aware PN-Mix), as its paper
 decodes: flash-decoding splits that each read one store of one bit width, merged by log-sum-exp.
 
-The stores are those of `reference.token_precision` (the spec's bytes): the low tokens' key pages
+The stores are those of `reference.tokens.config` (the spec's bytes): the low tokens' key pages
 (packed along tokens, per-channel groups of G; role-aware PN-Mix's pairs in a high plane), the
 leftover and high tokens' keys and every value per token (packed along channels, groups of G
 channels). Each store gets its own splits (`_load_tile` reads both layouts), so a split never mixes
@@ -16,10 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.token_precision import TokenPrecisionConfig
-
-from .. import _runtime
-from .attention import (
+from pnmix import _runtime
+from pnmix.kernels.attention import (
     LOG2E,
     _chunk,
     _dot_f32,
@@ -32,6 +30,7 @@ from .attention import (
     pair_slots,
     partials,
 )
+from reference.tokens.config import TokenPrecisionConfig
 
 #: The stores in split order: (key store, value store, offset of its first value row in the value store).
 SEGMENTS = tl.constexpr(3)
@@ -399,7 +398,7 @@ def token_decode_attention(
 ) -> torch.Tensor:
     """Causal attention of q [B, H, T_new, d] (the last T_new positions) over a per-token precision cache.
 
-    stored: the cache's tensors by the names of `reference.token_precision.PARTS`; positions: int32 [T]
+    stored: the cache's tensors by the names of `reference.tokens.config.PARTS`; positions: int32 [T]
     on q's device, the token position of every stored row, the low key pages' rows first, then the
     leftover's, then the high tokens'; counts: (grouped, leftover, high) rows.
     """

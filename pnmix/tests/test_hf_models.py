@@ -292,7 +292,7 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused_by_name():
 
 @pytest.mark.parametrize("low_keys", ["channels", "pairs"])
 def test_per_token_precision_generates_and_its_stepwise_chunks_are_token_by_token(low_keys):
-    from reference.token_precision import TokenPrecisionConfig, token_classes
+    from reference.tokens.config import TokenPrecisionConfig, token_classes
 
     model, _ = build("llama")
     model.set_attn_implementation("pnmix")
@@ -332,7 +332,7 @@ def test_per_token_precision_generates_and_its_stepwise_chunks_are_token_by_toke
 
 @pytest.mark.interpreter
 def test_per_token_precision_decodes_through_the_triton_kernel_as_through_the_spec():
-    from reference.token_precision import TokenPrecisionConfig
+    from reference.tokens.config import TokenPrecisionConfig
 
     model, _ = build("llama")
     model = model.to(torch.float16)

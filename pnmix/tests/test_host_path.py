@@ -291,7 +291,7 @@ def test_a_flush_failed_at_any_point_leaves_the_cache_as_it_was():
     """A preallocated cache overwrites its residual rows when a page completes; failed at points
     spread over the append's torch calls (allocations, copies, kernel launches), and at the last
     ones, which follow the overwrite, it must come back intact (dynamic caches: property 10)."""
-    from reference.faults import FaultAt
+    from reference.contract.faults import FaultAt
 
     config = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
     g = torch.Generator().manual_seed(0)

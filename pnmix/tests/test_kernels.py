@@ -14,7 +14,7 @@ from pnmix import PNMixCache, _runtime
 from pnmix.kernels import decode_attention, dequantize_plane, encode_pack, group_params
 from pnmix.kernels.attention import _code_to
 from reference import methods
-from reference.tolerances import attention_bound
+from reference.contract.tolerances import attention_bound
 
 pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
 DEV = _runtime.kernel_device()

@@ -6,9 +6,9 @@ import torch
 
 from pnmix.token_cache import TritonTokenPrecisionCache
 from reference import attention_ref
-from reference.token_cache import TokenPrecisionCache
-from reference.token_precision import TokenPrecisionConfig, token_classes
-from reference.tolerances import attention_bound
+from reference.contract.tolerances import attention_bound
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig, token_classes
 
 pytestmark = pytest.mark.interpreter
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reference import attention_ref
-from reference.attention import attention_logits_ref, saturating_cast
+from reference.equations.attention import attention_logits_ref, saturating_cast
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "t_q", "t_k"), [(6, 2, 5, 17), (3, 3, 1, 12), (4, 1, 9, 9)])

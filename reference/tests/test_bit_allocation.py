@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.bit_allocation import allocate
+from reference.tokens.allocation import allocate
 
 
 def f64(values):

@@ -31,7 +31,9 @@ def test_cli_rejects_bad_config_with_the_config_message(capsys):
     assert "ratio must be in [0, 1]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["reference.quant", "reference.packing", "reference.storage"])
+@pytest.mark.parametrize(
+    "module", ["reference.equations.quant", "reference.equations.packing", "reference.channels.storage"]
+)
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0

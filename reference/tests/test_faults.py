@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reference.faults import FaultAt, InjectedFault
+from reference.contract.faults import FaultAt, InjectedFault
 
 
 def read_metadata(t: torch.Tensor) -> None:

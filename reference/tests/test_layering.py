@@ -3,6 +3,11 @@
 reference (the spec, the layout plan, the implementation contract, result records) imports
 none of the others; pnmix (an implementation) imports only the spec, never the test suite;
 conformance reaches implementations through the contract alone; nothing imports reports.
+Inside `reference/`, the paper's parts stack too: the equations import nothing above them, the
+channel-precision family builds on the equations, the per-token family on both, the method
+registry on the families, the contract on the registry. No module imports itself back through
+others, and a project import inside a function is there only to defer a heavy dependency, said
+on its line (`# deferred: <why>`).
 """
 
 import ast
@@ -20,17 +25,64 @@ ALLOWED = {
     "benchmarks": {"reference", "pnmix", "conformance"},
     "reports": {"reference", "pnmix", "conformance", "benchmarks"},
 }
+#: The parts of `reference/` (a subpackage or a top-level module) and what each may import of the others.
+REFERENCE_PARTS = {
+    "equations": set(),
+    "paper": set(),
+    "records": set(),
+    "models": set(),
+    "channels": {"equations"},
+    "tokens": {"equations", "channels"},
+    "methods": {"equations", "channels", "tokens"},
+    "contract": {"equations", "channels", "tokens", "methods"},
+    "cli": {"equations", "channels", "tokens", "methods", "paper", "records", "models", "contract"},
+}
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the project (tests left out), by its dotted name."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if "tests" in parts or "suites" in parts:
+                continue
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, *, inside_functions: bool | None = None):
+    """(node, dotted module names) of each project import in `path`: everywhere (None), only inside
+    functions (True) or only outside them (False). `from package import module` names the module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    inner = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for sub in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if inside_functions is not None and (id(node) in inner) != inside_functions:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        names = [name for name in names if name.split(".")[0] in PACKAGES]
+        if names:
+            yield node, names
 
 
 def imported_packages(path: Path) -> set[str]:
     """Top-level project packages a module imports, anywhere in it (function-level imports too)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return found & set(PACKAGES)
+    return {name.split(".")[0] for _, names in imports(path) for name in names}
+
+
+def reference_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "reference" and len(parts) > 1 else None
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -42,7 +94,82 @@ def test_packages_import_only_the_layers_below(package):
     assert {path: names for path, names in wrong.items() if names} == {}
 
 
+def test_the_parts_of_the_spec_import_only_the_parts_below():
+    wrong = {}
+    for module, path in project_modules().items():
+        part = reference_part(module)
+        if part not in REFERENCE_PARTS:
+            continue
+        # names of the root package (`from reference import __version__`) are no part: it is loaded first anyway
+        used = {reference_part(name) for _, names in imports(path) for name in names} & set(REFERENCE_PARTS) - {part}
+        if used - REFERENCE_PARTS[part]:
+            wrong[module] = sorted(used - REFERENCE_PARTS[part])
+    assert wrong == {}
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports at module level (a package's `__init__` only when
+    it, not one of its modules, is what the statement names)."""
+    graph = {}
+    for module, path in modules.items():
+        graph[module] = set()
+        for _, names in imports(path, inside_functions=False):
+            named = [name for name in names[1:] if name in modules] or [names[0]]
+            graph[module] |= {name for name in named if name in modules and name != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(import_graph(project_modules())) == []
+
+
+def test_function_level_project_imports_say_why_they_are_deferred():
+    undeferred = []
+    for module, path in project_modules().items():
+        lines = path.read_text().splitlines()
+        for node, _ in imports(path, inside_functions=True):
+            if "# deferred: " not in lines[node.lineno - 1]:
+                undeferred.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert undeferred == []
+
+
 def test_the_check_sees_function_level_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from reports.files import x\n    import conformance.api\n")
     assert imported_packages(module) == {"reports", "conformance"}
+    assert [node.lineno for node, _ in imports(module, inside_functions=True)] == [2, 3]
+    assert list(imports(module, inside_functions=False)) == []
+
+
+def test_the_cycle_check_finds_a_circle_through_a_package():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -16,10 +16,10 @@ from reference import (
     StorageReport,
     measure,
     methods,
-    packing,
     storage_model,
     token_layout,
 )
+from reference.equations import packing
 
 
 @st.composite

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reference.polar import from_polar, polar_dequantize, polar_quantize, to_polar
+from reference.equations.polar import from_polar, polar_dequantize, polar_quantize, to_polar
 
 
 @pytest.mark.parametrize("layout", ["adjacent", "split"])

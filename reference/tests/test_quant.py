@@ -1,4 +1,4 @@
-"""Eq. 2 and Eq. 7: hand-worked golden values and the numerics rules of reference.quant."""
+"""Eq. 2 and Eq. 7: hand-worked golden values and the numerics rules of reference.equations.quant."""
 
 import pytest
 import torch

@@ -149,9 +149,9 @@ def test_a_fingerprint_refuses_a_target_that_is_not_there():
 
 
 def test_files_of_this_checkout_are_named_relative_to_it():
-    code = records.code_fingerprint("reference.quant")
-    assert list(code["files"]) == ["reference/quant.py"]
-    assert records.code_path("reference/quant.py") == records.ROOT / "reference" / "quant.py"
+    code = records.code_fingerprint("reference.equations.quant")
+    assert list(code["files"]) == ["reference/equations/quant.py"]
+    assert records.code_path("reference/equations/quant.py") == records.ROOT / "reference" / "equations" / "quant.py"
     assert code["commit"] is None or len(code["commit"]) == 40
 
 
@@ -159,7 +159,7 @@ def test_files_of_this_checkout_are_named_relative_to_it():
     ("module", "targets"),
     [
         ("pnmix.protocol", ("pnmix", "reference")),
-        ("reference.implementation", ("reference",)),
+        ("reference.contract.implementation", ("reference",)),
         ("conformance.impls.template", ("conformance.impls.template", "reference")),
         ("tabulate", ("tabulate",)),
     ],
@@ -169,10 +169,10 @@ def test_an_implementation_is_its_package_and_the_spec_it_builds_on(module, targ
 
 
 def test_a_record_carries_the_modules_the_process_loaded():
-    import reference.quant  # noqa: F401  (loaded: part of what a result computed with)
+    import reference.equations.quant  # noqa: F401  (loaded: part of what a result computed with)
 
     code = records.record("fidelity", "cpu")["code"]
-    assert "reference/quant.py" in code["files"]
+    assert "reference/equations/quant.py" in code["files"]
     assert "reference/records.py" not in code["files"]  # bookkeeping: it measures nothing
     assert "reference/records.py" not in records.code_fingerprint("reference")["files"]
     assert not any("/tests/" in f for f in code["files"])

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from reference import roles
-from reference.roles import ALL_TAGS, CHATML, ROLES, Tag, character_spans, tag_table, tag_tokens
+from reference.tokens import roles
+from reference.tokens.roles import ALL_TAGS, CHATML, ROLES, Tag, character_spans, tag_table, tag_tokens
 
 CHAT = (
     "<|im_start|>system\nBe brief.<|im_end|>\n"

@@ -93,7 +93,7 @@ def test_layouts_agree_under_channel_permutation():
 
 
 def test_ablation_criteria_golden():
-    from reference.saliency import criterion_scores
+    from reference.equations.saliency import criterion_scores
 
     # d = 4 adjacent pairs (0,1), (2,3); two tokens of one KV head.
     k = torch.tensor([[[[3.0, 4.0, 1.0, 0.0], [-3.0, 0.0, 2.0, 0.0]]]])

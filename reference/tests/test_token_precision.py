@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from reference import channel_mask_from_pairs, prefill_pair_mask, quantize_keys
-from reference.quant import dequantize, quantize
-from reference.tag_distortion import tag_distortion
-from reference.token_cache import TokenPrecisionCache
-from reference.token_precision import (
+from reference.equations.quant import dequantize, quantize
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import (
     TokenClasses,
     TokenPrecisionConfig,
     bits_per_element,
@@ -16,6 +15,7 @@ from reference.token_precision import (
     storage_model,
     token_classes,
 )
+from reference.tokens.distortion import tag_distortion
 
 TRIAXIAL = TokenPrecisionConfig()
 ROLE_AWARE = TokenPrecisionConfig(low_keys="pairs")
@@ -155,7 +155,7 @@ def test_bad_configs_are_refused_by_name(kwargs, match):
 
 
 def test_tag_distortion_is_zero_where_nothing_changes_and_falls_with_more_bits():
-    from reference.attention import attention_ref
+    from reference.equations.attention import attention_ref
 
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(4, 40, 32, generator=gen) for _ in range(3))

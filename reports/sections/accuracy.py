@@ -7,11 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.accuracy_stats import accuracy, items_to_resolve, paired
-
-from .. import figures
-from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, details, escape, figure, table
+from benchmarks.accuracy.stats import accuracy, items_to_resolve, paired
+from reports import figures
+from reports.inputs import Source
+from reports.markdown import (
+    CONFIRMED,
+    NOT_CONFIRMED,
+    NOT_MEASURED,
+    Citations,
+    Claim,
+    Section,
+    details,
+    escape,
+    figure,
+    table,
+)
 
 #: FP16 within this much of chance is uninformative: no method can be told from it there.
 INFORMATIVE_MARGIN = 0.15
@@ -96,7 +106,7 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
     overall_table = table(
         rows,
         ["run", "key bits", "value bits", "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"],
-        f"{cite}; bits computed by `reference.storage.bit_widths` (the paper's counting, T_q = 32768)",
+        f"{cite}; bits computed by `reference.channels.storage.bit_widths` (the paper's counting, T_q = 32768)",
     )
     per_task = table(
         tasks_rows,
@@ -113,7 +123,7 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         power = (
             f"{pooled_fp16.n} items on the informative tasks: this {enough} a 5-point paired difference from FP16 "
             f"(about {need} items needed for 80% power with the exact McNemar test at 5%, "
-            "`benchmarks.accuracy_stats.items_to_resolve`); differences smaller than the intervals say nothing.\n"
+            "`benchmarks.accuracy.stats.items_to_resolve`); differences smaller than the intervals say nothing.\n"
         )
     md = [head, power, overall_table, "Every task, every run:\n", details("the table", per_task)]
     if png is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from ..markdown import STATUSES, Citations, Claim, Section, table
+from reports.markdown import STATUSES, Citations, Claim, Section, table
 
 TITLE = "The paper's claims"
 

@@ -10,9 +10,8 @@ import re
 from collections.abc import Sequence
 
 from conformance.loader import builtins
-
-from ..inputs import Source
-from ..markdown import Section, escape, table
+from reports.inputs import Source
+from reports.markdown import Section, escape, table
 
 LABELS = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
 OUTCOMES = tuple(LABELS)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..inputs import Source
-from ..markdown import Citations, Section, table
-from ..steps import Outcome
+from reports.inputs import Source
+from reports.markdown import Citations, Section, table
+from reports.steps import Outcome
 
 
 def _source_record(s: Source) -> tuple[str, str, str]:

@@ -1,19 +1,29 @@
 """The section on channels against token roles at equal bits: TriAxialKV, role-aware PN-Mix and the
-channel methods on `benchmarks.equal_bits` results, with TriAxialKV's stated trade-offs checked."""
+channel methods on `benchmarks.fidelity.equal_bits` results, with TriAxialKV's stated trade-offs checked."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks import equal_bits
-from benchmarks.long_output import quarter_means
+from benchmarks.fidelity import equal_bits
+from benchmarks.fidelity.long_output import quarter_means
 from reference import paper
-
-from .. import figures
-from ..inputs import Source
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim, Section, escape, figure, fmt, table
-from ..provenance import computed, measured, quoted
-from .claims import claims_table
+from reports import figures
+from reports.inputs import Source
+from reports.markdown import (
+    CONFIRMED,
+    NOT_CONFIRMED,
+    NOT_MEASURED,
+    Citations,
+    Claim,
+    Section,
+    escape,
+    figure,
+    fmt,
+    table,
+)
+from reports.provenance import computed, measured, quoted
+from reports.sections.claims import claims_table
 
 TITLE = "Channels or token roles at equal bits (TriAxialKV)"
 FIGURE = "equal-bits-long-output.png"
@@ -21,10 +31,10 @@ FIGURE = "equal-bits-long-output.png"
 THROUGHPUT = "1.26-1.52x the BF16 throughput"
 CONCURRENCY = (3.4, 4.0)  # x BF16 concurrency
 MEMORY_SOURCE = computed(
-    "benchmarks.equal_bits.memory_rows (benchmarks.memory with each method's exact storage model; "
+    "benchmarks.fidelity.equal_bits.memory_rows (benchmarks.efficiency.memory with each method's exact storage model; "
     f"{paper.MODEL}, {paper.GPU_MEMORY_GIB:g} GiB budget, P = {paper.PROMPT})"
 )
-CLAIMS_SOURCE = computed("benchmarks.equal_bits.claims")
+CLAIMS_SOURCE = computed("benchmarks.fidelity.equal_bits.claims")
 #: The columns of a budget's table that are computed (storage formulas), not measured.
 COMPUTED_COLUMNS = ("bits", "stored")
 MEASURED_COLUMNS = ("attn KL", "out MSE", "e2e KL", "top-1", "NLL")
@@ -100,7 +110,7 @@ def trade_offs(s: Source, stored: Source | None = None) -> list[Claim]:
             f"computed from the storage formula (Fig. 6b model: {paper.MODEL}, {paper.GPU}, 8K generated)",
             "; ".join(f"{b} bits: {x:.2f}x FP16's largest batch" for b, x in ratios) + " (weights and workspace "
             "included: the cache alone would give more)",
-            computed("benchmarks.memory.max_batch with each method's storage model"),
+            computed("benchmarks.efficiency.memory.max_batch with each method's storage model"),
         )
     )
     out.append(
@@ -185,13 +195,16 @@ def _tables(data: dict, label: str, level: int, cite: Citations) -> list[str]:
 def render(sources: Sequence[Source]) -> Section:
     intro = (
         "PN-Mix spends bits per channel (salient RoPE pairs); TriAxialKV (arXiv 2605.17170) per token, by a role "
-        "tag on three axes (recency to the current turn, modality, semantic role; `reference.roles`), INT2 or INT4 "
-        "per tag chosen by an allocator from calibrated attention-output distortion (`reference.bit_allocation`, "
-        "`benchmarks.role_calibration`), stored as `reference.token_precision` plans (INT2 keys per channel in "
+        "tag on three axes (recency to the current turn, modality, semantic role; `reference.tokens.roles`), "
+        "INT2 or INT4 "
+        "per tag chosen by an allocator from calibrated attention-output distortion (`reference.tokens.allocation`, "
+        "`benchmarks.fidelity.role_calibration`), stored as `reference.tokens.config` plans (INT2 keys per channel in "
         "groups of 32 INT2 tokens, the leftover on the INT4 per-token path, no exact residual). Role-aware PN-Mix, "
         "the combination neither paper has, keeps TriAxialKV's per-tag budget and spends its INT2 keys as PN-Mix "
         "does: H3(50%)L1 on the pairs Eq. 6 picks at prefill, the same 2 bits. Each channel method takes the "
-        "configuration of its family nearest each budget (`benchmarks.equal_bits.candidates`). The bits column "
+        ""
+        "configuration of its family nearest each budget (`benchmarks.fidelity.equal_bits.candidates`). The "
+        "bits column "
         "counts payload, scales, zeros, sinks and metadata (the channel methods' exact residual excluded, as the "
         "paper counts); the stored column counts everything a cache holds for the evaluated conversations: at "
         "these lengths (under 1K tokens) the channel methods' exact residual and sinks are a large share of it "
@@ -202,7 +215,9 @@ def render(sources: Sequence[Source]) -> Section:
         return Section(TITLE, intro + "\nNo equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
     s, stored = primary(sources), primary(sources, "stored")
     if s is None:
-        return Section(TITLE, intro + "\nOnly smoke runs of `benchmarks.equal_bits` were given (harness checks).\n")
+        return Section(
+            TITLE, intro + "\nOnly smoke runs of `benchmarks.fidelity.equal_bits` were given (harness checks).\n"
+        )
     cite = Citations("E")
     label = cite.cite(_provenance(s))
     stored_label = cite.cite(_provenance(stored)) if stored is not None else None

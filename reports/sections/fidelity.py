@@ -6,13 +6,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from benchmarks import fidelity
+from benchmarks.fidelity import analyses as fidelity
 from reference import paper
-from reference.config import CRITERIA
-
-from .. import figures
-from ..inputs import Source
-from ..markdown import (
+from reference.equations.saliency import CRITERIA
+from reports import figures
+from reports.inputs import Source
+from reports.markdown import (
     CONFIRMED,
     NOT_CONFIRMED,
     NOT_MEASURED,
@@ -26,8 +25,8 @@ from ..markdown import (
     figure,
     sources_under_tables,
 )
-from ..provenance import measured, quoted
-from . import long_output
+from reports.provenance import measured, quoted
+from reports.sections import long_output
 
 TITLE = "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)"
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
@@ -148,7 +147,7 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
     intro = [note + "\n" if note else ""]
     intro.append(
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
-        "`benchmarks.fidelity.markdown`; the paper's claims are quoted next to what was measured. "
+        "`benchmarks.fidelity.analyses.markdown`; the paper's claims are quoted next to what was measured. "
         + (
             escape(f"The paper's claims are judged on the {_label(main)}.")
             if main

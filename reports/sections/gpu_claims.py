@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.analysis import FIG7_FIT
+from benchmarks.efficiency.analysis import FIG7_FIT
 from reference import paper
-
-from ..markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Claim
-from .measured import FP16, KITTY, PN_MIX, max_feasible, provenance, runs, slopes
+from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Claim
+from reports.sections.measured import FP16, KITTY, PN_MIX, max_feasible, provenance, runs, slopes
 
 Verdict = tuple[bool, str] | None
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..currency import Verdict
-from ..inputs import BENCHMARK, Source, usable
-from ..markdown import Section, details, escape, fmt, table
-from . import conformance as matrix
-from .performance import POINT_KEYS, TINY_FIGURE
+from reports.currency import Verdict
+from reports.inputs import BENCHMARK, Source, usable
+from reports.markdown import Section, details, escape, fmt, table
+from reports.sections import conformance as matrix
+from reports.sections.performance import POINT_KEYS, TINY_FIGURE
 
 
 def _measured(source: Source) -> str:

@@ -1,15 +1,14 @@
-"""The long-output part of the fidelity section: curves and tables of `benchmarks.long_output` results."""
+"""The long-output part of the fidelity section: curves and tables of `benchmarks.fidelity.long_output` results."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
 
-from benchmarks import long_output
-
-from .. import figures
-from ..inputs import Source
-from ..markdown import (
+from benchmarks.fidelity import long_output
+from reports import figures
+from reports.inputs import Source
+from reports.markdown import (
     CONFIRMED,
     NOT_CONFIRMED,
     NOT_MEASURED,
@@ -21,7 +20,7 @@ from ..markdown import (
     figure,
     sources_under_tables,
 )
-from ..provenance import measured
+from reports.provenance import measured
 
 FIGURE = "long-output-{}.png"  # one figure per run, numbered in the order of the runs' dates
 PANELS = (("kl", "KL(FP16 || method), nats"), ("top1", "top-1 agreement with FP16"), ("nll", "NLL of the FP16 token"))
@@ -96,7 +95,8 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
     parts = [
         "### Fidelity over long outputs\n",
         "Each method reads the FP16 model's own greedy output teacher-forced through its packed cache, with "
-        "each position attending as in token-by-token decoding (`benchmarks.long_output`); curves are means over "
+        "each position attending as in token-by-token decoding (`benchmarks.fidelity.long_output`); curves are "
+        "means over "
         "spans of output positions, one figure per run.\n",
     ]
     figs = {}

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.analysis import FIG7_FIT, latency_slope_us
-
-from ..inputs import Source
-from ..markdown import escape
-from ..provenance import measured
+from benchmarks.efficiency.analysis import FIG7_FIT, latency_slope_us
+from reports.inputs import Source
+from reports.markdown import escape
+from reports.provenance import measured
 
 FP16, KITTY, PN_MIX = "FP16", "Kitty", "PN-Mix"
 

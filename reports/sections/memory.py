@@ -1,4 +1,4 @@
-"""Section 4: memory feasibility (Fig. 6a/6b): the model of `benchmarks.memory` next to the paper's
+"""Section 4: memory feasibility (Fig. 6a/6b): the model of `benchmarks.efficiency.memory` next to the paper's
 points and, when a GPU run is given, the measured peaks."""
 
 from __future__ import annotations
@@ -6,21 +6,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from benchmarks import memory
-from benchmarks.models import ARCHITECTURES
+from benchmarks.efficiency import memory
+from benchmarks.efficiency.architectures import ARCHITECTURES
 from reference import paper
 from reference.methods import NAMES
 from reference.records import GIB
-
-from .. import figures
-from ..inputs import Source, benchmarks
-from ..markdown import CONFIRMED, NOT_CONFIRMED, Citations, Claim, Section, figure, fmt, table
-from ..provenance import computed, measured, quoted
+from reports import figures
+from reports.inputs import Source, benchmarks
+from reports.markdown import CONFIRMED, NOT_CONFIRMED, Citations, Claim, Section, figure, fmt, table
+from reports.provenance import computed, measured, quoted
 
 TITLE = "Memory feasibility (Fig. 6a, 6b)"
 MODEL = paper.MODEL
 MODEL_SOURCE = computed(
-    "benchmarks.memory (weights from the parameter count in bf16 + the cache of reference.storage_model with "
+    "benchmarks.efficiency.memory (weights from the parameter count in bf16 + the cache of "
+    "reference.storage_model with "
     "capacity = P + L_gen + workspace_estimate, an explicit estimate, not a measurement), "
     f"{paper.MODEL}, P = {paper.PROMPT}, budget {memory.DEFAULT_BUDGET_GIB:g} GiB"
 )
@@ -297,12 +297,13 @@ def render(sources: Sequence[Source]) -> Section:
         f"### Fig. 6b: peak GiB vs batch at L_gen = {paper.FIG6B_GENERATION}\n",
         table(_pivot(b, "batch"), ["batch", *methods], model),
         f"### Largest batch that fits at L_gen = {paper.FIG6B_GENERATION}\n",
-        table(best, ["method", "max batch", "peak GiB"], model + " (benchmarks.memory.max_batch)"),
+        table(best, ["method", "max batch", "peak GiB"], model + " (benchmarks.efficiency.memory.max_batch)"),
         "### The model beside the paper\n",
         "Each of the paper's Fig. 6a/6b statements as restated among the paper's claims, with the model at the "
         "same points: the claims are judged on these rows (on the GPU's, where measured).\n",
         _beside_the_paper(verdicts, measured_pts, cite),
-        "Where the model's numbers and the paper's differ, and why (benchmarks.memory.explain, computed from the "
+        "Where the model's numbers and the paper's differ, and why (benchmarks.efficiency.memory.explain, "
+        "computed from the "
         "numbers above):\n",
         "\n".join(f"- {note}" for note in memory.explain(arch)) + "\n",
     ]

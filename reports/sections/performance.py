@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from benchmarks.analysis import FIG7_FIT
-from benchmarks.workloads import LAUNCH_GRID
+from benchmarks.efficiency.analysis import FIG7_FIT
+from benchmarks.efficiency.workloads import LAUNCH_GRID
 from reference import paper
-
-from .. import figures
-from ..inputs import BENCHMARK as BENCH
-from ..inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
-from ..markdown import SOURCE, Citations, Section, details, escape, figure, fmt, ratio, table
-from ..provenance import quoted
-from .gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
-from .measured import (
+from reports import figures
+from reports.inputs import BENCHMARK as BENCH
+from reports.inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
+from reports.markdown import SOURCE, Citations, Section, details, escape, figure, fmt, ratio, table
+from reports.provenance import quoted
+from reports.sections.gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
+from reports.sections.measured import (
     FP16,
     KITTY,
     baseline,
@@ -159,7 +158,8 @@ def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
                     "/ FP16",
                     "/ Kitty",
                 ],
-                src + "; slope computed by benchmarks.analysis.latency_slope_us (least squares over the window); "
+                src + "; slope computed by benchmarks.efficiency.analysis.latency_slope_us (least squares over the "
+                "window); "
                 f"paper column {quoted(PAPER_WHERE)}",
             ),
             details("Every timed step (ms)", table(points, ["step", *methods], src)),
@@ -279,7 +279,8 @@ def _launch(rows: list[dict]) -> tuple[str, None]:
     md = "\n".join(
         [
             f"#### Decode kernel launch choices (PN-Mix, B = {r0['batch']}, {r0['context']} tokens)\n",
-            "The kernel table's PN-Mix point at each launch choice of `benchmarks.workloads.LAUNCH_GRID`: tile "
+            "The kernel table's PN-Mix point at each launch choice of "
+            "`benchmarks.efficiency.workloads.LAUNCH_GRID`: tile "
             "(block_n), warps, pipeline stages, splits; ms / default = time against the package's default choice "
             "(the first row); error against the float64 oracle over the cache, judged by property 7's rule.\n",
             table(

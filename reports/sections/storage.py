@@ -11,10 +11,9 @@ from reference import PNMixConfig, bit_widths, paper
 from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows
 from reference.methods import EVERY_TOKEN, METHODS, TOKEN_METHODS
 from reference.models import MODEL_SHAPES
-from reference.token_precision import bits_per_element
-
-from ..markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
-from ..provenance import computed
+from reference.tokens.config import bits_per_element
+from reports.markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
+from reports.provenance import computed
 
 HEAD_DIM, N_QUANTIZED = 128, paper.N_QUANTIZED  # the paper's convention: d = 128, T_q = 32768
 MODEL, BATCH, LENGTH = paper.MODEL, paper.FIG6A_BATCH, paper.PROMPT + paper.FIG6B_GENERATION  # Fig. 6: B, P + L_gen
@@ -66,7 +65,7 @@ def claims() -> list[Claim]:
             "computed",
             f"effective key bits {bw.key_effective:.4f}, with the pair mask {bw.key_total:.4f} (d = {HEAD_DIM}, "
             f"T_q = {N_QUANTIZED})",
-            computed(f"reference.storage.bit_widths(PNMixConfig(), {HEAD_DIM}, {N_QUANTIZED})"),
+            computed(f"reference.channels.storage.bit_widths(PNMixConfig(), {HEAD_DIM}, {N_QUANTIZED})"),
         )
     ]
 
@@ -85,13 +84,14 @@ def render() -> Section:
             'values too). "key bits" is the effective cost (payload, '
             "scales and zeros, FP16 sinks); \"mask bits\" the selection metadata (PN-Mix's pair mask, Kitty's "
             'per-page channel indices); "key bits total" their sum. Bits are counted as stored, and a b-bit code '
-            "is stored in exactly b bits: split into bit planes of 4, 2 and 1 bits (`reference.config.bit_planes`; "
+            "is stored in exactly b bits: split into bit planes of 4, 2 and 1 bits "
+            "(`reference.equations.packing.bit_planes`; "
             "the 3 upper bits of H4L1 in a 2-bit and a 1-bit plane), as the paper's formula counts.\n",
             table(
                 bits,
                 ["config", "key bits", "mask bits", "key bits total", "value bits", "bytes/token/KV head"],
                 computed(
-                    f"reference.cli.bits_rows -> reference.storage.bit_widths(config, head_dim={HEAD_DIM}, "
+                    f"reference.cli.bits_rows -> reference.channels.storage.bit_widths(config, head_dim={HEAD_DIM}, "
                     f"n_quantized={N_QUANTIZED})"
                 ),
                 floatfmt=("", ".4f", ".2e", ".4f", ".4f", ".2f"),
@@ -104,7 +104,7 @@ def render() -> Section:
                 models,
                 ["cache", "GiB", "FP16 / this"],
                 computed(
-                    f"reference.cli.model_rows -> reference.storage.storage_model(config, {BATCH}, "
+                    f"reference.cli.model_rows -> reference.channels.storage.storage_model(config, {BATCH}, "
                     f"{shape.kv_heads}, {shape.head_dim}, {LENGTH}) x {shape.layers} layers"
                 ),
                 floatfmt=".3f",
@@ -118,13 +118,17 @@ def render() -> Section:
                 token_rows(shape.kv_heads),
                 ["method", "low tokens", "key bits", "metadata bits", "value bits", "average"],
                 computed(
-                    f"reference.token_precision.bits_per_element(config, {HEAD_DIM}, token_bits, "
+                    f"reference.tokens.config.bits_per_element(config, {HEAD_DIM}, token_bits, "
                     f"kv_heads={shape.kv_heads})"
                 ),
                 floatfmt=("", "", ".4f", ".4f", ".4f", ".4f"),
             ),
             "<details><summary>Configurations</summary>\n",
-            table(details, ["config", *fields], computed("reference.methods.METHODS and reference.config.PNMixConfig")),
+            table(
+                details,
+                ["config", *fields],
+                computed("reference.methods.METHODS and reference.channels.config.PNMixConfig"),
+            ),
             "</details>\n",
         ]
     )

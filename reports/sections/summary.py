@@ -16,11 +16,10 @@ from collections.abc import Sequence
 
 from conformance.strategies import REALISTIC, describe
 from reference import PNMixConfig
-
-from ..inputs import Source, benchmarks
-from ..markdown import Section, escape, fmt, table
-from . import conformance as matrix
-from .measured import is_fp16
+from reports.inputs import Source, benchmarks
+from reports.markdown import Section, escape, fmt, table
+from reports.sections import conformance as matrix
+from reports.sections.measured import is_fp16
 
 #: What the conformance suite records on its realistic workload (conformance/test_p8_storage.py, p7).
 BITS, KEY_BITS, VALUE_BITS, ERROR = (

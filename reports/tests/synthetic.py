@@ -231,7 +231,7 @@ def conformance() -> dict:
         "machine": {**MACHINE, "gpu": "none", "TRITON_INTERPRET": "1"},
         "implementations": ["reference", "triton"],
         "implementation_details": [
-            {"name": "reference", "version": "0.3.0", "origin": "reference = reference.implementation:make"},
+            {"name": "reference", "version": "0.3.0", "origin": "reference = reference.contract.implementation:make"},
             {"name": "triton", "version": "0.3.0", "origin": "triton = pnmix.protocol:make (pnmix 0.3.0)"},
         ],
         "hypothesis_profile": "ci",
@@ -263,7 +263,7 @@ def gpu_check(bench_name: str = "bench-GPU-1.json") -> dict:
 
 def current(data: dict) -> dict:
     """`data` recording, as the code it measured, a file of this tree as it is: the report compares it."""
-    code = records.code_fingerprint("reference.quant")
+    code = records.code_fingerprint("reference.equations.quant")
     data = copy.deepcopy(data)
     for b in data.get("benchmarks", []):
         b["extra_info"]["code"] = code

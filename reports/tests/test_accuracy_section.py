@@ -1,12 +1,11 @@
 """The task-accuracy section: numbers from the result's item outcomes, verdicts from the paired tests."""
 
-from benchmarks.accuracy_stats import accuracy, paired
+from benchmarks.accuracy.stats import accuracy, paired
 from reports import inputs
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
 from reports.sections import accuracy as section
-
-from . import synthetic
-from .mdtables import table_after, tables_without_source
+from reports.tests import synthetic
+from reports.tests.mdtables import table_after, tables_without_source
 
 
 def load(tmp_path, data):

@@ -9,9 +9,8 @@ from reports import inputs
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim
 from reports.sections import claims as claims_section
 from reports.sections import fidelity, memory
-
-from . import synthetic
-from .mdtables import table_after
+from reports.tests import synthetic
+from reports.tests.mdtables import table_after
 
 COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").glob("fidelity-*.json"))
 

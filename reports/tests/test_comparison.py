@@ -8,9 +8,8 @@ import copy
 from reference import records
 from reports import currency, inputs
 from reports.sections import conformance, history, summary
-
-from . import synthetic
-from .mdtables import table_after, tables_without_source
+from reports.tests import synthetic
+from reports.tests.mdtables import table_after, tables_without_source
 
 
 def load(tmp_path, name, data):

@@ -13,8 +13,7 @@ from reference import paper
 from reference.methods import NAMES, TOKEN_METHODS
 from reports import figures, inputs
 from reports.sections import equal_bits, fidelity, memory
-
-from . import synthetic
+from reports.tests import synthetic
 
 pytest.importorskip("matplotlib")
 from matplotlib import colors as mcolors
@@ -40,7 +39,7 @@ def drawn(monkeypatch):
 
 
 def _long_output(tmp_path, name, positions, date):
-    from benchmarks import long_output as bench_long
+    from benchmarks.fidelity import long_output as bench_long
     from reference import records
 
     per_prompt = [
@@ -102,7 +101,7 @@ def test_every_method_has_a_fixed_colour_of_its_own():
     assert figures.color("PN-Mix") == figures.COLORS["PN-Mix"]
     assert figures.color("FP16 (SDPA)") == figures.color("FP16") == figures.COLORS["FP16"]
     assert figures.color("PN-Mix, run 2 (measured)") == figures.COLORS["PN-Mix"]
-    assert figures.color("KIVI") == figures.COLORS["KIVI-2 +32 sinks"]  # benchmarks.equal_bits' name for it
+    assert figures.color("KIVI") == figures.COLORS["KIVI-2 +32 sinks"]  # benchmarks.fidelity.equal_bits' name for it
     assert figures.color("Qwen3-14B") in figures.FALLBACK
 
 
@@ -206,10 +205,10 @@ def test_every_series_of_every_figure_has_a_legend_entry(every_figure):
 
 
 def test_the_long_output_tools_figure_names_fp16_and_colours_each_method_once(tmp_path, monkeypatch):
-    """`benchmarks.long_output` draws FP16 in its NLL panel only: its legend must still name it."""
+    """`benchmarks.fidelity.long_output` draws FP16 in its NLL panel only: its legend must still name it."""
     from matplotlib.figure import Figure
 
-    from benchmarks import long_output as bench_long
+    from benchmarks.fidelity import long_output as bench_long
 
     saved, save = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])

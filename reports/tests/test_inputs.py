@@ -9,8 +9,7 @@ import pytest
 
 from reference import records
 from reports import inputs
-
-from . import synthetic
+from reports.tests import synthetic
 
 COMMITTED_FIDELITY = max((Path(__file__).parents[2] / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from reports import cli
-
-from .test_report import NOTHING_RUN
+from reports.tests.test_report import NOTHING_RUN
 
 ROOT = Path(__file__).parents[2]
 #: `python -c` program: the report with one slow step, which writes its pid to argv[1] once it runs.

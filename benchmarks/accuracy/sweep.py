@@ -1,0 +1,163 @@
+"""The configurations of the accuracy sweep: the paper's Fig. 3 / Table 14 families, each method's
+configuration nearest each key-bit budget, the methods compared at their own bits, and Table 8's
+key-only against value-only quantization.
+
+Key bits are counted as the paper counts them (`reference.channels.storage.bit_widths`: payload, scales and
+zeros, FP16 sinks, plus the selection metadata, over T_q = 32768 quantized tokens, the residual
+excluded) at the model's head_dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from reference import PNMixConfig, bit_widths
+from reference.methods import METHODS, kivi, pnmix
+
+#: The paper's key-bit budgets of Fig. 3 / Table 14.
+BUDGETS = (3.0, 2.5, 2.25, 2.0, 1.5)
+#: Table 14's sweep of PN-Mix and KIVI.
+PNMIX_BITS = (4, 3, 2, 1)
+PNMIX_GROUPS = (64, 128)
+PNMIX_RATIOS = tuple(round(0.1 * i, 1) for i in range(1, 10))
+KIVI_BITS = (2, 1)
+KIVI_GROUPS = (32, 64, 128)
+#: Methods compared at their own bits, beside the swept families (a name of `reference.methods.METHODS`,
+#: `TOKEN_METHODS`, or an implementation of the conformance suite).
+OWN_BITS = ("KIVI-2 +32 sinks", "Kitty", "TriAxialKV", "role-aware PN-Mix", "impl:transformers-quanto")
+#: Fields set on a run at its own bits: quanto quantizes keys and values at one width, 2 or 4 bits (2
+#: here); the per-token methods take their bits per tag from a role calibration at one of its budgets
+#: (average key + value bits, everything stored counted), its lowest here, the nearest to the others.
+OWN_OVERRIDES = {
+    "transformers-quanto": (("b_high", 2), ("b_low", 2), ("value_bits", 2)),
+    "TriAxialKV": (("budget", 3.25),),
+    "role-aware PN-Mix": (("budget", 3.25),),
+}
+#: Keys at this width are the "unquantized" side of value-only quantization (Table 8): the cache
+#: family always quantizes keys, and 8 bits is within float16's own rounding of most keys.
+NEAR_EXACT_KEY_BITS = 8
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration of the sweep: how the model is asked to run it, and what it is."""
+
+    label: str  # e.g. "PN-Mix @ 2.25"
+    method: str  # a method name (or "impl:NAME")
+    overrides: tuple[tuple[str, object], ...]  # on top of the method's defaults
+    key_bits: float | None  # as the paper counts (None: not a channel-family config)
+    value_bits: float | None
+    role: str  # "baseline", "budget", "own bits", "table 8"
+    budget: float | None = None
+
+    def model_kwargs(self) -> dict:
+        """The "pnmix" model's arguments of this run (pretrained is added by the caller)."""
+        head = (
+            {"impl": self.method.removeprefix("impl:")} if self.method.startswith("impl:") else {"method": self.method}
+        )
+        return {**head, **{k: _arg(v) for k, v in self.overrides}}
+
+    def model_args(self) -> str:
+        """The same as lm-eval's --model_args string."""
+        return ",".join(f"{k}={v}" for k, v in self.model_kwargs().items())
+
+    def describe(self) -> dict:
+        """What a result records of the run."""
+        return {
+            "label": self.label,
+            "method": self.method,
+            "model_args": self.model_args(),
+            "key_bits": self.key_bits,
+            "value_bits": self.value_bits,
+            "role": self.role,
+            "budget": self.budget,
+        }
+
+
+def _arg(value: object) -> object:
+    """A torch dtype by its name ("float16"), as model_args name it; other values as they are."""
+    return str(value).removeprefix("torch.") if "torch." in str(value) else value
+
+
+def key_bits(config: PNMixConfig, head_dim: int) -> float:
+    """The paper's total average key-cache bit-width (effective cost plus selection metadata)."""
+    return bit_widths(config, head_dim).key_total
+
+
+def family(method: str, head_dim: int, pair_layout: str = "split") -> list[PNMixConfig]:
+    """Table 14's configurations of PN-Mix (b_H > b_L in {4,3,2,1}, G in {64,128}, r in 0.1..0.9) or
+    KIVI (b in {2,1}, G in {32,64,128}); residual N = G as both papers use, 2-bit values."""
+    if method == "PN-Mix":
+        return [
+            pnmix(b_high=h, b_low=lo, ratio=r, group_size=g, residual_length=g, pair_layout=pair_layout)
+            for h in PNMIX_BITS
+            for lo in PNMIX_BITS
+            if h > lo
+            for g in PNMIX_GROUPS
+            for r in PNMIX_RATIOS
+            if int(r * head_dim / 2) > 0
+        ]
+    if method == "KIVI":
+        return [kivi(b, group_size=g, pair_layout=pair_layout) for b in KIVI_BITS for g in KIVI_GROUPS]
+    raise ValueError(f"method must be 'PN-Mix' or 'KIVI', got {method!r}")
+
+
+def nearest(method: str, budget: float, head_dim: int, pair_layout: str = "split") -> tuple[PNMixConfig, float]:
+    """The configuration of the family nearest `budget` key bits (ties: the cheaper, then the first in
+    Table 14's order), with its key bits."""
+    scored = [
+        (abs(key_bits(c, head_dim) - budget), key_bits(c, head_dim), i, c)
+        for i, c in enumerate(family(method, head_dim, pair_layout))
+    ]
+    _, bits, _, config = min(scored, key=lambda s: s[:3])
+    return config, bits
+
+
+def overrides(config: PNMixConfig, base: PNMixConfig) -> tuple[tuple[str, object], ...]:
+    """The fields where `config` differs from `base`, in field order."""
+    return tuple(
+        (f.name, getattr(config, f.name))
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(base, f.name)
+    )
+
+
+def channel_run(label: str, method: str, config: PNMixConfig, head_dim: int, role: str, budget=None) -> Run:
+    base = METHODS[method]()
+    w = bit_widths(config, head_dim)
+    values = w.value_effective if config.value_bits < 16 else 16.0
+    return Run(label, method, overrides(config, base), w.key_total, values, role, budget)
+
+
+def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OWN_BITS) -> list[Run]:
+    """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget; the methods at their own bits;
+    Table 8 (2-bit keys with exact values against 2-bit values with near-exact keys, equal bits)."""
+    runs = [Run("FP16", "FP16", (), 16.0, 16.0, "baseline")]
+    for budget in budgets:
+        for name, method in (("PN-Mix", "PN-Mix"), ("KIVI", "KIVI-2")):
+            config, _ = nearest("PN-Mix" if name == "PN-Mix" else "KIVI", budget, head_dim, pair_layout)
+            runs.append(channel_run(f"{name} @ {budget:g}", method, config, head_dim, "budget", budget))
+    for name in own_bits:
+        if name in METHODS:
+            config = dataclasses.replace(METHODS[name](), pair_layout=pair_layout)
+            runs.append(channel_run(name, name, config, head_dim, "own bits"))
+        else:
+            impl = name.removeprefix("impl:")
+            runs.append(Run(impl, name, OWN_OVERRIDES.get(impl, ()), None, None, "own bits"))
+    # Table 8 at equal bits: 2-bit codes on one side, exact (or 8-bit) on the other, with the same
+    # scale and zero overhead per element (keys in groups of head_dim tokens, values of head_dim channels)
+    shared = {
+        "pair_layout": pair_layout,
+        "value_residual": "shared",
+        "group_size": head_dim,
+        "residual_length": head_dim,
+    }
+    key_only = kivi(2, **shared, value_bits=16)
+    value_only = kivi(NEAR_EXACT_KEY_BITS, **shared, value_bits=2)
+    runs.append(channel_run("keys only (2-bit keys, exact values)", "KIVI-2", key_only, head_dim, "table 8"))
+    runs.append(channel_run("values only (2-bit values, 8-bit keys)", "KIVI-2", value_only, head_dim, "table 8"))
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two runs share a label: {labels}")
+    return runs

@@ -1,0 +1,313 @@
+"""Task accuracy against key bits on real models, offline, through lm-evaluation-harness (the paper's
+Table 2, Fig. 3 / Table 14 and Table 8):
+
+    python -m benchmarks.task_accuracy [--model M] [--tasks NAME ...] [--limit N] [--budgets 3 2.5 ...]
+
+Every run of the sweep (`benchmarks.accuracy.sweep.plan`: FP16; PN-Mix and KIVI at the configuration
+of their family nearest each key-bit budget; KIVI-2 +32 sinks, Kitty, TriAxialKV, role-aware PN-Mix and
+transformers' QuantizedCache (quanto) at their own bits; keys only against values only) is evaluated by
+lm-eval on the same documents, through the "pnmix" model class (`benchmarks.accuracy.lm_eval_model`). The
+model runs over each prompt once: exact prefill attention is the same whatever the cache, so every
+run's cache starts from that one forward (`PNMixLM.score_shared`), and only what comes after the
+prompt (the tokens after `benchmarks.tasks.DECODE_MARK`, then each answer) runs per method. lm-eval
+then scores each run from its log-likelihoods (its own metrics and per-document samples).
+
+The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
+every document's outcome per run and task, so that the report pairs each method with FP16 on the same
+items (exact McNemar) and gives Wilson intervals (`benchmarks.accuracy.stats`). Bad arguments (an
+unknown task, a run that does not exist, a task longer than the model's context, a model file that
+cannot load, an `--out` that cannot be written) are refused in one line before the model loads
+(`benchmarks.commands.preflight`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from benchmarks.accuracy import sweep as accuracy_sweep
+from benchmarks.commands import preflight
+from benchmarks.commands.saving import save
+from benchmarks.models import source as model_source
+from benchmarks.tasks import DATA, DECODE_MARK
+from reference.records import file_digest, record, utc_stamp, write_atomic, write_json
+
+RESULTS = Path(__file__).parents[1] / "results"
+CONFIGS = Path(__file__).parents[1] / "tasks" / "configs"
+#: The suite's lengths, and the one run by default and by --smoke (a few documents of the shortest).
+LENGTHS = ("1k", "2k", "4k", "8k")
+DEFAULT_LENGTHS = ("1k",)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.task_accuracy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=model_source.DEFAULT, help="a .gguf, a transformers folder or a model package")
+    p.add_argument("--tasks", nargs="+", default=None, help="lm-eval task names (default: the suite at --lengths)")
+    p.add_argument("--lengths", nargs="+", choices=LENGTHS, default=list(DEFAULT_LENGTHS), help="the suite's lengths")
+    p.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    p.add_argument("--budgets", type=float, nargs="+", default=list(accuracy_sweep.BUDGETS), help="key-bit budgets")
+    p.add_argument("--runs", nargs="+", default=None, help="only the runs with these labels (FP16 always runs)")
+    p.add_argument("--smoke", action="store_true", help="2 documents of 2 tasks, 3 runs: checks the pipeline")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores this process may use)")
+    p.add_argument(
+        "--include-path",
+        type=Path,
+        action="append",
+        default=[],
+        help="more lm-eval task folders (beside the suite's benchmarks/tasks/configs)",
+    )
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the result files go")
+    return p
+
+
+def suite_tasks(lengths, manager) -> list[str]:
+    names = sorted(n for n in manager.all_tasks if n.startswith("pnmix_") and n.rsplit("_", 1)[-1] in lengths)
+    return [n for n in names if n in manager.all_subtasks]
+
+
+def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The numbers and folders given, before anything is read; one line each."""
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit must be a positive number of documents, got {args.limit}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be positive, got {args.threads}")
+    for b in args.budgets:
+        if not 1.0 <= b <= 16.0:
+            p.error(f"--budgets must be key bits between 1 and 16, got {b}")
+    for folder in args.include_path:
+        if not folder.is_dir():
+            p.error(f"--include-path {folder}: no such folder")
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, source) -> tuple[list[str], object]:
+    """What needs the task index and the model's config, not its weights: tasks, and their lengths against
+    the model's context; one line each."""
+    tasks = args.tasks or suite_tasks(args.lengths, manager)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        p.error(
+            f"--tasks: unknown task(s) {unknown}; the suite's are {suite_tasks(('1k', '2k', '4k', '8k'), manager)}"
+            f" (lm-eval's own tasks are found too, offline data only)"
+        )
+    if not tasks:
+        p.error(f"--lengths {args.lengths}: no task of the suite at these lengths")
+    config = model_config(source)
+    context = int(getattr(config, "max_position_embeddings", None) or 2048)
+    too_long = [t for t in tasks if task_tokens(t) is not None and task_tokens(t) > context]
+    if too_long:
+        p.error(f"--tasks {too_long}: longer than the model's context ({context} tokens)")
+    return tasks, config
+
+
+def model_config(source):
+    """The model's transformers config, read without its weights."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(source.folder, **source._kwargs())
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def task_tokens(name: str) -> int | None:
+    """The context length a suite task's name says (pnmix_passkey_4k: 4096), None for other tasks."""
+    tail = name.rsplit("_", 1)[-1]
+    if name.startswith("pnmix_") and tail.endswith("k") and tail[:-1].isdigit():
+        return int(tail[:-1]) * 1024
+    return None
+
+
+class Shared:
+    """The log-likelihoods of every run for the requests lm-eval makes, the prompt's forward shared."""
+
+    def __init__(self, base, views: dict) -> None:
+        self.base, self.views = base, views  # label -> PNMixLM sharing base's model
+        self.table: dict[str, dict[tuple, tuple[float, bool]]] = {label: {} for label in views}
+
+    def compute(self, requests) -> None:
+        import torch
+
+        with torch.no_grad():  # scoring only: no autograd graph over the model's forwards
+            self._compute(requests)
+
+    def _compute(self, requests) -> None:
+
+        groups: dict[str, list] = {}
+        for r in requests:
+            groups.setdefault(r.args[0], []).append(r.args)
+        for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
+            encoded = [
+                self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
+                for a in pairs
+            ]
+            context_enc = encoded[0][0]
+            prompt = self.base.prompt_length(context, context_enc)
+            recorded = self.base.record_prompt(context_enc[:prompt])
+            text = context.replace(DECODE_MARK, "").rstrip()
+            for label, lm in self.views.items():
+                scores = lm.score_shared(text, context_enc, prompt, [c for _, c in encoded], recorded)
+                self.table[label].update(zip(pairs, scores, strict=True))
+
+
+def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> dict[str, dict]:
+    """lm-eval's results of every run: {label: simple_evaluate's output}."""
+    import lm_eval
+    from lm_eval.api.model import LM
+
+    class Replay(LM):
+        """A run's log-likelihoods, computed beforehand (`Shared`); the first pass computes them all."""
+
+        def __init__(self, label: str) -> None:
+            super().__init__()
+            self.label = label
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            if not shared.table[self.label]:
+                shared.compute(requests)
+            return [shared.table[self.label][r.args] for r in requests]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            raise NotImplementedError("the accuracy sweep scores multiple-choice (log-likelihood) tasks")
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            raise NotImplementedError("the accuracy sweep scores multiple-choice (log-likelihood) tasks")
+
+    out = {}
+    for label in shared.views:
+        out[label] = lm_eval.simple_evaluate(
+            model=Replay(label),
+            tasks=tasks,
+            limit=limit,
+            log_samples=True,
+            task_manager=manager,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
+    return out
+
+
+def outcomes(result: dict, task: str) -> list[int]:
+    """Each document's acc, in document order."""
+    samples = sorted(result["samples"][task], key=lambda s: s["doc_id"])
+    return [int(s["acc"]) for s in samples]
+
+
+def chance(result: dict, task: str) -> float:
+    samples = result["samples"][task]
+    return sum(1 / len(s["arguments"]) for s in samples) / len(samples)
+
+
+def task_files(tasks: list[str]) -> dict[str, str]:
+    """sha256 of the data file of each suite task run (the documents are data, not code: recorded apart)."""
+
+    out = {}
+    for t in tasks:
+        path = DATA / (t.removeprefix("pnmix_") + ".jsonl.gz")
+        if path.is_file():
+            out[t] = file_digest(path)
+    return out
+
+
+def markdown(data: dict) -> str:
+    from tabulate import tabulate
+
+    head = ["run", "key bits", "value bits", *(t["name"] for t in data["tasks"])]
+    rows = [
+        [
+            r["label"],
+            r.get("key_bits"),
+            r.get("value_bits"),
+            *(f"{sum(r['results'][t['name']]['correct']) / t['items']:.2f}" for t in data["tasks"]),
+        ]
+        for r in data["runs"]
+    ]
+    return (
+        f"# Task accuracy: {data['model']}\n\nMeasured on {data['device']}, {data['date_utc']}, `{data['command']}`; "
+        f"{sum(t['items'] for t in data['tasks'])} documents; chance per task: "
+        + ", ".join(f"{t['name']} {t['chance']:.2f}" for t in data["tasks"])
+        + "\n\n"
+        + tabulate(rows, head, tablefmt="github", floatfmt=".3f")
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    check_ranges(p, args)
+    source = preflight.model(p, args.model)  # the suite's prompts are plain text: no chat template needed
+    args.out = preflight.output_folder(p, args.out)
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=[str(CONFIGS), *map(str, args.include_path)])
+    tasks, config = check_args(p, args, manager, source)
+    limit = args.limit
+    from benchmarks.accuracy.lm_eval_model import (  # deferred: lm-eval takes seconds to import
+        ModelArgsError,
+        PNMixLM,
+        check,
+    )
+    from pnmix.hf import detect_pair_layout  # deferred: transformers takes seconds to import
+
+    d, layout = head_dim(config), detect_pair_layout(config) or "split"
+    runs = accuracy_sweep.plan(d, args.budgets, layout)
+    if args.smoke:
+        tasks, limit, args.runs = tasks[:2], min(limit or 2, 2), ["PN-Mix @ 2.25", "KIVI @ 2.25"]
+    if args.runs:
+        unknown = sorted(set(args.runs) - {r.label for r in runs})
+        if unknown:
+            p.error(f"--runs: no run labelled {unknown}; the runs are {[r.label for r in runs]}")
+    runs = [r for r in runs if r.role == "baseline" or not args.runs or r.label in args.runs]
+    for r in runs:  # every run's model_args, before the weights load
+        try:
+            check({"pretrained": args.model, **r.model_kwargs()})
+        except ModelArgsError as err:
+            p.error(f"run {r.label!r}: {err}")
+    import torch
+
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    start = time.monotonic()
+    base = PNMixLM(pretrained=args.model, method="FP16")
+    views = {r.label: PNMixLM.sharing(base, **r.model_kwargs()) for r in runs}
+    shared = Shared(base, views)
+    results = evaluate(tasks, limit, manager, shared)
+    first = results[runs[0].label]
+    data = record(
+        "task-accuracy",
+        base.device,
+        model=source.describe(),
+        model_fingerprint=source.fingerprint,
+        head_dim=d,
+        pair_layout=layout,
+        limit=limit,
+        tasks=[{"name": t, "items": len(first["samples"][t]), "chance": chance(first, t)} for t in tasks],
+        runs=[
+            {**r.describe(), "results": {t: {"correct": outcomes(results[r.label], t)} for t in tasks}} for r in runs
+        ],
+        task_files=task_files(tasks),
+        lm_eval_version=__import__("lm_eval").__version__,
+        seconds=round(time.monotonic() - start, 1),
+    )
+    stamp, text = utc_stamp(), markdown(data)
+    print(text)  # first: on screen whatever happens to the files
+    path, _ = save(
+        p.prog,
+        args.out,
+        {
+            f"task-accuracy-{stamp}.json": lambda path: write_json(path, data),
+            f"task-accuracy-{stamp}.md": lambda path: write_atomic(path, text),
+        },
+    )
+    print(f"task accuracy written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Fidelity over long outputs: how far each method's next-token distribution drifts from FP16 as
+the output grows (the reason PN-Mix exists: errors that accumulate over 8K-32K generated tokens).
+
+    python -m benchmarks.long_output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
+                                     [--chat-template FILE | --plain-prompts]
+
+For each prompt of benchmarks/data/prompts.jsonl the FP16 model generates `--tokens` tokens
+greedily (up to its context); then every method reads that same sequence, teacher-forced, through
+its packed cache (`pnmix.hf.PNMixHFCache`, reference backend), and at every generated position:
+- KL(FP16 || method) of the next-token distributions (natural log),
+- top-1 agreement (the method's most likely next token is FP16's),
+- NLL of the token FP16 generated, under the method and under FP16.
+Tokens go through the caches `--chunk` at a time with stepwise attention
+(`reference.ReferenceCache.attend_stepwise`): each position attends exactly as it would in
+token-by-token decoding (pnmix/tests/test_hf_models.py checks it), at one forward per chunk.
+Methods run at the paper's pages (G = N = 128, 32 sinks) and default bits; the curves bin the
+positions. Within a chunk the methods run one after the other, each method's logits freed before
+the next runs (with a 262K-token vocabulary they are the largest thing held); the result records
+the run's peak resident memory. Results: JSON and markdown (and a PNG of the curves) written
+atomically to new files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from benchmarks.commands import preflight
+from benchmarks.commands.saving import save
+from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
+from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
+from reference.channels.storage import bit_widths
+from reference.cli import positive_int
+from reference.methods import METHODS
+from reference.records import record, utc_stamp, write_atomic, write_json
+
+DATA = Path(__file__).parents[1] / "data"
+DEFAULT_METHODS = ("KIVI-2 +32 sinks", "Kitty", "PN-Mix")  # about 2.3 key bits each
+METRICS = ("kl", "top1", "nll")
+
+
+def _log_probs(model, ids: torch.Tensor, cache, attn: str, last_only: bool) -> torch.Tensor:
+    """Next-token log-probabilities (float64) at each position of `ids` ([T, V]; the last only: [1, V])."""
+    from pnmix.hf import cache_argument  # deferred: transformers takes seconds to import
+
+    model.set_attn_implementation(attn)
+    logits = model(input_ids=ids, **{cache_argument(model): cache}).logits[0]
+    return torch.log_softmax((logits[-1:] if last_only else logits).double(), -1)
+
+
+#: Positions whose KL is computed at once: bounds the float64 temporaries to a few vocabularies' worth.
+KL_ROWS = 32
+
+
+def _kl(ref: torch.Tensor, log_p: torch.Tensor) -> list[float]:
+    """KL(ref || log_p) of each row of two [T, V] log-probability tensors, KL_ROWS rows at a time (a
+    function: the row views, which keep their tensors alive, end with it)."""
+    out = []
+    for a in range(0, ref.shape[0], KL_ROWS):
+        r, q = ref[a : a + KL_ROWS], log_p[a : a + KL_ROWS]
+        out += (r.exp() * (r - q)).sum(-1).clamp_min(0).tolist()
+    return out
+
+
+@torch.no_grad()
+def measure_sequence(model, ids: torch.Tensor, prompt_len: int, configs: dict, chunk: int) -> dict:
+    """Per generated position p (the distribution of token p + 1 given tokens up to p), for each
+    method: KL(FP16 || method), top-1 agreement and NLL; and FP16's own NLL. ids: [1, T]."""
+    from transformers import DynamicCache
+
+    from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
+
+    caches = {"FP16": DynamicCache()}  # a config, or a function that returns a cache (per-token precision)
+    caches |= {
+        n: c() if callable(c) else PNMixHFCache(model.config, c, backend="reference", stepwise=True)
+        for n, c in configs.items()
+    }
+    out = {n: {m: [] for m in METRICS} for n in configs} | {"FP16": {"nll": []}}
+    bounds = [(0, prompt_len)] + [
+        (a, min(a + chunk, ids.shape[1] - 1)) for a in range(prompt_len, ids.shape[1] - 1, chunk)
+    ]
+    for first, last in bounds:
+        prompt = first == 0  # the prompt: only its last position predicts a generated token
+        targets = ids[0, prompt_len : prompt_len + 1] if prompt else ids[0, first + 1 : last + 1]
+        ref = _log_probs(model, ids[:, first:last], caches["FP16"], "sdpa", prompt)
+        out["FP16"]["nll"] += (-ref.gather(-1, targets[:, None])[:, 0]).tolist()
+        for name in configs:  # one method's outputs at a time: each is freed before the next runs
+            log_p = _log_probs(model, ids[:, first:last], caches[name], "pnmix", prompt)
+            out[name]["kl"] += _kl(ref, log_p)
+            out[name]["top1"] += (log_p.argmax(-1) == ref.argmax(-1)).double().tolist()
+            out[name]["nll"] += (-log_p.gather(-1, targets[:, None])[:, 0]).tolist()
+            del log_p
+    return out
+
+
+class _Progress:
+    """A `generate` streamer that only counts decode steps (the first `put` is the prompt)."""
+
+    def __init__(self, bar) -> None:
+        self.bar, self.prompt_seen = bar, False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:
+            self.bar.update(1)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+@torch.no_grad()
+def greedy_outputs(
+    model, tokenizer, prompts: list, tokens: int, context: float, fmt: ChatFormat = MODEL_TEMPLATE
+) -> list[tuple[torch.Tensor, int]]:
+    """The FP16 model's greedy continuation of each prompt (a string: a one-turn chat; or a list of chat
+    messages, formatted by `fmt`), `tokens` long or up to the context: (ids [1, prompt + output], prompt
+    length) per prompt. All prompts decode as one
+    left-padded batch: on a CPU a decode step reads every weight whatever the batch, so this costs
+    about one prompt's time. Padding can flip a near-tie of the greedy choice; that changes which
+    sequence is teacher-forced, not the comparison, which reads every method on the same tokens."""
+    chats = [[{"role": "user", "content": p}] if isinstance(p, str) else list(p) for p in prompts]
+    texts = [fmt.render(tokenizer, c) for c in chats]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    padless = tokenizer.pad_token_id is None  # padding needs a token; the mask keeps it out of attention
+    if padless:
+        tokenizer.pad_token = tokenizer.eos_token
+    pad = tokenizer.pad_token_id
+    try:
+        inputs = fmt.encode(tokenizer, texts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = side
+        if padless:
+            tokenizer.pad_token = None
+    width = inputs["input_ids"].shape[1]
+    n = int(min(tokens, context - width))
+    if n < 1:
+        raise ValueError(f"--tokens: the prompts ({width} tokens) leave no room in the context ({context})")
+    model.set_attn_implementation("sdpa")
+    with tqdm(total=n, desc="FP16 greedy outputs", unit="token") as bar:
+        out = model.generate(
+            **inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad, streamer=_Progress(bar)
+        )
+    result = []
+    for row, mask in zip(out, inputs["attention_mask"], strict=True):
+        skip = width - int(mask.sum())  # the left padding
+        result.append((row[None, skip:], width - skip))
+    return result
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+
+
+def rounded(per_prompt: list[dict]) -> list[dict]:
+    """The per-position series to 6 significant digits (far below their noise), as stored."""
+    return [
+        {name: {metric: [float(f"{x:.6g}") for x in xs] for metric, xs in ms.items()} for name, ms in p.items()}
+        for p in per_prompt
+    ]
+
+
+def binned(values: list[float], bins: int) -> list[float]:
+    """Means of `bins` consecutive, equal spans of positions."""
+    n = len(values)
+    edges = [round(i * n / bins) for i in range(bins + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges) if b > a]
+
+
+def summarize(per_prompt: list[dict], bins: int) -> dict:
+    """Per method and metric, the mean over prompts of each bin of positions (prompts cut to the shortest)."""
+    n = min(len(p["FP16"]["nll"]) for p in per_prompt)
+    summary = {"positions": n, "bin_edges": [round(i * n / bins) for i in range(bins + 1)], "methods": {}}
+    for name in per_prompt[0]:
+        metrics = {}
+        for metric in per_prompt[0][name]:
+            rows = [binned(p[name][metric][:n], bins) for p in per_prompt]
+            metrics[metric] = [sum(col) / len(col) for col in zip(*rows, strict=True)]
+        summary["methods"][name] = metrics
+    return summary
+
+
+EQUAL_BITS = 0.05  # key bits within this of PN-Mix's count as "equal bits"
+
+
+def quarter_means(values: list[float]) -> list[float]:
+    """Means of four equal runs of bins (fewer when there are fewer bins): the output in quarters."""
+    edges = [round(i * len(values) / min(4, len(values))) for i in range(min(4, len(values)) + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges)]
+
+
+def verdicts(result: dict) -> dict[str, tuple[bool | None, str]]:
+    """The two long-output judgements the report states, on one result's curves:
+    - "accumulates": KL(FP16 || method) of every quantized method is higher over the last quarter of
+      output positions than over the first (the premise that error grows with the output);
+    - "pnmix_lowest": PN-Mix's KL is below that of every method at equal key bits (within EQUAL_BITS)
+      in every quarter of the output; None where the result has no PN-Mix or no equal-bit rival.
+    Each with the numbers it was judged on."""
+    methods = result["summary"]["methods"]
+    kl = {n: quarter_means(m["kl"]) for n, m in methods.items() if "kl" in m}
+    fp16 = quarter_means(methods["FP16"]["nll"])
+    out = {
+        "accumulates": (
+            all(q[-1] > q[0] for q in kl.values()) if kl else None,
+            "mean KL first -> last quarter of the output: "
+            + "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
+            + f" (FP16's own NLL {fp16[0]:.3g} -> {fp16[-1]:.3g})",
+        )
+    }
+    bits = result.get("key_bits", {})
+    mine = bits.get("PN-Mix")
+    rivals = [n for n in kl if n != "PN-Mix" and mine is not None and abs(bits.get(n, math.inf) - mine) <= EQUAL_BITS]
+    if "PN-Mix" not in kl or not rivals:
+        out["pnmix_lowest"] = (None, "no PN-Mix result with a method at equal key bits beside it")
+        return out
+
+    def quarters(name: str) -> str:
+        return f"{name} ({bits[name]:.3f} key bits) " + ", ".join(f"{x:.3g}" for x in kl[name])
+
+    out["pnmix_lowest"] = (
+        all(a < b for r in rivals for a, b in zip(kl["PN-Mix"], kl[r], strict=True)),
+        "mean KL per quarter of the output: " + "; ".join(map(quarters, ["PN-Mix", *rivals])),
+    )
+    return out
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    edges = s["bin_edges"]
+    heads = ["method", *(f"{a}-{b}" for a, b in itertools.pairwise(edges))]
+    lines = [
+        f"# Fidelity over long outputs: {result['model']}\n",
+        f"{result['prompts']} prompts, {s['positions']} generated positions each (FP16 greedy), teacher-forced "
+        f"through each cache in chunks of {result['chunk']} with stepwise attention; means per span of output "
+        f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`.\n",
+    ]
+    for metric, title in (
+        ("kl", "KL(FP16 || method), nats"),
+        ("top1", "top-1 agreement with FP16"),
+        ("nll", "NLL of the FP16 greedy token"),
+    ):
+        rows = [[n, *(f"{v:.4g}" for v in m[metric])] for n, m in s["methods"].items() if metric in m]
+        lines += [f"## {title}\n", tabulate(rows, heads, tablefmt="github"), ""]
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["summary"]
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(s["bin_edges"])]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    # one colour per method in every panel, and one legend for all of them: FP16 is drawn in the NLL panel only
+    colors = {name: f"C{i}" for i, name in enumerate(s["methods"])}
+    for ax, metric, title in zip(axes, METRICS, ("KL(FP16 || method)", "top-1 agreement", "NLL"), strict=True):
+        for name, m in s["methods"].items():
+            if metric in m:
+                ax.plot(mids[: len(m[metric])], m[metric], marker="o", color=colors[name], label=name)
+        ax.set_xlabel("output position")
+        ax.set_title(title)
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), frameon=False)
+    fig.suptitle(f"{result['model'].split(' (')[0]}: fidelity over the output (measured)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the panels
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.rename(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.long_output",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
+    parser.add_argument(
+        "--tokens", type=positive_int, default=8192, help="generated tokens per prompt (capped by the context)"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=3, help="prompts of benchmarks/data/prompts.jsonl")
+    parser.add_argument("--chunk", type=positive_int, default=256, help="tokens per teacher-forced forward")
+    parser.add_argument("--bins", type=positive_int, default=16, help="spans of output positions in the curves")
+    parser.add_argument(
+        "--methods", default=",".join(DEFAULT_METHODS), help="comma-separated names of reference.methods"
+    )
+    parser.add_argument("--smoke", action="store_true", help="64 tokens, one prompt, small pages: checks the harness")
+    parser.add_argument("--out", default="benchmarks/results")
+    add_options(parser)
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.methods.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS or n == "FP16"]
+    if unknown or not names:
+        parser.error(f"--methods: unknown {unknown}; choose from {[n for n in METHODS if n != 'FP16']}")
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.CHAT, fmt)
+    out_dir = preflight.output_folder(parser, args.out)
+    tokens, prompts_n, pages = args.tokens, args.prompts, {}
+    if args.smoke:
+        tokens, prompts_n, pages = min(tokens, 64), 1, {"group_size": 16, "residual_length": 16, "n_sink": 4}
+    import datasets
+
+    from pnmix.hf import detect_pair_layout, head_dim  # deferred: transformers takes seconds to import
+
+    prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
+    prompts = prompts.select(range(min(prompts_n, len(prompts))))
+    model, tokenizer = source.load("sdpa")
+    fmt.apply(tokenizer)
+    layout = detect_pair_layout(model.config)
+    if layout is None:
+        parser.error(f"cannot tell the RoPE pair layout of {source.name}")
+    configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
+    context = getattr(model.config, "max_position_embeddings", None) or math.inf
+    started = time.monotonic()
+    try:
+        sequences = greedy_outputs(model, tokenizer, [row["prompt"] for row in prompts], tokens, context, fmt)
+    except ValueError as err:  # the prompts fill the context: known once the tokenizer has counted them
+        parser.error(str(err))
+    per_prompt, lengths = [], []
+    for ids, prompt_len in tqdm(sequences, desc="teacher-forced methods", unit="prompt"):
+        lengths.append(ids.shape[1] - prompt_len)
+        per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
+    given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}
+    given["methods"] = args.methods
+    options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k)))
+    result = record(
+        "long-output",
+        model.device,
+        command="python -m benchmarks.long_output" + options + fmt.options() + (" --smoke" if args.smoke else ""),
+        model=source.describe(),
+        model_fingerprint=source.fingerprint,
+        chat_template=fmt.describe(),
+        pair_layout=layout,
+        prompt_set="benchmarks/data/prompts.jsonl",
+        prompts=len(prompts),
+        generated_tokens=lengths,
+        chunk=args.chunk,
+        pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
+        key_bits={n: round(bit_widths(c, head_dim(model.config)).key_total, 4) for n, c in configs.items()},
+        seconds=round(time.monotonic() - started, 1),
+        peak_rss_mib=peak_rss_mib(),
+        summary=summarize(per_prompt, args.bins),
+        per_prompt=rounded(per_prompt),
+    )
+    stamp, text = utc_stamp(), markdown(result)
+    print(text)  # first: on screen whatever happens to the files
+    _, path, _ = save(
+        parser.prog,
+        out_dir,
+        {
+            f"long-output-{stamp}.json": lambda p: write_json(
+                p, result, compact=True
+            ),  # 8K positions x metrics x methods
+            f"long-output-{stamp}.md": lambda p: write_atomic(p, text),
+            f"long-output-{stamp}.png": lambda p: figure(result, p),
+        },
+    )
+    print(f"written to {path} (and .json, .png)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""TriAxialKV calibration (arXiv 2605.17170): per-tag distortion on a real model, and the allocation.
+
+    python -m benchmarks.role_calibration [--model M] [--layers 5] [--budgets 3.25 3.5 4] [--chat-template FILE]
+
+Runs the prefill of every conversation of the calibration split (`benchmarks.fidelity.conversations`)
+through the model, captures the queries, keys and values (after RoPE) of `--layers` layers spread
+across depth, tags every token (`reference.tokens.roles`, from the markers of the model's own ChatML chat
+template, or of `--chat-template FILE`'s for a model that ships none), and measures
+for every tag and precision D_k(b) = the sum over layers of the mean over the requests that hold
+the tag of the worst query head's attention-output MSE (`reference.tokens.distortion`: the tag's
+tokens at b bits, the rest exact), for TriAxialKV's storage (or, by `calibrate`'s config, role-aware
+PN-Mix's: `reference.methods.TOKEN_METHODS`).
+Then `reference.tokens.allocation.allocate` picks INT2 or INT4 per tag at each budget, in bits per
+element with everything stored counted (payload, scales and zeros: at G = 32 and float16 scales
+INT2 costs 3 bits and INT4 5). Writes JSON and markdown atomically to new files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from benchmarks.commands import preflight
+from benchmarks.commands.saving import save
+from benchmarks.fidelity import conversations
+from benchmarks.models.chat_format import add_options
+from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
+from reference.cli import positive_int
+from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.tokens.allocation import allocate
+from reference.tokens.config import TokenPrecisionConfig, precision_cost
+from reference.tokens.distortion import tag_distortion
+from reference.tokens.roles import tag_conversation, tag_table
+
+CAPTURE = "pnmix_capture"
+DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
+
+
+def spread_layers(n_layers: int, count: int) -> list[int]:
+    """`count` layer indices spread evenly from the first to the last."""
+    count = min(count, n_layers)
+    return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+class _Capture:
+    """An attention function that records (q, k, v, scaling) of chosen layers, then runs SDPA."""
+
+    def __init__(self, layers: list[int]):
+        self.layers, self.seen = set(layers), {}
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if module.layer_idx in self.layers:
+            self.seen[module.layer_idx] = (query[0].detach(), key[0].detach(), value[0].detach(), module.scaling)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register(capture: _Capture) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(CAPTURE, capture)
+    AttentionMaskInterface.register(CAPTURE, sdpa_mask)
+
+
+@torch.no_grad()
+def capture(model, tokenizer, conversations, layers: list[int]) -> list[tuple[list, list, dict]]:
+    """(input ids, tags, {layer: (q, k, v, scaling)}) of each conversation's prefill (rows with `messages`)."""
+    capture = _Capture(layers)
+    _register(capture)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(CAPTURE)
+    out = []
+    try:
+        for row in tqdm(conversations, desc="capture q, k, v", unit="conversation"):
+            ids, tags = tag_conversation(tokenizer, row["messages"])
+            capture.seen = {}
+            model(input_ids=torch.tensor([ids]))
+            if set(capture.seen) != set(layers):
+                raise RuntimeError(f"the model did not attend through layers {sorted(set(layers) - set(capture.seen))}")
+            out.append((ids, tags, dict(capture.seen)))
+    finally:
+        model.set_attn_implementation(previous)
+    return out
+
+
+def calibrate(
+    model, tokenizer, conversations, layers: list[int], config: TokenPrecisionConfig | None = None, captured=None
+) -> dict:
+    """Tags, token counts and D[tag, precision] (module doc) over `conversations` (rows with
+    `messages`), for the store of `config` (TriAxialKV's by default); `captured`: `capture`'s result, if
+    already taken."""
+    config = TokenPrecisionConfig() if config is None else config
+    per_request = capture(model, tokenizer, conversations, layers) if captured is None else captured
+    table = tag_table([t for _, tags, _ in per_request for t in tags])
+    total = torch.zeros(len(table), len(config.precisions), dtype=torch.float64)
+    for layer in layers:
+        runs = []
+        for _, tags, seen in per_request:
+            q, k, v, scale = seen[layer]
+            runs.append(tag_distortion(q, k, v, tags, table, config, scale=scale))
+        runs = torch.stack(runs)
+        total += torch.nanmean(runs, dim=0)  # the mean over the requests that hold the tag
+    counts = [sum(t == tag for _, tags, _ in per_request for t in tags) for tag in table]
+    return {
+        "tags": [str(t) for t in table],
+        "tokens": counts,
+        "distortion": total.tolist(),
+        "requests": len(per_request),
+    }
+
+
+def allocations(calibration: dict, budgets, config: TokenPrecisionConfig | None = None) -> list[dict]:
+    """The allocator's choice of bits per tag at each budget (average key + value bits per element,
+    payload, scales and zeros counted: `reference.tokens.config.precision_cost`)."""
+    config = TokenPrecisionConfig() if config is None else config
+    costs = torch.tensor([precision_cost(config, b) for b in config.precisions])
+    out = []
+    for budget in budgets:
+        result = allocate(torch.tensor(calibration["distortion"]), torch.tensor(calibration["tokens"]), costs, budget)
+        bits = [config.precisions[c] for c in result.choice]
+        out.append(
+            {
+                "budget": budget,
+                "bits": bits,
+                "average_bits": result.average_bits,
+                "distortion": result.distortion,
+                "search": result.search,
+            }
+        )
+    return out
+
+
+def render(result: dict) -> str:
+    cal = result["calibration"]
+    allocated = result["allocations"]
+    rows = [
+        [tag, n, *d] + [a["bits"][i] for a in allocated]
+        for i, (tag, n, d) in enumerate(zip(cal["tags"], cal["tokens"], cal["distortion"], strict=True))
+    ]
+    head = [
+        "tag",
+        "tokens",
+        *(f"D(INT{b})" for b in TokenPrecisionConfig().precisions),
+        *(f"bits @ {a['budget']}" for a in allocated),
+    ]
+    return "\n".join(
+        [
+            f"# TriAxialKV calibration: {result['model']['name']}",
+            "",
+            f"Command `{result['command']}`, {cal['requests']} conversations, layers {result['layers']}, "
+            f"G = {result['group_size']}. D: attention-output MSE of the worst head, mean over the requests that "
+            "hold the tag, summed over the layers (`reference.tokens.distortion`).",
+            "",
+            tabulate(rows, head, tablefmt="github", floatfmt=".3e"),
+            "",
+            tabulate(
+                [[a["budget"], a["average_bits"], a["distortion"], a["search"]] for a in result["allocations"]],
+                ["budget (bits/element)", "allocated", "total D", "search"],
+                tablefmt="github",
+                floatfmt=".4g",
+            ),
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.role_calibration", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
+    parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
+    parser.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_BUDGETS),
+        help="average key+value bits per element, everything stored counted",
+    )
+    parser.add_argument("--group-size", type=positive_int, default=TokenPrecisionConfig().group_size)
+    parser.add_argument("--out", default="benchmarks/results")
+    add_options(parser, plain=False)  # the tags are read from the template's markers: no plain prompts
+    args = parser.parse_args(argv)
+    for budget in args.budgets:
+        if not (budget > 0 and budget < float("inf")):
+            parser.error(f"--budgets must be positive finite numbers, got {budget}")
+    try:
+        config = TokenPrecisionConfig(group_size=args.group_size)
+    except ValueError as err:
+        parser.error(f"--group-size: {err}")
+
+    fmt = preflight.chat_format(parser, args)
+    source = preflight.model(parser, args.model, preflight.ROLES, fmt)
+    out = preflight.output_folder(parser, args.out)
+    model, tokenizer = source.load("sdpa")
+    fmt.apply(tokenizer)
+    layers = spread_layers(model.config.num_hidden_layers, args.layers)
+    cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, config)
+    result = record(
+        "role-calibration",
+        command=shlex.join(
+            ["python", "-m", "benchmarks.fidelity.role_calibration", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        model={"name": source.name, "fingerprint": source.fingerprint, "source": source.describe()},
+        chat_template=fmt.describe(),
+        layers=layers,
+        group_size=args.group_size,
+        calibration=cal,
+        allocations=allocations(cal, args.budgets, config),
+    )
+    stem, text = f"role-calibration-{utc_stamp()}", render(result)
+    print(text)  # first: on screen whatever happens to the files
+    save(
+        parser.prog,
+        out,
+        {f"{stem}.json": lambda p: write_json(p, result), f"{stem}.md": lambda p: write_atomic(p, text)},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,318 @@
+"""The PN-Mix online key/value cache as an executable spec (paper Fig. 1 and Section 5).
+
+Tokens live in three regions, read by attention in this order:
+[sinks (exact) | quantized region (packed codes) | residual (exact)], for keys and for values;
+the values' boundary lies earlier with a sliding value residual (`PNMixConfig.value_residual`).
+`reference.channels.layout` decides which token goes where and what is stored; this cache carries it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+
+from reference.channels import validation
+from reference.channels.config import PNMixConfig
+from reference.channels.layout import CacheLayout, TokenLayout, token_layout
+from reference.channels.storage import StorageReport, measure
+from reference.equations import packing, quant, saliency
+from reference.equations.attention import attention_logits_ref, attention_ref
+
+
+def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    return torch.cat([old, new], dim=-2)
+
+
+@contextlib.contextmanager
+def all_or_nothing(cache) -> Iterator[None]:
+    """Whatever fails inside the block, `cache` is left as it was: its `_checkpoint()` is taken
+    before, `_rollback(checkpoint)` runs on any exception, `_release(checkpoint)` on success."""
+    saved = cache._checkpoint()
+    try:
+        yield
+    except BaseException:
+        cache._rollback(saved)
+        raise
+    cache._release(saved)
+
+
+class ReferenceCache:
+    """PN-Mix cache for one attention layer: batch B, H_kv KV heads, head_dim d, equal lengths.
+
+    Use `ReferenceCache.from_prefill(q, k, v, config)`, then `append(k, v)` for each new
+    token(s) and `attend(q)` for decode attention. The stored tensors are the components of
+    its `reference.channels.layout.CacheLayout`, grown exactly; every append carries out the layout's
+    plan. A rejected call (ValueError/TypeError) leaves the cache exactly as it was: every
+    check runs before any state changes. So does any other failure (out of memory, an
+    interrupt): `prefill` and `append` are all or nothing (`all_or_nothing`).
+    """
+
+    def __init__(self, config: PNMixConfig | None = None) -> None:
+        self.config = PNMixConfig() if config is None else config
+        if not isinstance(self.config, PNMixConfig):
+            raise TypeError(f"config must be a PNMixConfig, got {type(self.config).__name__}")
+        self.saliency_computations = 0
+        self.length = 0
+        self.cache_layout: CacheLayout | None = None  # set by prefill
+        # Every component of the layout by name (see CacheLayout.components); "mask" holds the
+        # selection metadata: a packed pair mask, nothing, or per-page channel ranks.
+        self._t: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_prefill(
+        cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: PNMixConfig | None = None
+    ) -> ReferenceCache:
+        cache = cls(config)
+        cache.prefill(q, k, v)
+        return cache
+
+    # -- building -----------------------------------------------------------------------
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Select the salient pairs once from the prompt (Eq. 6), then store the prompt's k, v.
+
+        q: [B, H, T, d], k, v: [B, H_kv, T, d], post-RoPE.
+        """
+        if self.cache_layout is not None:
+            raise RuntimeError("prefill was already called on this cache; create a new cache per sequence")
+        validation.check_prefill(q, k, v, self.config)
+        b, h, _, d = k.shape
+        with all_or_nothing(self):
+            layout = CacheLayout(self.config, b, h, d, k.dtype)
+            tensors = layout.allocate(k.device)
+            tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
+            self.saliency_computations += layout.selection.prefill_evaluations
+            self.cache_layout, self._t = layout, tensors
+            self._store(k, v)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Add new tokens k, v [B, H_kv, T_new, d]; the saliency selection is not touched."""
+        self._require_prefill()
+        for name, t in (("k", k), ("v", v)):
+            validation.check_tensor(name, t)
+            validation.check_matches_cache(name, t, self._shape, self.cache_layout.dtype, self._device)
+        validation.check_kv(k, v, self.config)
+        with all_or_nothing(self):
+            self._store(k, v)
+
+    def _checkpoint(self) -> tuple:
+        """The state now, to return to with `_rollback`. Updates replace tensors and never write into
+        them, so the state is the counts and the dict of tensors, saved by reference."""
+        return self.length, self.saliency_computations, self.cache_layout, dict(self._t)
+
+    def _rollback(self, saved: tuple) -> None:
+        self.length, self.saliency_computations, self.cache_layout, self._t = (*saved[:3], dict(saved[3]))
+
+    def _release(self, saved: tuple) -> None:
+        """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Carry out the layout's plan for k, v: sinks, then whole residual key pages flushed in
+        order, and the values leaving their residual (with the keys, or one by one past a sliding window)."""
+        step = self.cache_layout.plan(self.length, k.shape[-2])
+        t, s, n = self._t, step.to_sink, self.config.residual_length
+        t["sink_key"] = _cat(t["sink_key"], k[..., :s, :].clone())
+        t["sink_value"] = _cat(t["sink_value"], v[..., :s, :].clone())
+        queue_k, queue_v = _cat(t["residual_key"], k[..., s:, :]), _cat(t["residual_value"], v[..., s:, :])
+        for page in range(step.pages(n)):
+            self._flush_keys(queue_k[..., page * n : (page + 1) * n, :])
+        self._flush_values(queue_v[..., : step.value_flush, :])
+        t["residual_key"] = queue_k[..., step.flush :, :].clone()
+        t["residual_value"] = queue_v[..., step.value_flush :, :].clone()
+        self.length = step.after.length
+
+    def _flush_keys(self, k: torch.Tensor) -> None:
+        """Quantize one page of N residual keys (N / G key groups) onto the quantized region."""
+        cfg, t = self.config, self._t
+        midpoint = cfg.one_bit == "midpoint"
+        chosen = self.cache_layout.selection.for_groups(k, cfg)  # Kitty: this page's channels, from its own keys
+        if chosen is not None:
+            t["mask"] = torch.cat([t["mask"], chosen], dim=2)
+            self.saliency_computations += chosen.shape[2]
+        new_groups = k.shape[-2] // cfg.group_size
+        mask = self._group_masks(t["key_scale"].shape[2] + new_groups)[:, :, -new_groups:]
+        keys = quant.quantize_keys(k, mask, cfg.b_high, cfg.b_low, cfg.group_size, cfg.scale_dtype, midpoint)
+        low, high = packing.pack_key_codes(keys.codes, mask, cfg.b_high, cfg.b_low)
+        for name, x in {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}.items():
+            t[name] = _cat(t[name], x)
+
+    def _flush_values(self, v: torch.Tensor) -> None:
+        """Quantize values [B, H_kv, n, d] (per token, so any n) onto the quantized region."""
+        cfg, t = self.config, self._t
+        if cfg.values_quantized:
+            vg = cfg.value_group(v.shape[-1])
+            values = quant.quantize(v, cfg.value_bits, vg, -1, cfg.scale_dtype, cfg.one_bit == "midpoint")
+            new = {
+                "value_payload": packing.pack_value_codes(values.codes, cfg.value_bits),
+                "value_scale": values.scale,
+                "value_zero": values.zero,
+            }
+        else:
+            new = {"value_payload": v.clone()}
+            new["value_scale"] = new["value_zero"] = v.new_empty(*v.shape[:-1], 0, dtype=cfg.scale_dtype)
+        for name, x in new.items():
+            t[name] = _cat(t[name], x)
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def _shape(self) -> tuple[int, int, int, int]:
+        lay = self.cache_layout
+        return (lay.batch, lay.kv_heads, self.length, lay.head_dim)
+
+    @property
+    def _device(self) -> torch.device:
+        return self._t["sink_key"].device
+
+    @property
+    def layout(self) -> TokenLayout:
+        """Where the tokens held live (`reference.channels.layout.TokenLayout`)."""
+        return token_layout(self.config, self.length)
+
+    def _group_masks(self, n_groups: int) -> torch.Tensor:
+        return self.cache_layout.selection.group_masks(self._t["mask"], self.config, self._shape[-1], n_groups)
+
+    @property
+    def pair_mask(self) -> torch.Tensor:
+        """Salient RoPE pairs chosen at prefill: bool [B, H_kv, d/2] (all False for uniform keys)."""
+        self._require_prefill()
+        return self.cache_layout.selection.pair_mask(self._t["mask"], self._shape[-1])
+
+    @property
+    def channel_mask(self) -> torch.Tensor:
+        """Channels quantized with b_high bits: bool [B, H_kv, d]."""
+        return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
+
+    def page_channel_masks(self) -> torch.Tensor:
+        """Channels with b_high bits in each quantized group of G tokens: bool [B, H_kv, T_q / G, d]."""
+        self._require_prefill()
+        return self._group_masks(self._t["key_scale"].shape[2])
+
+    def packed(self) -> dict[str, torch.Tensor]:
+        """The packed quantized region (layouts in `reference.equations.packing`); [B, H_kv, 0, .] before a flush.
+        The cache's own tensors, not copies: read them, never write them."""
+        self._require_prefill()
+        return {c.name: self._t[c.name] for c in self.cache_layout.components if c.region == "quantized"}
+
+    def key_codes(self) -> quant.Quantized:
+        """Key codes [B, H_kv, T_q, d] and scale/zero [B, H_kv, T_q / G, d] of the quantized region."""
+        cfg = self.config
+        p = self.packed()
+        codes = packing.unpack_key_codes(p["key_low"], p["key_high"], self.page_channel_masks(), cfg.b_high, cfg.b_low)
+        return quant.Quantized(codes, p["key_scale"].clone(), p["key_zero"].clone())
+
+    def value_codes(self) -> quant.Quantized | None:
+        """Value codes [B, H_kv, T_vq, d] and scale/zero [B, H_kv, T_vq, d / value_group] (T_vq the layout's
+        n_value_quantized); None if unquantized."""
+        if not self.config.values_quantized:
+            return None
+        p = self.packed()
+        codes = packing.unpack_value_codes(p["value_payload"], self.config.value_bits)
+        return quant.Quantized(codes, p["value_scale"].clone(), p["value_zero"].clone())
+
+    def sinks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact sink keys and values [B, H_kv, min(T, n_sink), d] in the input dtype (copies)."""
+        self._require_prefill()
+        return self._t["sink_key"].clone(), self._t["sink_value"].clone()
+
+    def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact residual keys [B, H_kv, n_residual, d] and values [B, H_kv, n_value_residual, d],
+        in the input dtype (copies)."""
+        self._require_prefill()
+        return self._t["residual_key"].clone(), self._t["residual_value"].clone()
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All T cached keys and values, float32 [B, H_kv, T, d]: sinks and residual exact."""
+        self._require_prefill()
+        cfg, t = self.config, self._t
+        d = self._shape[-1]
+        k_q = quant.dequantize(self.key_codes(), cfg.group_size, dim=-2)
+        if cfg.values_quantized:
+            v_q = quant.dequantize(self.value_codes(), cfg.value_group(d), dim=-1)
+        else:
+            v_q = t["value_payload"].float()
+        k = torch.cat([t["sink_key"].float(), k_q, t["residual_key"].float()], dim=-2)
+        v = torch.cat([t["sink_value"].float(), v_q, t["residual_value"].float()], dim=-2)
+        return k, v
+
+    def attend(self, q: torch.Tensor, *, scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+        """Decode attention of new queries q [B, H, T_new, d] over the whole cache -> [B, H, T_new, d].
+
+        The queries are the last T_new cached positions (causal, bottom-right aligned);
+        scaling 1/sqrt(d) unless `scale` is given, float32 softmax, GQA head h reads KV head
+        h // (H / H_kv); softcap: logits softcapped as a model asks (`attention_ref`).
+        """
+        self._require_prefill()
+        b, h, _, d = self._shape
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length)
+        k, v = self.dequantize()
+        for name, x in (("scale", scale), ("softcap", softcap)):
+            if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf):
+                raise ValueError(f"{name} must be a positive finite number or None, got {x!r}")
+        return attention_ref(q, k, v, scale=scale, causal=True, upcast=True, softcap=softcap)
+
+    def attend_stepwise(
+        self,
+        q: torch.Tensor,
+        exact_keys: torch.Tensor,
+        exact_values: torch.Tensor,
+        *,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """What `attend` gives each of the newest T_new tokens had they been appended one at a time,
+        each query attending right after its own token: query j (position t = T - T_new + j) reads
+        the tokens quantized at length t + 1 (`token_layout`) from this cache, whose codes do not
+        change once written, and the rest exact. Teacher-forced decoding over chunks of tokens
+        then costs one append per chunk and equals token-by-token decoding.
+
+        exact_keys / exact_values: [B, H_kv, m, d], the exact keys / values of the newest m tokens,
+        enough to reach back to the first position some query still sees exact (the residual
+        before the chunk and the chunk itself do).
+        """
+        self._require_prefill()
+        b, h, t_all, d = self._shape
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all)
+        n = q.shape[2]
+        bounds = [token_layout(self.config, t_all - n + j + 1) for j in range(n)]
+        k_hat, v_hat = self.dequantize()
+        logits = attention_logits_ref(q, k_hat, scale=scale, causal=True)
+        tail = []
+        for exact, first_quantized in ((exact_keys, "n_quantized"), (exact_values, "n_value_quantized")):
+            m = exact.shape[2]
+            if exact.shape[:2] != (b, h) or exact.shape[3] != d or m > t_all:
+                raise ValueError(
+                    f"exact keys and values must be [{b}, {h}, m <= {t_all}, {d}], got {tuple(exact.shape)}"
+                )
+            # Columns of the newest m tokens that query j still sees exact: from its layout's residual on.
+            start = torch.tensor([lay.n_sink + getattr(lay, first_quantized) for lay in bounds], device=q.device)
+            columns = torch.arange(t_all - m, t_all, device=q.device)
+            if int(start.min()) < t_all - m:
+                raise ValueError(f"the exact tail of {m} tokens does not reach back to position {int(start.min())}")
+            tail.append((exact, columns[None, :] >= start[:, None]))  # [T_new, m]
+        (k_ex, use_k), (v_ex, use_v) = tail
+        exact_logits = attention_logits_ref(q, k_ex, scale=scale)
+        m_k = k_ex.shape[2]
+        logits[..., t_all - m_k :] = torch.where(use_k, exact_logits, logits[..., t_all - m_k :])
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        causal = torch.ones(n, t_all, dtype=torch.bool, device=q.device).tril(diagonal=t_all - n)
+        probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+        rep = q.shape[1] // h
+        m_v = v_ex.shape[2]
+        from_exact = probs[..., t_all - m_v :] * use_v
+        probs = torch.cat([probs[..., : t_all - m_v], probs[..., t_all - m_v :] - from_exact], dim=-1)
+        out = probs @ v_hat.repeat_interleave(rep, dim=1) + from_exact @ v_ex.float().repeat_interleave(rep, dim=1)
+        return out.to(q.dtype)
+
+    def storage(self) -> StorageReport:
+        """Bytes of every tensor this cache persists, by component (measured, not modelled)."""
+        self._require_prefill()
+        return measure(self._t)
+
+    def _require_prefill(self) -> None:
+        if self.cache_layout is None:
+            raise RuntimeError("the cache is empty: call prefill(q, k, v) first")

@@ -1,0 +1,73 @@
+"""The executable spec as an implementation of `reference.contract` (it must pass every
+conformance property), and the baselines (KIVI, Kitty, FP16) as configurations of the same spec.
+Registered as entry points like any third party's (pyproject.toml)."""
+
+from __future__ import annotations
+
+from reference import __version__
+from reference.channels.cache import ReferenceCache
+from reference.channels.config import PNMixConfig
+from reference.contract import BIT_EXACT, Capabilities, variant
+from reference.equations import packing
+from reference.methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
+from reference.tokens.cache import TokenPrecisionCache
+from reference.tokens.config import TokenPrecisionConfig
+
+
+class ReferenceImplementation:
+    name = "reference"
+    version = __version__
+    capabilities = Capabilities(token_precision=frozenset({"channels", "pairs"}), **BIT_EXACT)
+    cache_class = ReferenceCache
+    token_cache_class = TokenPrecisionCache
+
+    def create(self, config: PNMixConfig | TokenPrecisionConfig) -> ReferenceCache | TokenPrecisionCache:
+        if isinstance(config, TokenPrecisionConfig):
+            return self.token_cache_class(config)
+        return self.cache_class(config)
+
+    def pack_keys(self, codes, channel_mask, config):
+        return packing.pack_key_codes(codes, channel_mask, config.b_high, config.b_low)
+
+    def unpack_keys(self, low, high, channel_mask, config):
+        return packing.unpack_key_codes(low, high, channel_mask, config.b_high, config.b_low)
+
+    def pack_values(self, codes, config):
+        return packing.pack_value_codes(codes, config.value_bits)
+
+    def unpack_values(self, packed, config):
+        return packing.unpack_value_codes(packed, config.value_bits)
+
+    def pack_mask(self, pair_mask):
+        return packing.pack_mask(pair_mask)
+
+    def unpack_mask(self, packed, n_pairs):
+        return packing.unpack_mask(packed, n_pairs)
+
+
+def make() -> ReferenceImplementation:
+    return ReferenceImplementation()
+
+
+def _baseline(name: str, claims: dict) -> ReferenceImplementation:
+    return variant(ReferenceImplementation(), name, Capabilities(**claims, **BIT_EXACT))
+
+
+def make_kivi() -> ReferenceImplementation:
+    return _baseline("kivi", KIVI_CLAIMS)
+
+
+def make_kitty() -> ReferenceImplementation:
+    return _baseline("kitty", KITTY_CLAIMS)
+
+
+def make_fp16() -> ReferenceImplementation:
+    return _baseline("fp16", FP16_CLAIMS)
+
+
+def make_triaxialkv() -> ReferenceImplementation:
+    return _baseline("triaxialkv", TRIAXIAL_CLAIMS)
+
+
+def make_role_aware() -> ReferenceImplementation:
+    return _baseline("role-aware-pnmix", ROLE_AWARE_CLAIMS)
