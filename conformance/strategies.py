@@ -85,10 +85,7 @@ class Case:
             group_size=group,
             residual_length=residual,
         )
-        if caps.preset is not None:
-            cfg = caps.preset(cfg)
-        # After the preset (KIVI's sets a sliding value window): the config follows the claimed residual.
-        cfg = dataclasses.replace(cfg, value_residual=VALUE_RESIDUAL[caps.residual])
+        cfg = caps.configured(cfg)
         head_dim = self.head_dim
         # Claiming any head_dim (head_dims None) admits the case's own, as a fixed workload's 128.
         claimed = caps.head_dims or sorted({*HEAD_DIMS, self.head_dim})
@@ -163,10 +160,6 @@ WORKLOAD = Case(
 #: interpreter each of the two tests that run it then takes about 10 s); float16. Fitted with
 #: `fit_fixed`: the claims of the design apply, not the bounds on drawn shapes.
 REALISTIC = Case(PNMixConfig(), 1, 1, 4, 128, torch.float16, 3968, (64, 64), 2026)
-
-#: The value residual of the config an implementation is handed, by the residual policy it claims
-#: (the spec's cache then models the claim where it can; "requantize" flushes values with keys).
-VALUE_RESIDUAL = {"shared": "shared", "sliding_values": "sliding", "requantize": "shared"}
 
 
 def fit_fixed(case: Case, caps: Capabilities) -> Case:

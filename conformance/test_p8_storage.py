@@ -27,9 +27,11 @@ def test_storage_report_is_exact(impl, device, case):
         assert report == model, f"step {state.step}: report {report} differs from the analytic model {model}"
 
 
+@pytest.mark.measurement
 def test_the_common_workload_holds_what_it_reports(impl, device, record_property):
     """The same tokens through every implementation (`strategies.WORKLOAD`): the bits it holds
-    per cached key and value element, measured from its own tensors, recorded for the report."""
+    per cached key and value element, measured from its own tensors, recorded for the report. A
+    measurement, not a verdict (`measurement`: the report never shows it as a pass)."""
     case = fitted(impl, cs.WORKLOAD, device)
     state = final_state(impl, case, device)
     held = _held(impl, state)
@@ -38,6 +40,7 @@ def test_the_common_workload_holds_what_it_reports(impl, device, record_property
     record_property("workload_head_dim", case.head_dim)
 
 
+@pytest.mark.measurement
 def test_the_realistic_workload_holds_what_it_reports(impl, device, record_property):
     """As the common workload, on `strategies.REALISTIC` (the paper's configuration over 4096
     tokens, head_dim 128, as far as the implementation's design admits): bits per element of all
@@ -58,15 +61,9 @@ def test_the_realistic_workload_holds_what_it_reports(impl, device, record_prope
 
 
 def _held(impl, state) -> int:
-    """Bytes the cache holds: counted from its tensors where it is introspectable (and checked
-    against its report plus its declared bookkeeping), else as its own report says."""
-    held = reported = state.cache.storage().total
-    if impl.capabilities.storage_introspectable:
-        held = held_bytes(state.cache)
-        extra = impl.capabilities.bookkeeping_bytes
-        assert reported + extra == held, f"report total + {extra} declared bookkeeping bytes != {held} bytes held"
-    assert held > 0, "the cache holds no bytes after the workload"
-    return held
+    """Bytes the cache holds: counted from its tensors where it is introspectable, else as its own
+    report says (whether the two agree is `test_storage_report_counts_the_tensors_held`'s verdict)."""
+    return held_bytes(state.cache) if impl.capabilities.storage_introspectable else state.cache.storage().total
 
 
 def _elements(case: cs.Case, state) -> int:

@@ -12,7 +12,7 @@ from pnmix.token_cache import TritonTokenPrecisionCache
 from reference import PNMixConfig, TokenPrecisionConfig
 from reference.contract import BIT_EXACT, Capabilities, variant
 from reference.equations import packing
-from reference.methods import KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
+from reference.methods import design
 
 
 def _identity_params(b: int, h: int, rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,21 +104,27 @@ def make() -> TritonImplementation:
     return TritonImplementation()
 
 
+def _of(name: str, **limits) -> TritonImplementation:
+    """The Triton implementation as the named design's: its registry name and claims, with `limits`."""
+    of = design(name)
+    return variant(TritonImplementation(), of.triton, claims(**limits, **of.claims))
+
+
 def make_kivi() -> TritonImplementation:
     """KIVI on the same kernels (uniform keys, Eq. 2 at 1 bit); smaller CI shapes, same code paths."""
-    return variant(TritonImplementation(), "kivi-triton", claims(tokens=48, **KIVI_CLAIMS))
+    return _of("KIVI", tokens=48)
 
 
 def make_kitty() -> TritonImplementation:
     """Kitty on the same kernels (per-page channel ranks read by the decode kernel)."""
-    return variant(TritonImplementation(), "kitty-triton", claims(tokens=48, **KITTY_CLAIMS))
+    return _of("Kitty", tokens=48)
 
 
 def make_triaxialkv() -> TritonImplementation:
     """TriAxialKV: the spec's per-token stores, read by the Triton decode (`pnmix.kernels.token_attention`)."""
-    return variant(TritonImplementation(), "triaxialkv-triton", claims(bookkeeping_bytes=0, **TRIAXIAL_CLAIMS))
+    return _of("TriAxialKV", bookkeeping_bytes=0)
 
 
 def make_role_aware() -> TritonImplementation:
     """Role-aware PN-Mix on the same decode (its low keys' pairs in the high plane)."""
-    return variant(TritonImplementation(), "role-aware-pnmix-triton", claims(bookkeeping_bytes=0, **ROLE_AWARE_CLAIMS))
+    return _of("role-aware PN-Mix", bookkeeping_bytes=0)

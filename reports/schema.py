@@ -120,7 +120,7 @@ EXAMPLES = Range(0, 2**31, integer=True)
 #: What a conformance property measured: any number (a failing implementation may measure inf or NaN).
 MEASURED = (int, float, str)
 #: The outcomes the conformance plug-in records (`conformance.plugin.pytest_runtest_makereport`).
-OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "measured")
 
 
 # -- the kinds ----------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ module registers it for `lm_eval.simple_evaluate(model="pnmix", ...)` too.)
 model_args:
 - pretrained: a .gguf file, a transformers folder or an installed model package
   (`benchmarks.models.source`; default the SmolLM2 package);
-- method: a name of `reference.methods.METHODS` (the channel family: FP16, KIVI-2, Kitty, PN-Mix,
-  ...) or of `reference.methods.TOKEN_METHODS` (TriAxialKV, role-aware PN-Mix);
+- method: a method of the registry, `reference.methods.REGISTRY` (the channel family: FP16, KIVI-2,
+  Kitty, PN-Mix, ...; the per-token family: TriAxialKV, role-aware PN-Mix);
 - impl: an implementation `conformance.loader.load` accepts (a built-in name or
   'package.module:factory'): its caches go in through `PNMixHFCache(impl=)`, the method's
   configuration (default PN-Mix) mapped by its preset as the benchmarks map it (`benchmarks.efficiency.plugins`);
@@ -86,12 +86,12 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
-from benchmarks.efficiency.plugins import FP16, load, mapped, unclaimed
+from benchmarks.efficiency.plugins import load, unclaimed
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DECODE_MARK
-from reference import PNMixConfig
+from reference import PNMixConfig, methods
 from reference.channels.config import check_head_dim
-from reference.methods import METHODS, TOKEN_METHODS
+from reference.methods import FP16, TOKEN_METHODS
 from reference.records import loaded_code
 from reference.tokens.allocation import token_bits
 from reference.tokens.config import TokenPrecisionConfig
@@ -177,17 +177,15 @@ def typed(cls, values: dict) -> dict:
     return out
 
 
-def method_config(method: str, overrides: dict, impl=None) -> PNMixConfig | TokenPrecisionConfig:
-    """The method's configuration with `overrides` applied (unknown names and wrong types refused), mapped
-    by the implementation's preset when one is given (as `benchmarks.efficiency.plugins` maps a plug-in's)."""
-    if method in METHODS:
-        cls, make = PNMixConfig, METHODS[method]
-    elif method in TOKEN_METHODS:
-        cls, make = TokenPrecisionConfig, lambda **o: dataclasses.replace(TOKEN_METHODS[method], **o)
-    else:
+def model_args_config(method: str, overrides: dict, impl=None) -> PNMixConfig | TokenPrecisionConfig:
+    """The registry's configuration of `method` with the model_args `overrides` (strings) typed and applied
+    (unknown names and wrong types refused), as `impl` runs it when one is given (`Capabilities.configured`)."""
+    if method not in methods.REGISTRY:
         raise ModelArgsError(
-            f"model_args method={method!r}: not a method of reference.methods; choose from {[*METHODS, *TOKEN_METHODS]}"
+            f"model_args method={method!r}: not a method of reference.methods; choose from {list(methods.REGISTRY)}"
         )
+    cls = PNMixConfig if methods.method(method).precision == methods.CHANNELS else TokenPrecisionConfig
+    make = methods.method(method).config
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
@@ -200,7 +198,7 @@ def method_config(method: str, overrides: dict, impl=None) -> PNMixConfig | Toke
     try:
         config = make(**values)
         if impl is not None:
-            config = mapped(impl.capabilities, config)
+            config = impl.capabilities.configured(config)
     except (ValueError, TypeError) as error:
         given = ",".join(f"{k}={v}" for k, v in overrides.items()) or "its defaults"
         raise ModelArgsError(f"model_args method={method} with {given}: {error}") from None
@@ -344,7 +342,7 @@ def check(model_args: dict) -> Settings:
         raise ModelArgsError(f"model_args dtype={options.dtype!r}: expected one of {', '.join(DTYPES)}")
     dtype = DTYPES[options.dtype or ("float32" if device.type == "cpu" else "bfloat16")]
     plugin = _plugin(options) if options.impl is not None else None
-    config = method_config(options.method, overrides, plugin)
+    config = model_args_config(options.method, overrides, plugin)
     per_token = isinstance(config, TokenPrecisionConfig)
     if not per_token and (options.budget is not None or options.allocation is not None):
         raise ModelArgsError(
@@ -644,7 +642,7 @@ class PNMixLM(TemplateLM):
         from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
 
         recorder = PNMixHFCache(
-            self.model.config, METHODS[FP16](pair_layout=self.config.pair_layout), backend="reference"
+            self.model.config, methods.config(FP16, pair_layout=self.config.pair_layout), backend="reference"
         )
         recorder.record_prefill()
         last = self._forward(prompt_enc, recorder, last_only=True)[-1]

@@ -12,20 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from reference import PNMixConfig, bit_widths
-from reference.methods import METHODS, kivi, pnmix
+from reference import PNMixConfig, bit_widths, methods
+from reference.methods import FP16, kivi
 
 #: The paper's key-bit budgets of Fig. 3 / Table 14.
 BUDGETS = (3.0, 2.5, 2.25, 2.0, 1.5)
-#: Table 14's sweep of PN-Mix and KIVI.
-PNMIX_BITS = (4, 3, 2, 1)
-PNMIX_GROUPS = (64, 128)
-PNMIX_RATIOS = tuple(round(0.1 * i, 1) for i in range(1, 10))
-KIVI_BITS = (2, 1)
-KIVI_GROUPS = (32, 64, 128)
-#: Methods compared at their own bits, beside the swept families (a name of `reference.methods.METHODS`,
-#: `TOKEN_METHODS`, or an implementation of the conformance suite).
-OWN_BITS = ("KIVI-2 +32 sinks", "Kitty", "TriAxialKV", "role-aware PN-Mix", "impl:transformers-quanto")
+#: Methods compared at their own bits, beside the swept families: the registry's "own-bits" methods and
+#: an implementation of the conformance suite ("impl:NAME").
+OWN_BITS = (*methods.names(tag="own-bits"), "impl:transformers-quanto")
 #: Fields set on a run at its own bits: quanto quantizes keys and values at one width, 2 or 4 bits (2
 #: here); the per-token methods take their bits per tag from a role calibration at one of its budgets
 #: (average key + value bits, everything stored counted), its lowest here, the nearest to the others.
@@ -85,33 +79,18 @@ def key_bits(config: PNMixConfig, head_dim: int) -> float:
     return bit_widths(config, head_dim).key_total
 
 
-def family(method: str, head_dim: int, pair_layout: str = "split") -> list[PNMixConfig]:
-    """Table 14's configurations of PN-Mix (b_H > b_L in {4,3,2,1}, G in {64,128}, r in 0.1..0.9) or
-    KIVI (b in {2,1}, G in {32,64,128}); residual N = G as both papers use, 2-bit values."""
-    if method == "PN-Mix":
-        return [
-            pnmix(b_high=h, b_low=lo, ratio=r, group_size=g, residual_length=g, pair_layout=pair_layout)
-            for h in PNMIX_BITS
-            for lo in PNMIX_BITS
-            if h > lo
-            for g in PNMIX_GROUPS
-            for r in PNMIX_RATIOS
-            if int(r * head_dim / 2) > 0
-        ]
-    if method == "KIVI":
-        return [kivi(b, group_size=g, pair_layout=pair_layout) for b in KIVI_BITS for g in KIVI_GROUPS]
-    raise ValueError(f"method must be 'PN-Mix' or 'KIVI', got {method!r}")
+def family(design: str, head_dim: int, pair_layout: str = "split") -> list[PNMixConfig]:
+    """Table 14's configurations of a design (`reference.methods.Design.table14`: PN-Mix, KIVI)."""
+    of = methods.design(design)
+    if of.table14 is None:
+        raise ValueError(f"design must be one of {methods.designs(having='table14')}, got {design!r}")
+    return of.table14(head_dim, pair_layout)
 
 
-def nearest(method: str, budget: float, head_dim: int, pair_layout: str = "split") -> tuple[PNMixConfig, float]:
-    """The configuration of the family nearest `budget` key bits (ties: the cheaper, then the first in
-    Table 14's order), with its key bits."""
-    scored = [
-        (abs(key_bits(c, head_dim) - budget), key_bits(c, head_dim), i, c)
-        for i, c in enumerate(family(method, head_dim, pair_layout))
-    ]
-    _, bits, _, config = min(scored, key=lambda s: s[:3])
-    return config, bits
+def nearest(design: str, budget: float, head_dim: int, pair_layout: str = "split") -> tuple[PNMixConfig, float]:
+    """The configuration of the design's Table 14 family nearest `budget` key bits (`reference.methods.nearest`:
+    ties go to the cheaper, then the first in Table 14's order), with its key bits."""
+    return methods.nearest(family(design, head_dim, pair_layout), budget, lambda c: key_bits(c, head_dim))
 
 
 def overrides(config: PNMixConfig, base: PNMixConfig) -> tuple[tuple[str, object], ...]:
@@ -124,7 +103,7 @@ def overrides(config: PNMixConfig, base: PNMixConfig) -> tuple[tuple[str, object
 
 
 def channel_run(label: str, method: str, config: PNMixConfig, head_dim: int, role: str, budget=None) -> Run:
-    base = METHODS[method]()
+    base = methods.config(method)
     w = bit_widths(config, head_dim)
     values = w.value_effective if config.value_bits < 16 else 16.0
     return Run(label, method, overrides(config, base), w.key_total, values, role, budget)
@@ -133,14 +112,17 @@ def channel_run(label: str, method: str, config: PNMixConfig, head_dim: int, rol
 def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OWN_BITS) -> list[Run]:
     """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget; the methods at their own bits;
     Table 8 (2-bit keys with exact values against 2-bit values with near-exact keys, equal bits)."""
-    runs = [Run("FP16", "FP16", (), 16.0, 16.0, "baseline")]
+    runs = [Run(FP16, FP16, (), 16.0, 16.0, "baseline")]
+    # the design under study first; each budget's configuration is named after its design's first method
+    swept = sorted(methods.designs(having="table14"), key=lambda d: d != "PN-Mix")
     for budget in budgets:
-        for name, method in (("PN-Mix", "PN-Mix"), ("KIVI", "KIVI-2")):
-            config, _ = nearest("PN-Mix" if name == "PN-Mix" else "KIVI", budget, head_dim, pair_layout)
-            runs.append(channel_run(f"{name} @ {budget:g}", method, config, head_dim, "budget", budget))
+        for design in swept:
+            config, _ = nearest(design, budget, head_dim, pair_layout)
+            base = methods.names(design=design)[0]
+            runs.append(channel_run(f"{design} @ {budget:g}", base, config, head_dim, "budget", budget))
     for name in own_bits:
-        if name in METHODS:
-            config = dataclasses.replace(METHODS[name](), pair_layout=pair_layout)
+        if name in methods.REGISTRY and methods.method(name).precision == methods.CHANNELS:
+            config = methods.config(name, pair_layout=pair_layout)
             runs.append(channel_run(name, name, config, head_dim, "own bits"))
         else:
             impl = name.removeprefix("impl:")

@@ -30,11 +30,10 @@ from dataclasses import asdict
 import torch
 
 from benchmarks.efficiency.architectures import Architecture
-from reference import PNMixConfig, storage_model
-from reference.methods import METHODS
+from reference import PNMixConfig, methods, storage_model
+from reference.methods import FP16
 from reference.records import GIB
 
-FP16 = "FP16"
 #: Finite-value checks of the packed caches are off on the benchmark path: each reads a tensor
 #: back to the host (a synchronization per append and per attend, and no CUDA graph capture),
 #: and the inputs here are model activations or random normals. Every result records the setting.
@@ -362,9 +361,10 @@ def build_model(arch: Architecture, device: torch.device, dtype: torch.dtype, pa
 
 
 def method_config(method: str) -> PNMixConfig:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    return METHODS[method]()
+    """The channel-family method's configuration (the efficiency benchmarks run PNMixConfig caches)."""
+    if methods.method(method).precision != methods.CHANNELS:
+        raise ValueError(f"method must be one of {list(methods.METHODS)}, got {method!r}")
+    return methods.config(method)
 
 
 def config_record(config: PNMixConfig) -> dict:

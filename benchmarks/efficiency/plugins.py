@@ -15,19 +15,16 @@ preallocated caches.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from benchmarks.efficiency.harness import FP16
 from conformance import loader
-from conformance.strategies import VALUE_RESIDUAL
-from reference import PNMixConfig
+from reference import PNMixConfig, methods
 from reference.contract import Capabilities
-from reference.methods import METHODS
+from reference.methods import FP16
 from reference.records import implementation_targets
 
 #: The built-in method whose points, and whose configuration, a plug-in takes.
@@ -37,13 +34,8 @@ BASE_METHOD = "PN-Mix"
 FP16_IMPLEMENTATION = "fp16-sdpa"
 #: The code each built-in method runs in the suites, by its conformance name.
 BUILTIN_IMPLEMENTATIONS = {
-    FP16: FP16_IMPLEMENTATION,
-    "KIVI-2": "kivi-triton",
-    "KIVI-2 +32 sinks": "kivi-triton",
-    "KIVI-1": "kivi-triton",
-    "Kitty": "kitty-triton",
-    "Kitty-light": "kitty-triton",
-    "PN-Mix": "triton",
+    name: FP16_IMPLEMENTATION if name == FP16 else methods.design(methods.method(name).design).triton
+    for name in methods.names(precision=methods.CHANNELS)
 }
 #: The benchmark code every result names beside the implementation's (the suite module is added).
 HARNESS_MODULES = ("benchmarks.efficiency.harness", "benchmarks.efficiency.workloads")
@@ -79,19 +71,11 @@ class Plugin:
     def config(self) -> PNMixConfig:
         """BASE_METHOD's configuration, mapped onto the implementation's method by its preset, with
         the value residual of the residual policy it claims (as the conformance suite hands it one)."""
-        return mapped(self.capabilities, METHODS[BASE_METHOD]())
+        return self.capabilities.configured(methods.config(BASE_METHOD))
 
     @property
     def module(self) -> str:
         return type(loader.unwrap(self.impl)).__module__
-
-
-def mapped(caps: Capabilities, config: PNMixConfig) -> PNMixConfig:
-    """`config` as an implementation with these claims runs it: its preset's method, with the value
-    residual of the residual policy it claims."""
-    if caps.preset is not None:
-        config = caps.preset(config)
-    return dataclasses.replace(config, value_residual=VALUE_RESIDUAL[caps.residual])
 
 
 def load(names: Iterable[str]) -> dict[str, Plugin]:

@@ -14,10 +14,11 @@ from typing import ClassVar
 from benchmarks.efficiency.analysis import K
 from benchmarks.efficiency.architectures import ARCHITECTURES, Architecture, tiny_architecture
 from benchmarks.efficiency.memory import FIG6A_GENERATION, FIG6B_BATCHES
+from reference.methods import names
 from reference.paper import FIG6A_BATCH, FIG6B_GENERATION, FIG6B_MAX_BATCH, FIG6C_TOKENS_PER_S, PROMPT
 
-GPU_METHODS = ("FP16", "KIVI-2", "Kitty", "PN-Mix")
-TINY_METHODS = ("FP16", "PN-Mix")  # the two cache paths; conformance covers every method's kernels
+GPU_METHODS = names(tag="gpu")
+TINY_METHODS = names(tag="tiny")  # the two cache paths; conformance covers every method's kernels
 FP16_MAX, PNMIX_MAX = FIG6B_MAX_BATCH["FP16"][0], FIG6B_MAX_BATCH["PN-Mix"][0]  # the paper's largest batches
 
 

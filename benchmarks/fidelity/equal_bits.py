@@ -55,11 +55,11 @@ from benchmarks.fidelity.long_output import binned, greedy_outputs, measure_sequ
 from benchmarks.fidelity.role_calibration import allocations, calibrate, capture, spread_layers
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
-from reference import ReferenceCache, bit_widths, storage_model
+from reference import ReferenceCache, bit_widths, methods, storage_model
 from reference.cli import positive_int
 from reference.equations.attention import attention_logits_ref, attention_ref
 from reference.methods import TOKEN_METHODS as TOKEN_CONFIGS
-from reference.methods import fp16, kitty, kivi, pnmix
+from reference.methods import fp16, pnmix
 from reference.paper import FIG6A_BATCH, FIG6B_GENERATION
 from reference.records import record, utc_stamp, write_atomic, write_json
 from reference.tokens.allocation import token_bits
@@ -69,31 +69,21 @@ from reference.tokens.config import storage_model as token_storage_model
 from reference.tokens.roles import GENERATED, tag_conversation
 
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
-CHANNEL_METHODS = ("KIVI", "Kitty", "PN-Mix")
-TOKEN_METHODS = tuple(TOKEN_CONFIGS)  # "TriAxialKV", "role-aware PN-Mix"
-METHODS = ("FP16", *CHANNEL_METHODS, *TOKEN_METHODS)
+#: The channel designs, each at its configuration nearest a budget, and the per-token methods, by calibration.
+CHANNEL_METHODS = methods.designs(precision=methods.CHANNELS, having="matched")  # KIVI, Kitty, PN-Mix
+TOKEN_METHODS = methods.names(precision=methods.TOKENS)  # TriAxialKV, role-aware PN-Mix
+METHODS = (methods.FP16, *CHANNEL_METHODS, *TOKEN_METHODS)
 METRICS = ("kl", "top1", "nll")
 
 
 # -- matching bits --------------------------------------------------------------------------------
 
 
-def candidates(method: str, pair_layout: str) -> list:
-    """The configurations of a channel method's family that a budget may pick (keys, values, groups; the
-    exact residual N = G, as KIVI's R = G and the paper's N = G = 128)."""
-    groups, value_groups = (32, 64, 128), (None, 32)
-    out = []
-    for g, vg in ((g, vg) for g in groups for vg in value_groups):
-        common = {"group_size": g, "residual_length": g, "value_group_size": vg, "pair_layout": pair_layout}
-        if method == "KIVI":  # keys and values at b bits, 32 sinks as the paper's comparisons keep
-            out += [kivi(b, **{**common, "n_sink": 32}) for b in (2, 3, 4)]
-        elif method == "PN-Mix":  # H(b+1)(50%)L(b-1): the same average key bits as KIVI-b, spent by pair
-            out += [pnmix(b_high=b + 1, b_low=b - 1, value_bits=vb, **common) for b in (2, 3, 4) for vb in (2, 3, 4)]
-        elif method == "Kitty":  # its 4/2-bit keys, pages of G keys; values 2..4 bits
-            out += [kitty(value_bits=vb, **common) for vb in (2, 3, 4)]
-        else:
-            raise ValueError(f"method must be one of {CHANNEL_METHODS}, got {method!r}")
-    return out
+def candidates(design: str, pair_layout: str) -> list:
+    """The configurations of a channel design that a budget may pick (`reference.methods.Design.matched`)."""
+    if design not in CHANNEL_METHODS:
+        raise ValueError(f"method must be one of {CHANNEL_METHODS}, got {design!r}")
+    return methods.design(design).matched(pair_layout)
 
 
 def channel_bits(config, head_dim: int) -> float:
@@ -119,8 +109,7 @@ def matched(method: str, budget: float, head_dim: int, pair_layout: str, stored_
         kv_heads, d, lengths = stored_at
         return statistics.fmean(stored_bits(method, c, kv_heads, d, n, None) for n in lengths)
 
-    scored = [(abs(bits(c) - budget), bits(c), i, c) for i, c in enumerate(candidates(method, pair_layout))]
-    config = min(scored)[3]
+    config, _ = methods.nearest(candidates(method, pair_layout), budget, bits)
     return config, channel_bits(config, head_dim)
 
 

@@ -40,11 +40,11 @@ from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_option
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference.channels.storage import bit_widths
 from reference.cli import positive_int
-from reference.methods import METHODS
+from reference.methods import METHODS, names
 from reference.records import record, utc_stamp, write_atomic, write_json
 
 DATA = Path(__file__).parents[1] / "data"
-DEFAULT_METHODS = ("KIVI-2 +32 sinks", "Kitty", "PN-Mix")  # about 2.3 key bits each
+DEFAULT_METHODS = names(tag="long-output")  # about 2.3 key bits each
 METRICS = ("kl", "top1", "nll")
 
 

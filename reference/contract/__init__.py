@@ -36,6 +36,9 @@ RESIDUAL_POLICIES = {
     "then everything quantized again from its dequantized values (transformers' QuantizedCache)",
 }
 
+#: The value residual of the configuration an implementation is handed, by the residual policy it claims
+#: (the spec's cache then models the claim where it can; "requantize" flushes values with keys).
+VALUE_RESIDUAL = {"shared": "shared", "sliding_values": "sliding", "requantize": "shared"}
 
 #: Whose arithmetic an implementation's `attend` computes, by claim (`Capabilities.attention`).
 ATTENTION = {
@@ -144,6 +147,14 @@ class Capabilities:
     def scales_in_input_dtype(self) -> bool:
         return self.scale_dtypes == ("input",)
 
+    def configured(self, config: PNMixConfig) -> PNMixConfig:
+        """`config` as an implementation with these claims runs it: its preset's design, with the value
+        residual of the residual policy it claims. The one mapping from claims to a configuration: the
+        conformance suite fits its cases with it, the benchmarks and the lm-eval model run a plug-in by it."""
+        if self.preset is not None:
+            config = self.preset(config)
+        return dataclasses.replace(config, value_residual=VALUE_RESIDUAL[self.residual])
+
 
 @runtime_checkable
 class Cache(Protocol):
@@ -206,27 +217,7 @@ class TokenCache(Protocol):
         implementation claims reference_layout, when they are `reference.tokens.config.PARTS`)."""
 
 
-@runtime_checkable
-class Implementation(Protocol):
-    name: str
-    version: str
-    capabilities: Capabilities
-
-    def create(self, config: PNMixConfig) -> Cache: ...
-    def pack_keys(
-        self, codes: torch.Tensor, channel_mask: torch.Tensor, config: PNMixConfig
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key codes [B, H_kv, T_q, d] -> (key_low, key_high) in the `reference.equations.packing` layout."""
-
-    def unpack_keys(
-        self, low: torch.Tensor, high: torch.Tensor, channel_mask: torch.Tensor, config: PNMixConfig
-    ) -> torch.Tensor: ...
-    def pack_values(self, codes: torch.Tensor, config: PNMixConfig) -> torch.Tensor: ...
-    def unpack_values(self, packed: torch.Tensor, config: PNMixConfig) -> torch.Tensor: ...
-    def pack_mask(self, pair_mask: torch.Tensor) -> torch.Tensor: ...
-    def unpack_mask(self, packed: torch.Tensor, n_pairs: int) -> torch.Tensor: ...
-
-
+#: What an implementation provides (`conformance/impls/template.py` shows each with its signature).
 REQUIRED = (
     "name",
     "version",

@@ -9,7 +9,7 @@ from reference.channels.cache import ReferenceCache
 from reference.channels.config import PNMixConfig
 from reference.contract import BIT_EXACT, Capabilities, variant
 from reference.equations import packing
-from reference.methods import FP16_CLAIMS, KITTY_CLAIMS, KIVI_CLAIMS, ROLE_AWARE_CLAIMS, TRIAXIAL_CLAIMS
+from reference.methods import design
 from reference.tokens.cache import TokenPrecisionCache
 from reference.tokens.config import TokenPrecisionConfig
 
@@ -49,25 +49,27 @@ def make() -> ReferenceImplementation:
     return ReferenceImplementation()
 
 
-def _baseline(name: str, claims: dict) -> ReferenceImplementation:
-    return variant(ReferenceImplementation(), name, Capabilities(**claims, **BIT_EXACT))
+def _baseline(name: str) -> ReferenceImplementation:
+    """The spec as the named design's implementation: its registry name and claims."""
+    of = design(name)
+    return variant(ReferenceImplementation(), of.spec, Capabilities(**of.claims, **BIT_EXACT))
 
 
 def make_kivi() -> ReferenceImplementation:
-    return _baseline("kivi", KIVI_CLAIMS)
+    return _baseline("KIVI")
 
 
 def make_kitty() -> ReferenceImplementation:
-    return _baseline("kitty", KITTY_CLAIMS)
+    return _baseline("Kitty")
 
 
 def make_fp16() -> ReferenceImplementation:
-    return _baseline("fp16", FP16_CLAIMS)
+    return _baseline("FP16")
 
 
 def make_triaxialkv() -> ReferenceImplementation:
-    return _baseline("triaxialkv", TRIAXIAL_CLAIMS)
+    return _baseline("TriAxialKV")
 
 
 def make_role_aware() -> ReferenceImplementation:
-    return _baseline("role-aware-pnmix", ROLE_AWARE_CLAIMS)
+    return _baseline("role-aware PN-Mix")

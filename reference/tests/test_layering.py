@@ -153,7 +153,7 @@ def test_no_module_imports_itself_back():
 
 def test_function_level_project_imports_say_why_they_are_deferred():
     undeferred = []
-    for module, path in project_modules().items():
+    for path in project_modules().values():
         lines = path.read_text().splitlines()
         for node, _ in imports(path, inside_functions=True):
             if "# deferred: " not in lines[node.lineno - 1]:

@@ -150,8 +150,12 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
     heads = {key: key[0] + (f" ({key[1]})" if several_devices else "") for key in columns}
     rows: dict[tuple, dict] = {}
     notes: dict[str, int] = {}
+    measurements: dict[str, None] = {}  # tests that record numbers and judge nothing: no row of verdicts
     for key, recs in columns.items():
         for r in recs:
+            if r["outcome"] == "measured":
+                measurements[property_label(r)] = None
+                continue
             key_ = (property_key(r), r["property"])
             row = rows.setdefault(key_, {"label": property_label(r), "cells": {}, "seen": r["index"]})
             row["seen"] = min(row["seen"], r["index"])
@@ -195,6 +199,11 @@ def render(sources: Sequence[Source], note: str = "") -> Section:
         "not run [n]: no example of the property fits the claims, so none ran (note n says why); "
         "n/a [n]: the property does not apply, note n says why.\n",
         table(matrix, ["property", *heads.values()], source_line),
+        "Measurements, not verdicts (what they record is in the summary): "
+        + "; ".join(escape(m) for m in measurements)
+        + ".\n"
+        if measurements
+        else "",
         "Notes:\n\n" + "\n".join(f"{n}. {escape(text)}" for text, n in notes.items()) + "\n" if notes else "",
         "Claims of each implementation (`reference.contract.Capabilities`):\n\n" + "\n".join(claims) + "\n",
     ]

@@ -51,6 +51,22 @@ def test_rows_follow_the_property_numbers_and_skips_read_not_claimed(tmp_path):
     assert tables_without_source(body) == []
 
 
+def test_a_measurement_is_no_verdict_row_and_counts_as_no_pass(tmp_path):
+    data = synthetic.conformance()
+    storage = {"module": "conformance/test_p8_storage.py", "property": "test_w_holds_what_it_reports"}
+    for impl in ("reference", "triton"):
+        data["results"].append({**data["results"][0], **storage, "implementation": impl, "outcome": "measured"})
+    body = conformance.render([load(tmp_path, "c.json", data)]).body
+    rows = table_after(body, "Every property")
+    assert not any(r["property"].startswith("P8") for r in rows)
+    assert (
+        "Measurements, not verdicts (what they record is in the summary): P8 storage: w holds what it reports." in body
+    )
+    reference = [r for r in data["results"] if r["implementation"] == "reference"]
+    assert conformance.verdict(reference) == conformance.verdict([r for r in reference if r["outcome"] != "measured"])
+    assert conformance.verdict([r for r in reference if r["outcome"] == "measured"]).startswith("not run")
+
+
 def test_a_failure_shows_the_property_message_and_the_example_that_failed(tmp_path):
     data = synthetic.conformance()
     failed = next(r for r in data["results"] if r["outcome"] == "failed")
