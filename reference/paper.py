@@ -43,7 +43,6 @@ FIG7_GENERATION = 32 * 1024
 FIG7_FIT = (11 * 1024, 31 * 1024)
 FIG7_SLOPE_US = {"PN-Mix": 2.17, "Kitty": 2.38}  # latency added per step over FIG7_FIT
 FIG7_SLOPE_REDUCTION = 0.088  # PN-Mix's slope is 8.8% lower than Kitty's
-FIG7_FLAT_MS = (45, 48)  # both methods' per-step latency up to about 10K steps
 FIG7_GAP_AT_END_MS = 6.8  # PN-Mix is this much faster than Kitty per step at 32K
 
 # -- fidelity (Fig. 5, Table 11) and accuracy (Table 2) ---------------------------------------
@@ -54,8 +53,6 @@ FIG5_SHARE_PERCENT = {"Qwen3-14B": (89.3, 97.0, 98.7), "Qwen3-32B": (86.0, 94.8,
 #: Overlap of the prefill selection with decode-time salient pairs at r = 50%, by reference
 #: ("pair-norm", "dot": |<q_i, k_i>|), over four decode ranges of a 32,672-token generation...
 TABLE11_OVERLAP = {"pair-norm": 0.72, "dot": 0.68}
-#: ... and on a 60-question, 57-subject MMLU prompt.
-TABLE11_OVERLAP_MMLU = {"pair-norm": 0.75, "dot": 0.71}
 #: Mean accuracy (FP16, PN-Mix) by model.
 TABLE2_MEAN_ACCURACY = {"Qwen3-8B": (77.85, 77.21), "Llama-3.1-8B": (54.04, 53.08)}
 

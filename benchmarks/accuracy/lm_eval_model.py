@@ -462,7 +462,6 @@ class PNMixLM(TemplateLM):
 
     def __init__(self, **model_args) -> None:
         super().__init__()
-        import transformers
 
         import pnmix.hf  # deferred: transformers takes seconds to import
         from pnmix.hf import cache_argument  # deferred: transformers takes seconds to import
@@ -477,7 +476,7 @@ class PNMixLM(TemplateLM):
                 calibrated.get("name"),
                 source.name,
             )
-        model_config = transformers.AutoConfig.from_pretrained(source.folder, **source._kwargs())
+        model_config = source.config()
         self.config, self._max_length = check_model(settings, model_config)
         model, self.tokenizer = source.load("sdpa")
         self.model = model.to(device=settings.device, dtype=settings.dtype)

@@ -32,10 +32,10 @@ from tqdm import tqdm
 
 from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.commands import preflight
-from benchmarks.commands.saving import save
+from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK
-from reference.records import file_digest, record, utc_stamp, write_atomic, write_json
+from reference.records import file_digest, record
 
 RESULTS = Path(__file__).parents[1] / "results"
 CONFIGS = Path(__file__).parents[1] / "tasks" / "configs"
@@ -96,20 +96,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, so
         )
     if not tasks:
         p.error(f"--lengths {args.lengths}: no task of the suite at these lengths")
-    config = model_config(source)
+    config = source.config()
     context = int(getattr(config, "max_position_embeddings", None) or 2048)
     too_long = [t for t in tasks if task_tokens(t) is not None and task_tokens(t) > context]
     if too_long:
         p.error(f"--tasks {too_long}: longer than the model's context ({context} tokens)")
     return tasks, config
-
-
-def model_config(source):
-    """The model's transformers config, read without its weights."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-
-    return transformers.AutoConfig.from_pretrained(source.folder, **source._kwargs())
 
 
 def head_dim(config) -> int:
@@ -295,17 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         lm_eval_version=__import__("lm_eval").__version__,
         seconds=round(time.monotonic() - start, 1),
     )
-    stamp, text = utc_stamp(), markdown(data)
-    print(text)  # first: on screen whatever happens to the files
-    path, _ = save(
-        p.prog,
-        args.out,
-        {
-            f"task-accuracy-{stamp}.json": lambda path: write_json(path, data),
-            f"task-accuracy-{stamp}.md": lambda path: write_atomic(path, text),
-        },
-    )
-    print(f"task accuracy written to {path}")
+    write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
     return 0
 
 

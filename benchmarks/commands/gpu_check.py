@@ -40,13 +40,9 @@ folder, named in the one line that ends the run.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +51,7 @@ from xml.etree import ElementTree
 import torch
 from tabulate import tabulate
 
-from benchmarks.commands import preflight
+from benchmarks.commands import preflight, subprocesses
 from benchmarks.commands.saving import save
 from benchmarks.efficiency.memory import DEFAULT_BUDGET_GIB
 from benchmarks.efficiency.workloads import SCALES, fig6c_throughput, fig7_latency, kernel_decode, kernel_launch
@@ -207,47 +203,16 @@ def failure_reason(lines: list[str]) -> str | None:
 
 
 def run_pytest(args: list[str] | tuple[str, ...], timeout_s: float | None = None) -> dict:
-    """Run pytest in a subprocess (output streamed, its end kept for `reason`) and say how it ended; past
-    timeout_s it is interrupted (SIGINT: pytest stops and writes its results), then killed after GRACE_S."""
+    """Run pytest as a step (`benchmarks.commands.subprocesses.run`: output streamed, its end kept for
+    `reason`; past timeout_s interrupted, pytest then writes its results) and say how it ended."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", *args]
-    start = time.monotonic()
-    # A shell that starts us in the background ignores SIGINT, and children inherit that: restore it.
-    proc = subprocess.Popen(
-        cmd,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    )
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-
-    def pump() -> None:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line.rstrip("\n"))
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        exit_code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        proc.send_signal(signal.SIGINT)
-        try:
-            exit_code = proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            exit_code = proc.wait()
-    reader.join(timeout=GRACE_S)
+    ended = subprocesses.run(cmd, echo=True, timeout_s=timeout_s, grace_s=GRACE_S)
     return {
         "command": " ".join(["pytest", *cmd[5:]]),
-        "exit_code": exit_code,
-        "seconds": round(time.monotonic() - start, 1),
-        "timed_out": timed_out,
-        "reason": None if exit_code == 0 else failure_reason(list(tail)),
+        "exit_code": ended.exit_code,
+        "seconds": ended.seconds,
+        "timed_out": ended.timed_out,
+        "reason": None if ended.exit_code == 0 else failure_reason(list(ended.tail)[-TAIL_LINES:]),
     }
 
 

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from reference.records import utc_stamp, write_atomic, write_json
+
 
 def save(prog: str, out: Path, files: Mapping[str, Callable[[Path], object]]) -> list[Path]:
     """Write each file: `files` maps a file name to a function that writes it at the path it is given.
@@ -40,3 +42,30 @@ def save(prog: str, out: Path, files: Mapping[str, Callable[[Path], object]]) ->
         )
     also = f"; {', '.join(p.name for p in written)} written in {out}" if written else ""
     raise SystemExit(f"{prog}: error: cannot write {names} in {out} ({why.strerror or why}): {where}{also}")
+
+
+def write_result(
+    prog: str,
+    out: Path,
+    kind: str,
+    result: dict,
+    text: str,
+    *,
+    extra: Mapping[str, Callable[[Path], object]] | None = None,
+    compact: bool = False,
+) -> Path:
+    """The end of every tool's run, in one place: its markdown printed first (on screen whatever happens
+    to the files), then `<kind>-<UTC stamp>.json` (the record; compact=True puts long series on one
+    line), `.md` (the markdown) and `extra` files (suffix -> writer, e.g. ".png") written into `out` by
+    `save`, and one line saying where. Returns the JSON's path."""
+    print(text)
+    stem = f"{kind}-{utc_stamp()}"
+    files = {
+        f"{stem}.json": lambda p: write_json(p, result, compact=compact),
+        f"{stem}.md": lambda p: write_atomic(p, text),
+        **{f"{stem}{suffix}": write for suffix, write in (extra or {}).items()},
+    }
+    written = save(prog, out, files)
+    others = ", ".join(p.suffix for p in written[2:])
+    print(f"written to {written[1]} (and .json{', ' + others if others else ''})")
+    return written[0]

@@ -47,7 +47,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
-from benchmarks.commands.saving import save
+from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference import PNMixConfig, ReferenceCache, prefill_pair_mask, token_layout
@@ -65,7 +65,7 @@ from reference.equations.saliency import (
 )
 from reference.methods import METHODS
 from reference.paper import FIG5_SHARE_PERCENT, FIG5_TOP_PERCENT, TABLE11_OVERLAP
-from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.records import record
 
 DATA = Path(__file__).parents[1] / "data"
 TRACE = "pnmix-trace"
@@ -812,17 +812,7 @@ def main(argv: list[str] | None = None) -> int:
             layout,
             fmt,
         )
-    stamp, text = utc_stamp(), markdown(result)
-    print(text)  # first: on screen whatever happens to the files
-    _, path = save(
-        parser.prog,
-        out,
-        {
-            f"fidelity-{stamp}.json": lambda p: write_json(p, result),
-            f"fidelity-{stamp}.md": lambda p: write_atomic(p, text),
-        },
-    )
-    print(f"written to {path} (and .json)")
+    write_result(parser.prog, out, "fidelity", result, markdown(result))
     return 0
 
 

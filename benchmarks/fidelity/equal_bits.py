@@ -48,7 +48,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
-from benchmarks.commands.saving import save
+from benchmarks.commands.saving import write_result
 from benchmarks.efficiency import memory
 from benchmarks.fidelity import conversations
 from benchmarks.fidelity.long_output import binned, greedy_outputs, measure_sequence, quarter_means
@@ -61,7 +61,7 @@ from reference.equations.attention import attention_logits_ref, attention_ref
 from reference.methods import TOKEN_METHODS as TOKEN_CONFIGS
 from reference.methods import fp16, pnmix
 from reference.paper import FIG6A_BATCH, FIG6B_GENERATION
-from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.records import record
 from reference.tokens.allocation import token_bits
 from reference.tokens.cache import TokenPrecisionCache
 from reference.tokens.config import TokenPrecisionConfig
@@ -611,14 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=round(time.monotonic() - started, 1),
         **out,
     )
-    stem, text = f"equal-bits-{utc_stamp()}", markdown(result)
-    print(text)  # first: on screen whatever happens to the files
-    _, path = save(
-        parser.prog,
-        out_dir,
-        {f"{stem}.json": lambda p: write_json(p, result), f"{stem}.md": lambda p: write_atomic(p, text)},
-    )
-    print(f"written to {path} (and .json)")
+    write_result(parser.prog, out_dir, "equal-bits", result, markdown(result))
     return 0
 
 

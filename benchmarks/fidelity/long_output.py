@@ -35,13 +35,13 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
-from benchmarks.commands.saving import save
+from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference.channels.storage import bit_widths
 from reference.cli import positive_int
 from reference.methods import METHODS, names
-from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.records import record
 
 DATA = Path(__file__).parents[1] / "data"
 DEFAULT_METHODS = names(tag="long-output")  # about 2.3 key bits each
@@ -356,20 +356,16 @@ def main(argv: list[str] | None = None) -> int:
         summary=summarize(per_prompt, args.bins),
         per_prompt=rounded(per_prompt),
     )
-    stamp, text = utc_stamp(), markdown(result)
-    print(text)  # first: on screen whatever happens to the files
-    _, path, _ = save(
+    # compact: 8K positions x metrics x methods
+    write_result(
         parser.prog,
         out_dir,
-        {
-            f"long-output-{stamp}.json": lambda p: write_json(
-                p, result, compact=True
-            ),  # 8K positions x metrics x methods
-            f"long-output-{stamp}.md": lambda p: write_atomic(p, text),
-            f"long-output-{stamp}.png": lambda p: figure(result, p),
-        },
+        "long-output",
+        result,
+        markdown(result),
+        extra={".png": lambda p: figure(result, p)},
+        compact=True,
     )
-    print(f"written to {path} (and .json, .png)")
     return 0
 
 

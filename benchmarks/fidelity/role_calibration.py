@@ -26,12 +26,12 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
-from benchmarks.commands.saving import save
+from benchmarks.commands.saving import write_result
 from benchmarks.fidelity import conversations
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference.cli import positive_int
-from reference.records import record, utc_stamp, write_atomic, write_json
+from reference.records import record
 from reference.tokens.allocation import allocate
 from reference.tokens.config import TokenPrecisionConfig, precision_cost
 from reference.tokens.distortion import tag_distortion
@@ -213,13 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration=cal,
         allocations=allocations(cal, args.budgets, config),
     )
-    stem, text = f"role-calibration-{utc_stamp()}", render(result)
-    print(text)  # first: on screen whatever happens to the files
-    save(
-        parser.prog,
-        out,
-        {f"{stem}.json": lambda p: write_json(p, result), f"{stem}.md": lambda p: write_atomic(p, text)},
-    )
+    write_result(parser.prog, out, "role-calibration", result, render(result))
     return 0
 
 

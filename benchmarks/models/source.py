@@ -10,6 +10,7 @@ would take minutes).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -41,6 +42,13 @@ class ModelSource:
 
         return AutoTokenizer.from_pretrained(self.folder, **self._kwargs())
 
+    def config(self):
+        """The model's transformers config, read without its weights, offline."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.folder, **self._kwargs())
+
     def load(self, attn_implementation: str):
         """(model in eval mode, tokenizer), offline."""
         tokenizer = self.tokenizer()
@@ -56,8 +64,16 @@ class ModelSource:
 
 
 def _sha256(path: Path) -> str:
+    """The file's sha256, computed once per file as it is (its path, size and modification time): a
+    sweep resolves its model many times, and a GGUF is hundreds of MB."""
+    stat = path.stat()
+    return _sha256_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

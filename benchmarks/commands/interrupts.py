@@ -1,5 +1,5 @@
-"""Stopping a report run: SIGTERM and SIGHUP end it the way Ctrl-C does, as an exception that
-unwinds through the code that ends the steps' processes and removes the staging folder."""
+"""Stopping a run that runs steps (the report): SIGTERM and SIGHUP end it the way Ctrl-C does, as an
+exception that unwinds through the code that ends the steps' processes and removes the staging folder."""
 
 from __future__ import annotations
 
