@@ -37,7 +37,7 @@ def cell(value: object) -> object:
 
 def escaped(data: object) -> object:
     """A result's content with every text in it (keys and values) a safe table cell, for the markdown of
-    a module that does not escape what it writes (`benchmarks.fidelity.analyses.markdown`)."""
+    a module that does not escape what it writes (`benchmarks.fidelity.claims.markdown`)."""
     if isinstance(data, dict):
         return {cell(k): escaped(v) for k, v in data.items()}
     if isinstance(data, list):

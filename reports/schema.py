@@ -159,7 +159,7 @@ FIDELITY = {
     "versions": dict,
     "model_fingerprint?": TEXT,
     "summary": {
-        # benchmarks.fidelity.analyses.verdicts reads every criterion of Fig. 4's order at both scopes and both r
+        # benchmarks.fidelity.claims.verdicts reads every criterion of Fig. 4's order at both scopes and both r
         "fig4_jaccard_mean": {
             **{
                 f"{c} ({scope}), r={r}": FRACTION

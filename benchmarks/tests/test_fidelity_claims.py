@@ -4,7 +4,8 @@ import copy
 import json
 from pathlib import Path
 
-from benchmarks.fidelity import analyses as fidelity
+from benchmarks.fidelity import analyses
+from benchmarks.fidelity import claims as fidelity
 from reference.equations.saliency import CRITERIA
 
 RESULTS = Path(__file__).parents[1] / "results"
@@ -26,7 +27,7 @@ def summary_where_every_claim_holds() -> dict:
         "fig5_share_median": {"10": 0.6, "30": 0.8, "50": 0.9},
         "fig4_jaccard_mean": jaccard,
         "fig4_aggregated_jaccard_mean": dict(jaccard),
-        "fig4_pairs": {"per_layer_and_prompt": [1000], "exact": True, "max_pairs": fidelity.FIG4_MAX_PAIRS},
+        "fig4_pairs": {"per_layer_and_prompt": [1000], "exact": True, "max_pairs": analyses.FIG4_MAX_PAIRS},
         "table9_mean": table9,
         "table11_overlap_mean": {"pair-norm": {"0": 0.7, "1": 0.72}, "dot": {"0": 0.68, "1": 0.7}},
     }

@@ -10,9 +10,7 @@ PRINTS = "import sys, time\nfor i in range(3):\n    print('line', i, flush=True)
 
 def test_output_goes_to_the_log_the_tail_and_the_progress_note(tmp_path):
     notes = []
-    ended = subprocesses.run(
-        [sys.executable, "-c", PRINTS], log=tmp_path / "log.txt", poll_s=0.1, on_poll=notes.append
-    )
+    ended = subprocesses.run([sys.executable, "-c", PRINTS], log=tmp_path / "log.txt", poll_s=0.1, on_poll=notes.append)
     assert ended.exit_code == 3 and not ended.timed_out
     assert ended.tail == ("line 0", "line 1", "line 2")
     assert (tmp_path / "log.txt").read_text() == "line 0\nline 1\nline 2\n"

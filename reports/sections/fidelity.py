@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from benchmarks.fidelity import analyses as fidelity
+from benchmarks.fidelity import claims as fidelity
 from reference import paper
 from reference.equations.saliency import CRITERIA
 from reports import figures
@@ -147,7 +147,7 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
     intro = [note + "\n" if note else ""]
     intro.append(
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
-        "`benchmarks.fidelity.analyses.markdown`; the paper's claims are quoted next to what was measured. "
+        "`benchmarks.fidelity.claims.markdown`; the paper's claims are quoted next to what was measured. "
         + (
             escape(f"The paper's claims are judged on the {_label(main)}.")
             if main

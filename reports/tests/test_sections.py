@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.efficiency import memory as bench_memory
 from benchmarks.efficiency.architectures import ARCHITECTURES
-from benchmarks.fidelity import analyses as bench_fidelity
+from benchmarks.fidelity import claims as bench_fidelity
 from reports import inputs
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
 from reports.sections import equal_bits, fidelity, memory, performance
