@@ -128,10 +128,11 @@ ROLE_AWARE_CLAIMS = {"channel_precision": False, "token_precision": frozenset({"
 # -- the registry ---------------------------------------------------------------------------------
 
 CHANNELS, TOKENS = "channels", "tokens"
-#: Tags that select methods: "gpu" (timed by the GPU suites of Fig. 6 and 7), "tiny" (the CPU
-#: harness: the two cache paths), "long-output" (the long-output tool's default), "own-bits" (the
-#: accuracy sweep at the method's own bits), "baseline" (the unquantized reference every tool compares to).
-TAGS = ("gpu", "tiny", "long-output", "own-bits", "baseline")
+#: Tags that select methods: "gpu" (timed by the GPU suites), "fig6" and "fig7" (the methods the paper's
+#: Fig. 6 and Fig. 7 show), "tiny" (the CPU harness: the two cache paths), "fidelity" (compared at their
+#: default bits by the fidelity tools: end to end, long outputs), "own-bits" (the accuracy sweep at the
+#: method's own bits), "baseline" (the unquantized reference every tool compares to).
+TAGS = ("gpu", "fig6", "fig7", "tiny", "fidelity", "own-bits", "baseline")
 
 
 def table14_pnmix(head_dim: int, pair_layout: str = "split") -> list[PNMixConfig]:
@@ -238,18 +239,18 @@ DESIGNS: dict[str, Design] = {
 REGISTRY: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("FP16", "FP16", fp16, frozenset({"gpu", "tiny", "baseline"})),
+        Method("FP16", "FP16", fp16, frozenset({"gpu", "fig6", "fig7", "tiny", "baseline"})),
         Method("KIVI-2", "KIVI", lambda **o: kivi(2, **o), frozenset({"gpu"})),
         Method(
             "KIVI-2 +32 sinks",
             "KIVI",
             lambda **o: kivi(2, **{"n_sink": 32, **o}),
-            frozenset({"long-output", "own-bits"}),
+            frozenset({"fidelity", "own-bits"}),
         ),
         Method("KIVI-1", "KIVI", lambda **o: kivi(1, **o)),
-        Method("Kitty", "Kitty", kitty, frozenset({"gpu", "long-output", "own-bits"})),
+        Method("Kitty", "Kitty", kitty, frozenset({"gpu", "fig7", "fidelity", "own-bits"})),
         Method("Kitty-light", "Kitty", lambda **o: kitty(light=True, **o)),
-        Method("PN-Mix", "PN-Mix", pnmix, frozenset({"gpu", "tiny", "long-output"})),
+        Method("PN-Mix", "PN-Mix", pnmix, frozenset({"gpu", "fig6", "fig7", "tiny", "fidelity"})),
         Method("TriAxialKV", "TriAxialKV", _token(TokenPrecisionConfig()), frozenset({"own-bits"})),
         Method(
             "role-aware PN-Mix",

@@ -56,6 +56,7 @@ from benchmarks.commands.saving import save
 from benchmarks.efficiency.memory import DEFAULT_BUDGET_GIB
 from benchmarks.efficiency.workloads import SCALES, fig6c_throughput, fig7_latency, kernel_decode, kernel_launch
 from reference.cli import positive_float
+from reference.methods import names
 from reference.paper import FIG6C_TOKENS_PER_S
 from reference.records import device_name, record, utc_stamp, write_json
 
@@ -134,7 +135,7 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
 
     kernel_ids = [
         point_id(SUITES["kernels"], "test_decode_attention_bandwidth", kernel_decode, scale, method=m, **kernel)
-        for m in ("PN-Mix", "FP16")
+        for m in names(tag="fig6")
     ]
     fig7_id = point_id(SUITES["latency"], "test_fig7_step_latency", fig7_latency, scale, **fig7)
     fig6c_id = point_id(SUITES["throughput"], "test_fig6c_throughput", fig6c_throughput, scale, **fig6c)

@@ -18,7 +18,8 @@ from reference.methods import names
 from reference.paper import FIG6A_BATCH, FIG6B_GENERATION, FIG6B_MAX_BATCH, FIG6C_TOKENS_PER_S, PROMPT
 
 GPU_METHODS = names(tag="gpu")
-TINY_METHODS = names(tag="tiny")  # the two cache paths; conformance covers every method's kernels
+TINY_METHODS = names(tag="tiny")
+FIG6 = names(tag="fig6")  # the two cache paths; conformance covers every method's kernels
 FP16_MAX, PNMIX_MAX = FIG6B_MAX_BATCH["FP16"][0], FIG6B_MAX_BATCH["PN-Mix"][0]  # the paper's largest batches
 
 
@@ -180,7 +181,7 @@ def in_short_sweep(work) -> bool:
     if work.scale != "full" or isinstance(work, (KernelDecode, KernelLaunch)):
         return True
     if isinstance(work, Fig6Memory):
-        return work.method in ("FP16", "PN-Mix") and work.batch in (FIG6A_BATCH, FP16_MAX, FP16_MAX + 1, PNMIX_MAX, 128)
+        return work.method in FIG6 and work.batch in (FIG6A_BATCH, FP16_MAX, FP16_MAX + 1, PNMIX_MAX, 128)
     if isinstance(work, Fig6cThroughput):
-        return work.method in ("FP16", "PN-Mix") and work.batch in (1, FP16_MAX, PNMIX_MAX)
-    return work.method in ("FP16", "Kitty", "PN-Mix")
+        return work.method in FIG6 and work.batch in (1, FP16_MAX, PNMIX_MAX)
+    return work.method in names(tag="fig7")

@@ -50,7 +50,7 @@ from benchmarks.fidelity.claims import DEFINITIONS, markdown
 from benchmarks.fidelity.trace import DATA, LAYOUT, TRACE, chat_ids, collect, register_tracer
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
-from reference import PNMixConfig, ReferenceCache, prefill_pair_mask, token_layout
+from reference import PNMixConfig, ReferenceCache, methods, prefill_pair_mask, token_layout
 from reference.cli import positive_int
 from reference.equations import quant
 from reference.equations.attention import attention_logits_ref
@@ -350,7 +350,7 @@ def end_to_end(
     """Greedy agreement with FP16 and held-out NLL through each method's packed cache."""
     from pnmix.hf import PNMixHFCache, cache_argument  # deferred: transformers takes seconds to import
 
-    names = ["KIVI-2 +32 sinks", "Kitty", "PN-Mix"]
+    names = methods.names(tag="fidelity")
     configs = {n: METHODS[n](pair_layout=layout, **pages) for n in names}
     out = {
         name: {"identical_fraction": [], "first_divergence": [], "quantized_reads": [], "nll": None, "nll_reads": None}
