@@ -37,9 +37,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
 from pnmix.cache import PNMixCache, check_caches, check_finite_mode
-from pnmix.token_cache import TritonTokenPrecisionCache
-from reference import PNMixConfig, ReferenceCache, attention_ref
-from reference.tokens.cache import TokenPrecisionCache
+from pnmix.protocol import TritonImplementation
+from reference import PNMixConfig, attention_ref
+from reference.contract.implementation import ReferenceImplementation
 from reference.tokens.config import TokenPrecisionConfig
 
 ATTENTION = "pnmix"
@@ -187,7 +187,7 @@ class PNMixLayer(CacheLayerMixin):
         super().__init__()
         self.capturable = capturable
         self.config = config
-        self.impl = impl  # an implementation whose create(config) builds this layer's cache (PNMixHFCache(impl=))
+        self.impl = impl  # the implementation whose create(config) builds this layer's cache (`builtin`, or impl=)
         self.stale: str | None = None  # why this layer's cache cannot be used until reset()
         self.schedule = schedule  # a per-token precision cache: each new token's bits
         self.backend = backend
@@ -215,7 +215,7 @@ class PNMixLayer(CacheLayerMixin):
         """This layer's state now, to return to with `roll_back` (until `release`)."""
         if self.cache is None:
             inner = None
-        elif self.impl is not None:  # the protocol has no checkpoints: only its length can be compared
+        elif self.backend == IMPL_BACKEND:  # the protocol has no checkpoints: only its length can be compared
             inner = _Unrewindable(self.cache.length)
         else:
             inner = self.cache._checkpoint()
@@ -289,26 +289,11 @@ class PNMixLayer(CacheLayerMixin):
         if self.window is not None:
             self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
             return
-        if self.schedule is not None:
-            if self.backend == "triton":
-                cache = TritonTokenPrecisionCache(self.config)
-            else:
-                cache = TokenPrecisionCache(self.config)
+        cache = self.impl.create(self.config)
+        if self.schedule is not None:  # a per-token precision cache: the prompt's bits
             cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
-            self.cache, self._pending = cache, None
-            return
-        if self.impl is not None:
-            cache = self.impl.create(self.config)
-        elif self.backend == "triton":
-            cache = PNMixCache(
-                self.config,
-                max_cache_len=self.max_cache_len,
-                check_finite=self.check_finite,
-                capturable=self.capturable,
-            )
         else:
-            cache = ReferenceCache(self.config)
-        cache.prefill(query_states, k, v)
+            cache.prefill(query_states, k, v)
         self.cache, self._pending = cache, None
 
     @property
@@ -453,8 +438,9 @@ class PNMixHFCache(Cache):
         self.check_finite = check_finite
         self.impl = impl
         schedule = TokenBitsSchedule(config, token_bits, generated_bits) if per_token else None
+        builds = impl if impl is not None else builtin(backend, max_cache_len, check_finite, capturable)
         layers = [
-            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule, impl, capturable)
+            PNMixLayer(config, backend, max_cache_len, check_finite, window, stepwise, schedule, builds, capturable)
             for window in layer_windows(model_config)
         ]
         super().__init__(layers=layers)
@@ -558,6 +544,14 @@ class PNMixHFCache(Cache):
 IMPL_BACKEND = "impl"
 
 
+def builtin(backend: str, max_cache_len: int | None = None, check_finite: bool | str = True, capturable=False):
+    """The built-in implementation a backend name stands for, holding the cache's options: one road from
+    the Hugging Face cache to a cache, `create(config)` of an implementation of `reference.contract`."""
+    if backend == "triton":
+        return TritonImplementation(max_cache_len=max_cache_len, check_finite=check_finite, capturable=capturable)
+    return ReferenceImplementation()
+
+
 def _implementation_backend(
     impl, backend: str, per_token: bool, max_cache_len, check_finite: bool, stepwise: bool
 ) -> str:
@@ -651,13 +645,13 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
             f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
             "(a quantized layer of this model needs it); use backend='reference'"
         )
-    if layer.impl is not None and layer.window is None:
+    if layer.backend == IMPL_BACKEND and layer.window is None:
         _check_protocol_attention(layer.impl, d, scaling, softcap)
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
             layer.start(query)
-    elif layer.impl is not None:
+    elif layer.backend == IMPL_BACKEND:
         out = layer.cache.attend(query)
     elif layer.stepwise:
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)

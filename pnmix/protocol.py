@@ -32,14 +32,23 @@ def claims(tokens: int = 96, **method) -> Capabilities:
 
 
 class TritonImplementation:
+    """The Triton caches behind the contract. The defaults are the contract's (bad input raises before
+    it is stored); the Hugging Face cache builds it with its own options (`pnmix.hf.builtin`):
+    preallocation, device-side finite checks, capturable steps."""
+
     name = "triton"
     version = __version__
     capabilities = claims()
 
+    def __init__(self, *, max_cache_len: int | None = None, check_finite: bool | str = "eager", capturable=False):
+        self.max_cache_len, self.check_finite, self.capturable = max_cache_len, check_finite, capturable
+
     def create(self, config: PNMixConfig | TokenPrecisionConfig) -> PNMixCache | TritonTokenPrecisionCache:
         if isinstance(config, TokenPrecisionConfig):
             return TritonTokenPrecisionCache(config)
-        return PNMixCache(config, check_finite="eager")  # the contract: bad input raises before it is stored
+        return PNMixCache(
+            config, max_cache_len=self.max_cache_len, check_finite=self.check_finite, capturable=self.capturable
+        )
 
     def pack_keys(self, codes, channel_mask, config):
         b, h, t, d = codes.shape
