@@ -60,6 +60,11 @@ class ReferenceCache:
         # Every component of the layout by name (see CacheLayout.components); "mask" holds the
         # selection metadata: a packed pair mask, nothing, or per-page channel ranks.
         self._t: dict[str, torch.Tensor] = {}
+        # The quantized region read back from its packed bytes, float32 [B, H_kv, T_q (T_vq), d]: each page
+        # is unpacked and dequantized once, when it flushes (its codes never change), so that a decode step
+        # costs what an exact cache's does plus the new tokens' work. 8 bytes per cached element more than
+        # the packed region; `storage()` and the conformance suite see only the packed tensors.
+        self._read_back: dict[str, torch.Tensor] = {}
 
     @classmethod
     def from_prefill(
@@ -86,6 +91,7 @@ class ReferenceCache:
             tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
             self.saliency_computations += layout.selection.prefill_evaluations
             self.cache_layout, self._t = layout, tensors
+            self._read_back = {name: torch.empty(b, h, 0, d, device=k.device) for name in ("key", "value")}
             self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -101,10 +107,11 @@ class ReferenceCache:
     def _checkpoint(self) -> tuple:
         """The state now, to return to with `_rollback`. Updates replace tensors and never write into
         them, so the state is the counts and the dict of tensors, saved by reference."""
-        return self.length, self.saliency_computations, self.cache_layout, dict(self._t)
+        return self.length, self.saliency_computations, self.cache_layout, dict(self._t), dict(self._read_back)
 
     def _rollback(self, saved: tuple) -> None:
-        self.length, self.saliency_computations, self.cache_layout, self._t = (*saved[:3], dict(saved[3]))
+        self.length, self.saliency_computations, self.cache_layout = saved[:3]
+        self._t, self._read_back = dict(saved[3]), dict(saved[4])
 
     def _release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""
@@ -138,6 +145,10 @@ class ReferenceCache:
         low, high = packing.pack_key_codes(keys.codes, mask, cfg.b_high, cfg.b_low)
         for name, x in {"key_low": low, "key_high": high, "key_scale": keys.scale, "key_zero": keys.zero}.items():
             t[name] = _cat(t[name], x)
+        stored = quant.Quantized(
+            packing.unpack_key_codes(low, high, mask, cfg.b_high, cfg.b_low), keys.scale, keys.zero
+        )
+        self._read_back["key"] = _cat(self._read_back["key"], quant.dequantize(stored, cfg.group_size, dim=-2))
 
     def _flush_values(self, v: torch.Tensor) -> None:
         """Quantize values [B, H_kv, n, d] (per token, so any n) onto the quantized region."""
@@ -150,11 +161,15 @@ class ReferenceCache:
                 "value_scale": values.scale,
                 "value_zero": values.zero,
             }
+            codes = packing.unpack_value_codes(new["value_payload"], cfg.value_bits)
+            read_back = quant.dequantize(quant.Quantized(codes, values.scale, values.zero), vg, dim=-1)
         else:
             new = {"value_payload": v.clone()}
             new["value_scale"] = new["value_zero"] = v.new_empty(*v.shape[:-1], 0, dtype=cfg.scale_dtype)
+            read_back = new["value_payload"].float()
         for name, x in new.items():
             t[name] = _cat(t[name], x)
+        self._read_back["value"] = _cat(self._read_back["value"], read_back)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -225,17 +240,13 @@ class ReferenceCache:
         return self._t["residual_key"].clone(), self._t["residual_value"].clone()
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All T cached keys and values, float32 [B, H_kv, T, d]: sinks and residual exact."""
+        """All T cached keys and values, float32 [B, H_kv, T, d]: sinks and residual exact, the quantized
+        region as its packed bytes read back (Eq. 2 / Eq. 7 inverted: `key_codes`, `value_codes`), each
+        page once, when it flushed."""
         self._require_prefill()
-        cfg, t = self.config, self._t
-        d = self._shape[-1]
-        k_q = quant.dequantize(self.key_codes(), cfg.group_size, dim=-2)
-        if cfg.values_quantized:
-            v_q = quant.dequantize(self.value_codes(), cfg.value_group(d), dim=-1)
-        else:
-            v_q = t["value_payload"].float()
-        k = torch.cat([t["sink_key"].float(), k_q, t["residual_key"].float()], dim=-2)
-        v = torch.cat([t["sink_value"].float(), v_q, t["residual_value"].float()], dim=-2)
+        t, back = self._t, self._read_back
+        k = torch.cat([t["sink_key"].float(), back["key"], t["residual_key"].float()], dim=-2)
+        v = torch.cat([t["sink_value"].float(), back["value"], t["residual_value"].float()], dim=-2)
         return k, v
 
     def attend(self, q: torch.Tensor, *, scale: float | None = None, softcap: float | None = None) -> torch.Tensor:

@@ -40,6 +40,10 @@ class TokenPrecisionCache:
         self.saliency_computations = 0
         self._shape: tuple[int, ...] | None = None
         self._t: dict[str, torch.Tensor] = {}  # every part of `components`, packed, and the class map
+        # Each store read back from its packed bytes, float32 [B, H_kv, rows, d]: new rows are unpacked and
+        # dequantized once, as they are stored (their codes never change), not at every read. 8 bytes per
+        # cached element more than the packed stores; `storage()` and the conformance suite see only those.
+        self._read_back: dict[str, torch.Tensor] = {}
 
     # -- building ---------------------------------------------------------------------------
 
@@ -58,6 +62,7 @@ class TokenPrecisionCache:
             for p in components(self.config, d, token_classes(self.config, bits[:0])):
                 self._t[p.name] = torch.empty(part_shape(p, b, h), dtype=p.dtype, device=k.device)
             self._t[CLASS_MAP] = torch.empty(0, dtype=torch.uint8, device=k.device)
+            self._read_back = {name: torch.empty(b, h, 0, d, device=k.device) for name in ("low_key", *PER_TOKEN)}
             if self.config.low_keys == "pairs":
                 self._t["pair_mask"] = packing.pack_mask(prefill_pair_mask(q, k, low))
                 self.saliency_computations += 1
@@ -85,10 +90,11 @@ class TokenPrecisionCache:
         validation.check_quantizable("v", v, low, self.config.low_bits)
 
     def _checkpoint(self) -> tuple:
-        return self.length, self.saliency_computations, self._shape, dict(self._t)
+        return self.length, self.saliency_computations, self._shape, dict(self._t), dict(self._read_back)
 
     def _rollback(self, saved: tuple) -> None:
-        self.length, self.saliency_computations, self._shape, self._t = (*saved[:3], dict(saved[3]))
+        self.length, self.saliency_computations, self._shape = saved[:3]
+        self._t, self._read_back = dict(saved[3]), dict(saved[4])
 
     def _release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint holds references (updates replace tensors, never write into them)."""
@@ -114,6 +120,7 @@ class TokenPrecisionCache:
             self._add_groups(queue[..., :grouped, :])
             for part in ("leftover_key", "leftover_key_scale", "leftover_key_zero"):  # the rest keep their codes
                 t[part] = t[part][..., grouped:, :].clone()
+            self._read_back["leftover_key"] = self._read_back["leftover_key"][..., grouped:, :].clone()
         self._put("high_key", k[..., high_rows, :])
         self._put("low_value", v[..., low_rows, :])
         self._put("high_value", v[..., high_rows, :])
@@ -128,6 +135,8 @@ class TokenPrecisionCache:
         parts = {name: packing.pack_fields(q.codes, bits, dim=-1), name + "_scale": q.scale, name + "_zero": q.zero}
         for part, value in parts.items():
             t[part] = _cat(t[part], value)
+        stored = quant.Quantized(packing.unpack_fields(parts[name], bits, dim=-1), q.scale, q.zero)
+        self._read_back[name] = _cat(self._read_back[name], quant.dequantize(stored, cfg.group_size, -1))
 
     def _add_groups(self, keys: torch.Tensor) -> None:
         """Quantize whole groups of G low keys per channel (Eq. 2, or PN-Mix's pairs) onto the low key pages."""
@@ -144,6 +153,9 @@ class TokenPrecisionCache:
             ("low_key_zero", q.zero),
         ):
             t[name] = _cat(t[name], x)
+        codes = packing.unpack_key_codes(key_low, key_high, mask, low.b_high, low.b_low)
+        read_back = quant.dequantize(quant.Quantized(codes, q.scale, q.zero), low.group_size, -2)
+        self._read_back["low_key"] = _cat(self._read_back["low_key"], read_back)
 
     def _channel_mask(self) -> torch.Tensor:
         """The low keys' b + 1-bit channels: bool [B, H_kv, d] (none for TriAxialKV)."""
@@ -153,16 +165,8 @@ class TokenPrecisionCache:
         return torch.zeros(b, h, d, dtype=torch.bool, device=self._device)
 
     def _read(self, name: str) -> torch.Tensor:
-        """Store `name` dequantized, float32 [B, H_kv, rows, d]."""
-        cfg, t = self.config, self._t
-        if name == "low_key":
-            low = cfg.low_key_config
-            codes = packing.unpack_key_codes(
-                t["low_key_low"], t["low_key_high"], self._channel_mask(), low.b_high, low.b_low
-            )
-            return quant.dequantize(quant.Quantized(codes, t["low_key_scale"], t["low_key_zero"]), cfg.group_size, -2)
-        codes = packing.unpack_fields(t[name], getattr(cfg, PER_TOKEN[name]), dim=-1)
-        return quant.dequantize(quant.Quantized(codes, t[name + "_scale"], t[name + "_zero"]), cfg.group_size, -1)
+        """Store `name` read back from its packed bytes, float32 [B, H_kv, rows, d] (as it was stored)."""
+        return self._read_back[name]
 
     # -- reading ----------------------------------------------------------------------------
 
