@@ -38,10 +38,14 @@ Semantics. A context may hold `DECODE_MARK`; the mark is no text (it is removed 
 tokenization, so a marked and an unmarked context have the same tokens) but says where the prompt
 ends. The tokens before it are the prompt: prefilled with exact attention, the cache built and
 quantized from it as in decoding. Every token after it, then the continuation, enters as a decode
-step: it attends through the quantized cache exactly as token-by-token decoding would
-(`PNMixHFCache(stepwise=True)`, `chunk` tokens per forward). Without a mark the whole context is the
-prompt. Tokens are split where the prompt's own tokens stop being a prefix of the context's (a
-token spanning the mark is decoded). The log-probability of the continuation's first token is read
+step: it attends through the quantized cache as token-by-token decoding would
+(`PNMixHFCache(stepwise=True)`, `chunk` tokens per forward): the same tokens quantized at the same
+flushes and the same exact tail, up to rounding: the model computes a chunk's keys with other float
+sums than one token's, so a key on a quantization boundary may take the neighbouring code when its
+page flushes. Without a mark the whole context is the prompt, and a one-token continuation is then
+scored from the exact prefill alone: its score cannot depend on the cache (a warning, once per task).
+Tokens are split where the prompt's own tokens stop being a prefix of the context's (a token spanning
+the mark is decoded). The log-probability of the continuation's first token is read
 at the context's last position. Tokenization is HFLM's (`TemplateLM._encode_pair`: context and
 context + continuation encoded, trailing spaces moved into the continuation; BOS as the tokenizer
 adds it; an empty context is the prefix token). The continuations of one context are scored from
@@ -670,6 +674,21 @@ class PNMixLM(TemplateLM):
                 cache = None
         return out
 
+    def warn_if_cache_blind(self, task: str, context_enc, prompt: int, continuation) -> bool:
+        """Whether a request's score cannot depend on the cache: no decode section (no DECODE_MARK) and a
+        one-token continuation, read at the exact prefill's last position, the same for every method.
+        Warns once per task."""
+        blind = prompt == len(context_enc) and len(continuation) == 1
+        warned = self.__dict__.setdefault("_cache_blind_tasks", set())
+        if blind and task not in warned:
+            warned.add(task)
+            log.warning(
+                "task %s: a request with no DECODE_MARK and a one-token continuation is scored from the exact "
+                "prefill alone: its score cannot depend on the cache (every method scores it as FP16 does)",
+                task,
+            )
+        return blind
+
     def prompt_length(self, context: str | None, context_enc: list[int]) -> int:
         """Context tokens that are the prompt: those before DECODE_MARK (module doc), else all."""
         if context is None or DECODE_MARK not in context:
@@ -714,7 +733,9 @@ class PNMixLM(TemplateLM):
                 n = len(context_enc) + len(continuation_enc) - 1
                 self._refuse_length(self._origin.get(args, ("?", "?")), n, "context + continuation")
             context = None if args is None else args[0]
-            groups.setdefault((tuple(context_enc), self.prompt_length(context, context_enc)), []).append(i)
+            prompt = self.prompt_length(context, context_enc)
+            self.warn_if_cache_blind(self._origin.get(args, ("?",))[0], context_enc, prompt, continuation_enc)
+            groups.setdefault((tuple(context_enc), prompt), []).append(i)
         results: list = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="pnmix loglikelihood")
         for (context_enc, prompt), members in groups.items():

@@ -132,8 +132,10 @@ class Shared:
     def _compute(self, requests) -> None:
 
         groups: dict[str, list] = {}
+        tasks: dict[tuple, str] = {}
         for r in requests:
             groups.setdefault(r.args[0], []).append(r.args)
+            tasks[r.args] = r.task_name
         for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
             encoded = [
                 self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
@@ -141,6 +143,8 @@ class Shared:
             ]
             context_enc = encoded[0][0]
             prompt = self.base.prompt_length(context, context_enc)
+            for args, (_, continuation) in zip(pairs, encoded, strict=True):
+                self.base.warn_if_cache_blind(tasks[args], context_enc, prompt, continuation)
             recorded = self.base.record_prompt(context_enc[:prompt])
             text = context.replace(DECODE_MARK, "").rstrip()
             for label, lm in self.views.items():

@@ -3,6 +3,7 @@ attend as token-by-token decoding does, continuations of one context share it co
 model_args are refused in one line before anything loads."""
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -16,7 +17,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance
 
-from benchmarks.accuracy import lm_eval_cli
+from benchmarks.accuracy import lm_eval_cli, lm_eval_model
 from benchmarks.accuracy.lm_eval_model import (
     DECODE_MARK,
     PLAIN_TEXT,
@@ -344,3 +345,14 @@ def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_ar
     got = shared.score_shared(context.replace(DECODE_MARK, "").rstrip(), context_enc, prompt, conts, recorded)
     for (lp, greedy), (lp_own, greedy_own) in zip(got, expected, strict=True):
         assert math.isclose(lp, lp_own, rel_tol=1e-5, abs_tol=1e-4) and greedy == greedy_own
+
+
+def test_a_request_whose_score_cannot_depend_on_the_cache_is_warned_of_once_per_task(pnmix, caplog):
+    one_token = [w for w in (" the", " fox", " dog", ".", " a") if len(pnmix._encode_pair(DOCUMENT, w)[1]) == 1]
+    blind = (DOCUMENT + QUESTION, one_token[0])  # no mark and one continuation token
+    marked = (DOCUMENT + DECODE_MARK + QUESTION, one_token[0])  # the question reads the cache
+    with caplog.at_level(logging.WARNING, logger=lm_eval_model.__name__):
+        pnmix.loglikelihood(requests("loglikelihood", marked))
+        assert "cannot depend on the cache" not in caplog.text
+        pnmix.loglikelihood(requests("loglikelihood", blind, blind))
+    assert caplog.text.count("cannot depend on the cache") == 1 and "task tiny" in caplog.text

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import pnmix.hf as hf
+from reference import ReferenceCache
 from reference.methods import METHODS
 
 TINY = {
@@ -198,6 +199,48 @@ def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
     assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
     with pytest.raises(ValueError, match="stepwise=True needs backend='reference'"):
         hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True)
+
+
+def test_chunked_decoding_differs_from_token_by_token_only_by_codes_on_a_rounding_boundary(monkeypatch):
+    """Chunked decoding (stepwise=True) reads what token-by-token decoding reads, except that the model
+    computes a chunk's keys with other float sums: a key may then round to the other code of a
+    quantization boundary when its page flushes. Every code that differs is such a code: its
+    position between two levels, (k - zero) / scale, is within 0.01 of the boundary in one run,
+    and it moved by one level; the keys themselves differ by float rounding only."""
+    pages = {}
+    flush = ReferenceCache._flush_keys
+
+    def recorded(self, k):
+        pages.setdefault(id(self), []).append(k.float())
+        return flush(self, k)
+
+    monkeypatch.setattr(ReferenceCache, "_flush_keys", recorded)
+    model, _ = build("llama")
+    model.set_attn_implementation("pnmix")
+    config = METHODS["KIVI-2"](group_size=8, residual_length=8, n_sink=2)
+    ids = torch.randint(3, 128, (1, 76), generator=torch.Generator().manual_seed(7))
+    one = hf.PNMixHFCache(model.config, config, backend="reference")
+    chunked = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=True)
+    with torch.no_grad():
+        for cache, step in ((one, 1), (chunked, 16)):
+            model(input_ids=ids[:, :12], **{hf.cache_argument(model): cache})
+            for a in range(12, 76, step):
+                model(input_ids=ids[:, a : a + step], **{hf.cache_argument(model): cache})
+    flipped = 0
+    for a, b in zip(one.layers, chunked.layers, strict=True):
+        keys_a, keys_b = torch.cat(pages[id(a.cache)], 2), torch.cat(pages[id(b.cache)], 2)
+        assert keys_a.shape == keys_b.shape and keys_a.shape[2] > 0
+        assert (keys_a - keys_b).abs().max() <= 1e-4 * keys_a.abs().max()  # float rounding, no other tokens
+        codes_a, codes_b = a.cache.key_codes().codes.long(), b.cache.key_codes().codes.long()
+        differ = codes_a != codes_b
+        assert (codes_a - codes_b).abs().max() <= 1
+        scale = a.cache._t["key_scale"].float().repeat_interleave(config.group_size, dim=2)
+        zero = a.cache._t["key_zero"].float().repeat_interleave(config.group_size, dim=2)
+        between = (keys_a - zero) / scale + 0.5  # a code is floor(between): boundaries at whole numbers
+        to_boundary = (between - between.round()).abs()
+        assert bool((to_boundary[differ] <= 0.01).all()), f"codes differ away from a boundary: {to_boundary[differ]}"
+        flipped += int(differ.sum())
+    assert flipped < 0.01 * sum(layer.cache.key_codes().codes.numel() for layer in one.layers)
 
 
 class FailOnce:

@@ -278,7 +278,10 @@ class ReferenceCache:
         each query attending right after its own token: query j (position t = T - T_new + j) reads
         the tokens quantized at length t + 1 (`token_layout`) from this cache, whose codes do not
         change once written, and the rest exact. Teacher-forced decoding over chunks of tokens
-        then costs one append per chunk and equals token-by-token decoding.
+        then costs one append per chunk and reads what token-by-token decoding reads, given the same
+        keys and values; a model computes a chunk's keys with other float sums than one token's, so
+        a key on a quantization boundary may take the neighbouring code at its flush, the one
+        difference (`pnmix/tests/test_hf_models.py`: every differing code is within 0.01 of a boundary).
 
         exact_keys / exact_values: [B, H_kv, m, d], the exact keys / values of the newest m tokens,
         enough to reach back to the first position some query still sees exact (the residual
