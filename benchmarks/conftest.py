@@ -48,6 +48,11 @@ OPTIONS = {
         {"choices": ("sampled", "full"), "default": "sampled"},
         "Fig. 6c: time decode steps at a few lengths and integrate (default), or run every step",
     ),
+    "--eval-speed": (
+        {"action": "store_true", "default": False},
+        "run the evaluation-speed suite (suites/test_eval_speed.py: SmolLM2 on the CPU, one thread; tens of "
+        "minutes), which is skipped otherwise",
+    ),
     "--model-path": ({"default": None}, "a local checkpoint of the full-scale architecture instead of random weights"),
     "--share-gpu": (
         {"action": "store_true", "default": os.environ.get("PNMIX_SHARE_GPU", "") not in ("", "0")},

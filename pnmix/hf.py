@@ -516,6 +516,17 @@ class PNMixHFCache(Cache):
             layer.update(k, v)
             layer.start(q)
 
+    def checkpoint(self) -> list:
+        """Every layer's state now, to return to with `roll_back` (any number of times): how the
+        continuations of one context are scored from one pass over it."""
+        return [layer.checkpoint() for layer in self.layers]
+
+    def roll_back(self, saved: list) -> None:
+        """Every layer back to `saved` (it holds references to tensors that updates replace, never
+        write into)."""
+        for layer, state in zip(self.layers, saved, strict=True):
+            layer.roll_back(state)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens every layer holds: after a forward that stopped part-way (and before the next one
         rolls it back), the length it started from, which the next forward's positions must use."""

@@ -376,6 +376,13 @@ EXTRA_INFO = {
         "roofline_ms?": Maybe(MILLISECONDS),
         "oom?": bool,
     },
+    # benchmarks/suites/test_eval_speed.py: one task item or one generation through a method's cache, CPU
+    "eval-speed": {
+        "work": OneOf(("item", "generation")),
+        "length": POSITIVE_COUNT,
+        "threads": POSITIVE_COUNT,
+        "seconds": Figure(ELAPSED_S),
+    },
     "kernel-launch": {
         "batch": BATCH,
         "context": POSITIVE_COUNT,

@@ -447,17 +447,6 @@ def _plain(value):
     return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
 
-def _checkpoint(cache) -> list:
-    return [layer.checkpoint() for layer in cache.layers]
-
-
-def _roll_back(cache, saved: list) -> None:
-    """Every layer back to `saved`; the same checkpoint can be returned to again (it holds references
-    to tensors that updates replace, never write into)."""
-    for layer, state in zip(cache.layers, saved, strict=True):
-        layer.roll_back(state)
-
-
 @register_model(MODEL_NAME)
 class PNMixLM(TemplateLM):
     """A causal LM whose KV cache is a PN-Mix-family cache, for lm-evaluation-harness (module doc)."""
@@ -666,10 +655,10 @@ class PNMixLM(TemplateLM):
         for continuation in continuations:
             if cache is None or not self.rewindable:
                 cache, last = self.replayed(text, context_enc, prompt, recorded)
-                saved = _checkpoint(cache) if self.rewindable else None
+                saved = cache.checkpoint() if self.rewindable else None
             out.append(self._score(cache, last, continuation))
             if self.rewindable:
-                _roll_back(cache, saved)
+                cache.roll_back(saved)
             else:
                 cache = None
         return out
@@ -746,10 +735,10 @@ class PNMixLM(TemplateLM):
             for i in members:
                 if cache is None or not self.rewindable:
                     cache, last = self._context(text, list(context_enc), prompt)
-                    saved = _checkpoint(cache) if self.rewindable else None
+                    saved = cache.checkpoint() if self.rewindable else None
                 results[i] = self._score(cache, last, requests[i][2])
                 if self.rewindable:
-                    _roll_back(cache, saved)
+                    cache.roll_back(saved)
                 else:
                     cache = None
                 if requests[i][0] is not None:

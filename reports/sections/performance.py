@@ -295,11 +295,41 @@ def _launch(rows: list[dict]) -> tuple[str, None]:
 
 # -- the section -----------------------------------------------------------------------------
 
+#: The evaluation path's target: every method within this factor of FP16's time through the same path.
+EVAL_SPEED_TARGET = 1.25
+
+
+def _eval_speed(rows: list[dict]) -> tuple[str, None]:
+    """Seconds per item and per generation of each method, and the ratio to FP16 through the same path."""
+    points = sorted({(r["work"], r["length"]) for r in rows})
+    methods_ = list(dict.fromkeys(r["method"] for r in rows))
+    table_rows = []
+    for m in methods_:
+        row = [m]
+        for work, length in points:
+            mine = next((r for r in rows if (r["method"], r["work"], r["length"]) == (m, work, length)), None)
+            fp16 = next((r for r in rows if (r["method"], r["work"], r["length"]) == (FP16, work, length)), None)
+            seconds = None if mine is None else mine["seconds"]
+            x = ratio(seconds, None if fp16 is None else fp16["seconds"])
+            row.append("-" if seconds is None else f"{seconds:.3g} s ({fmt(x, '.2f')}x)")
+        table_rows.append(row)
+    heads = ["method", *(f"{work}, {length} tokens" for work, length in points)]
+    intro = (
+        "Evaluation speed through each method's cache (the path of the accuracy, long-output and fidelity "
+        f"results), one CPU thread; in brackets the ratio to FP16 through the same path (target: within "
+        f'{EVAL_SPEED_TARGET}x); "model\'s own" is the model with its own attention and cache, for scale. '
+        "An item: the prompt, a decode section, four candidates scored from a checkpoint "
+        "(`benchmarks/suites/test_eval_speed.py`).\n"
+    )
+    return intro + table(table_rows, heads, provenance(rows)), None
+
+
 RENDERERS: dict[str, tuple[str, Callable]] = {
     "fig6c-throughput": ("fig6c-throughput", _throughput),
     "fig7-latency": ("fig7-latency", _latency),
     "kernel": ("kernel-bandwidth", _kernel),
     "kernel-launch": ("kernel-launch", _launch),
+    "eval-speed": ("eval-speed", _eval_speed),
 }
 TINY_FIGURE = {
     "fig6-memory": ("model peak GiB", "model_peak_gib"),
@@ -310,7 +340,14 @@ TINY_FIGURE = {
 }
 POINT_KEYS = ("batch", "prompt", "generation", "step", "context")
 #: The figures a GPU result gives, named in the section's title only when there is one.
-TITLES = {"fig6c-throughput": "Fig. 6c", "fig7-latency": "Fig. 7", "kernel": "kernel bandwidth"}
+TITLES = {
+    "fig6c-throughput": "Fig. 6c",
+    "fig7-latency": "Fig. 7",
+    "kernel": "kernel bandwidth",
+    "eval-speed": "evaluation speed",
+}
+#: Suites measured on the CPU at full scale: no GPU result.
+CPU_SUITES = ("eval-speed",)
 
 
 def _tiny(entries: list[dict]) -> str:
@@ -333,7 +370,8 @@ def render(sources: Sequence[Source]) -> Section:
     full = {suite: benchmarks(sources, suite, "full") for suite in RENDERERS}
     checks = of_kind(sources, "gpu-check")
     parts, figs = [], {}
-    if not any(full.values()):
+    gpu = {suite: rows for suite, rows in full.items() if suite not in CPU_SUITES}
+    if not any(gpu.values()):
         parts.append(
             "**No GPU results.** No full-scale benchmark or GPU-check results were run here or given "
             "(`--input`), so Fig. 6c, Fig. 7 and the kernel bandwidth are not measured in this report. "
@@ -369,7 +407,7 @@ def render(sources: Sequence[Source]) -> Section:
         )
     shown = [label for suite, label in TITLES.items() if full.get(suite)]
     title = "Measured performance" + (f" ({', '.join(shown)})" if shown else "")
-    return Section(title, cited("\n".join(parts)), figs, judge_all(full))
+    return Section(title, cited("\n".join(parts)), figs, judge_all(gpu))
 
 
 def cited(md: str) -> str:

@@ -91,6 +91,14 @@ def test_without_gpu_results_the_report_says_so_and_lists_the_tiny_harness(gpu):
     assert {c.status for c in s.claims} == {NOT_MEASURED}
 
 
+def test_evaluation_speed_is_shown_against_fp16_through_the_same_path_and_is_no_gpu_result(tmp_path):
+    s = performance.render([load(tmp_path, "speed.json", synthetic.eval_speed_benchmarks())])
+    rows = {r["method"]: r["item, 1024 tokens"] for r in table_after(s.body, "Evaluation speed through")}
+    assert rows == {"FP16": "8 s (1.00x)", "PN-Mix": "8.8 s (1.10x)", "KIVI-2": "10.4 s (1.30x)"}
+    assert "**No GPU results.**" in s.body and "evaluation speed" in s.title
+    assert {c.status for c in s.claims} == {NOT_MEASURED}
+
+
 def test_gpu_check_says_how_each_step_ended_and_brings_its_benchmark_file(tmp_path):
     synthetic.write(tmp_path, "gpu-check-GPU-1.json", synthetic.gpu_check("bench-GPU-1.json"))
     synthetic.write(tmp_path, "bench-GPU-1.json", synthetic.gpu_benchmarks())

