@@ -8,7 +8,8 @@ lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
 With --model pnmix, the model_args are checked first (`lm_eval_model.check`, and with
 --apply_chat_template whether there is a template to apply): a refusal is one line and exit
-status 2, before lm-eval loads tasks or weights.
+status 2, before lm-eval loads tasks or weights. `--use_cache BASE` keeps one request database per
+model and configuration (`lm_eval_model.cache_path`: lm-eval keys a response by the request alone).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             except lm_eval_model.ModelArgsError as error:
                 print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
                 return 2
+            if getattr(args, "use_cache", None):  # one database per model and configuration (cache_path)
+                args.use_cache = lm_eval_model.cache_path(args.use_cache, settings)
+                print(f"pnmix-lm-eval: request cache {args.use_cache}_rank*.db", file=sys.stderr)
         cli.execute(args)
     finally:
         sys.argv = saved

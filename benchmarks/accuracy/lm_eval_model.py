@@ -74,6 +74,7 @@ TriAxialKV's per-tag budget (README, "Methods compared"); its group size must be
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import logging
@@ -325,6 +326,25 @@ def _template(value: str | None) -> str | None:
     if not path.is_file():
         raise ModelArgsError(f"model_args chat_template={value}: no such file (a Jinja template, 'none' or 'model')")
     return path.read_text()
+
+
+def cache_path(base: str, settings: Settings) -> str:
+    """Where lm-eval's request cache (`--use_cache BASE`) keeps this model's responses. lm-eval keys a
+    cached response by the request alone, so one BASE shared by two methods would serve one's scores
+    as the other's: each model file, configuration, implementation, allocation, chat template and option
+    that changes a score gets a database of its own. The code is not in the key: a cache made before a
+    change of the code that scores is to be deleted."""
+    what = {
+        "model": settings.source.fingerprint,
+        "config": repr(settings.config),
+        "implementation": None if settings.plugin is None else settings.plugin.name,
+        "allocation": None if settings.allocation is None else repr(settings.allocation),
+        "template": settings.template,
+        "options": {k: v for k, v in dataclasses.asdict(settings.options).items() if k != "batch_size"},
+        "dtype": str(settings.dtype),
+    }
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{base}-pnmix-{digest}"
 
 
 def check(model_args: dict) -> Settings:

@@ -356,3 +356,46 @@ def test_a_request_whose_score_cannot_depend_on_the_cache_is_warned_of_once_per_
         assert "cannot depend on the cache" not in caplog.text
         pnmix.loglikelihood(requests("loglikelihood", blind, blind))
     assert caplog.text.count("cannot depend on the cache") == 1 and "task tiny" in caplog.text
+
+
+def _tiny_task(tmp_path) -> None:
+    data = tmp_path / "tiny.jsonl"
+    docs = [
+        {"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
+        {"context": "Numbers 0123456789. Answer:", "choices": [" 0", " 9"], "answer": 1},
+    ]
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "tiny.yaml").write_text(
+        "task: pnmix_tiny_cached\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+
+
+@pytest.mark.slow  # three lm-eval runs in this process: about 20 s on two CPU cores
+def test_a_cached_rerun_gives_the_same_numbers_and_another_method_never_reads_its_cache(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    _tiny_task(tmp_path)
+    cache = tmp_path / "requests"
+
+    def run(method: str, out: str) -> dict:
+        argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},method={method}", "--tasks"]
+        argv += ["pnmix_tiny_cached", "--include_path", str(tmp_path), "--output_path", str(tmp_path / out)]
+        assert lm_eval_cli.main([*argv, "--use_cache", str(cache), "--log_samples"]) == 0
+        (path,) = (tmp_path / out).rglob("samples_*.jsonl")
+        return {json.loads(line)["doc_id"]: json.loads(line)["resps"] for line in path.read_text().splitlines()}
+
+    first = run("FP16", "first")
+    assert len(list(tmp_path.glob("requests-pnmix-*_rank0.db"))) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was asked for a response the cache holds")
+
+    monkeypatch.setattr(lm_eval_model.PNMixLM, "_loglikelihood_tokens", refuse)
+    assert run("FP16", "again") == first  # every response from the cache, the same numbers
+    with pytest.raises(AssertionError, match="the cache holds"):
+        run("PN-Mix", "other")  # another method: another database, so the model is asked
+    assert len(list(tmp_path.glob("requests-pnmix-*_rank0.db"))) == 2
+    assert "pnmix-lm-eval: request cache" in capsys.readouterr().err
