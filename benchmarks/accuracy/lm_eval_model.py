@@ -73,12 +73,14 @@ TriAxialKV's per-tag budget (README, "Methods compared"); its group size must be
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import inspect
 import json
 import logging
 import math
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -467,6 +469,22 @@ def _plain(value):
     return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
 
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) of this process. Under a multi-process launch (`accelerate launch`, `torchrun`:
+    RANK and WORLD_SIZE in the environment) the process group is started here, once (gloo on the CPU,
+    nccl with CUDA), and lm-eval shards the documents by rank and gathers the results on rank 0."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # ended before the interpreter: a live group's threads at exit abort the process (C++ terminate)
+        atexit.register(dist.destroy_process_group)
+    return dist.get_rank(), dist.get_world_size()
+
+
 @register_model(MODEL_NAME)
 class PNMixLM(TemplateLM):
     """A causal LM whose KV cache is a PN-Mix-family cache, for lm-evaluation-harness (module doc)."""
@@ -480,6 +498,11 @@ class PNMixLM(TemplateLM):
         from pnmix.hf import cache_argument  # deferred: transformers takes seconds to import
 
         self.settings = settings = check(model_args)
+        self._rank, self._world_size = _distributed()
+        if self._world_size > 1 and settings.device.type == "cuda":  # one GPU per process
+            settings = self.settings = dataclasses.replace(
+                settings, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            )
         source = settings.source
         calibrated = {} if settings.allocation is None else settings.allocation.model
         if calibrated.get("fingerprint", source.fingerprint) != source.fingerprint:
@@ -502,6 +525,33 @@ class PNMixLM(TemplateLM):
         self._cache_argument = cache_argument(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._origin: dict = {}  # request args -> (task, doc id), for refusals
+
+    # -- several processes (lm-eval's own calls; one process: what lm-eval's LM does) ------------
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._world_size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        one = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        parts = [torch.empty_like(one) for _ in range(self._world_size)]
+        dist.all_gather(parts, one)
+        return torch.cat(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        if self._world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self._world_size if self._rank == dst else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
+
+    def barrier(self) -> None:
+        if self._world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     @classmethod
     def sharing(cls, base: PNMixLM, **model_args) -> PNMixLM:

@@ -399,3 +399,31 @@ def test_a_cached_rerun_gives_the_same_numbers_and_another_method_never_reads_it
         run("PN-Mix", "other")  # another method: another database, so the model is asked
     assert len(list(tmp_path.glob("requests-pnmix-*_rank0.db"))) == 2
     assert "pnmix-lm-eval: request cache" in capsys.readouterr().err
+
+
+@pytest.mark.long  # three fresh processes importing lm-eval and torch: about a minute on two CPU cores
+def test_two_processes_score_as_one(tiny, tmp_path):
+    """lm-eval's own multi-process launch (torchrun, as `accelerate launch` starts it): each process
+    scores its share of the documents and rank 0 gathers them; every response equals one process's."""
+    _tiny_task(tmp_path)
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    env.pop("WORLD_SIZE", None)
+
+    def run(launcher: list[str], out: str) -> dict:
+        argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},method=PN-Mix", "--tasks", "pnmix_tiny_cached"]
+        argv += ["--include_path", str(tmp_path), "--output_path", str(tmp_path / out), "--log_samples"]
+        ran = subprocess.run(
+            [*launcher, "-m", "benchmarks.accuracy.lm_eval_cli", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        (path,) = (tmp_path / out).rglob("samples_*.jsonl")
+        return {json.loads(line)["doc_id"]: json.loads(line)["resps"] for line in path.read_text().splitlines()}
+
+    one = run([sys.executable], "one")
+    two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
+    assert two == one and len(one) == 2
