@@ -23,7 +23,10 @@ cannot load, an `--out` that cannot be written) are refused in one line before t
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,7 +34,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.accuracy import sweep as accuracy_sweep
-from benchmarks.commands import preflight
+from benchmarks.commands import interrupts, preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK
@@ -116,12 +119,53 @@ def task_tokens(name: str) -> int | None:
     return None
 
 
+def _request_key(args: tuple) -> str:
+    return hashlib.sha256(json.dumps(args).encode()).hexdigest()[:32]
+
+
+class Scores:
+    """The sweep's scores as they are made, one line per (run, request) appended to a file in --out as
+    each context finishes, so that an interrupted sweep keeps what it computed and a rerun of the same
+    command (same model file, runs, options and task data: the `identity` on the file's first line)
+    resumes from it. A line cut short by a kill is not read. Removed once the result is written."""
+
+    def __init__(self, path: Path, identity: dict) -> None:
+        self.path, self.identity = path, identity
+        self.kept: dict[str, dict[str, tuple[float, bool]]] = {}
+        if path.is_file():
+            lines = path.read_text().splitlines()
+            head = json.loads(lines[0]) if lines else None
+            if head != {"identity": identity}:
+                raise ValueError(f"{path} holds the scores of another sweep; remove it or choose another --out")
+            for line in lines[1:]:
+                try:
+                    label, key, score = json.loads(line)
+                except ValueError:  # the last line of a killed run, cut short
+                    continue
+                self.kept.setdefault(label, {})[key] = (score[0], score[1])
+        self.read = sum(map(len, self.kept.values()))
+
+    def get(self, label: str, args: tuple) -> tuple[float, bool] | None:
+        return self.kept.get(label, {}).get(_request_key(args))
+
+    def add(self, rows: list[tuple[str, tuple, tuple[float, bool]]]) -> None:
+        """Append the scores of one finished context (one write)."""
+        if not self.path.is_file():
+            self.path.write_text(json.dumps({"identity": self.identity}) + "\n")
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps([label, _request_key(args), list(score)]) + "\n" for label, args, score in rows))
+        for label, args, score in rows:
+            self.kept.setdefault(label, {})[_request_key(args)] = score
+
+
 class Shared:
     """The log-likelihoods of every run for the requests lm-eval makes, the prompt's forward shared."""
 
-    def __init__(self, base, views: dict) -> None:
+    def __init__(self, base, views: dict, scores: Scores | None = None) -> None:
         self.base, self.views = base, views  # label -> PNMixLM sharing base's model
         self.table: dict[str, dict[tuple, tuple[float, bool]]] = {label: {} for label in views}
+        self.scores = scores  # what an earlier, interrupted run of the same sweep computed
+        self.reused = 0  # contexts whose scores came from it
 
     def compute(self, requests) -> None:
         import torch
@@ -141,15 +185,25 @@ class Shared:
                 self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
                 for a in pairs
             ]
+            kept = {label: [self.scores.get(label, a) for a in pairs] for label in self.views} if self.scores else {}
+            if kept and all(None not in scores for scores in kept.values()):
+                for label, scores in kept.items():
+                    self.table[label].update(zip(pairs, scores, strict=True))
+                self.reused += 1
+                continue
             context_enc = encoded[0][0]
             prompt = self.base.prompt_length(context, context_enc)
             for args, (_, continuation) in zip(pairs, encoded, strict=True):
                 self.base.warn_if_cache_blind(tasks[args], context_enc, prompt, continuation)
             recorded = self.base.record_prompt(context_enc[:prompt])
             text = context.replace(DECODE_MARK, "").rstrip()
+            rows = []
             for label, lm in self.views.items():
                 scores = lm.score_shared(text, context_enc, prompt, [c for _, c in encoded], recorded)
                 self.table[label].update(zip(pairs, scores, strict=True))
+                rows += [(label, a, s) for a, s in zip(pairs, scores, strict=True)]
+            if self.scores is not None:
+                self.scores.add(rows)
 
 
 def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> dict[str, dict]:
@@ -272,8 +326,31 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     base = PNMixLM(pretrained=args.model, method="FP16")
     views = {r.label: PNMixLM.sharing(base, **r.model_kwargs()) for r in runs}
-    shared = Shared(base, views)
-    results = evaluate(tasks, limit, manager, shared)
+    identity = {
+        "model": source.fingerprint,
+        "runs": {r.label: r.model_args() for r in runs},
+        "lm_eval": __import__("lm_eval").__version__,
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    try:
+        scores = Scores(args.out / f".task-accuracy-{digest}.scores.jsonl", identity)
+    except ValueError as err:
+        p.error(f"--out: {err}")
+    if scores.read:
+        print(
+            f"{p.prog}: resuming: {scores.read} scores of an interrupted run read from {scores.path}", file=sys.stderr
+        )
+    shared = Shared(base, views, scores)
+    try:
+        with interrupts.as_exceptions():
+            results = evaluate(tasks, limit, manager, shared)
+    except (KeyboardInterrupt, interrupts.Terminated) as stop:
+        kept = sum(map(len, scores.kept.values()))
+        where = f"kept in {scores.path}; the same command resumes from them" if kept else "nothing was finished"
+        print(f"{p.prog}: interrupted: {kept} scores {where}", file=sys.stderr)
+        return 128 + getattr(stop, "signum", signal.SIGINT)
+    if shared.reused:
+        print(f"{p.prog}: {shared.reused} contexts' scores were those of the interrupted run", file=sys.stderr)
     first = results[runs[0].label]
     data = record(
         "task-accuracy",
@@ -292,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=round(time.monotonic() - start, 1),
     )
     write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
+    scores.path.unlink(missing_ok=True)  # the result holds them now
     return 0
 
 

@@ -11,14 +11,18 @@ from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.accuracy import task_accuracy
 from benchmarks.tasks import DECODE_MARK
 from benchmarks.tests.conftest import CORPUS
+from reference import methods
 
 DOC = " ".join(CORPUS) + " " + " ".join(CORPUS[::-1])
 
 
-def tiny_task(folder):
+def tiny_task(folder, distinct: bool = False):
     docs = [
         {
-            "context": DOC + DECODE_MARK + " Question: what is the passkey? Answer:",
+            "context": (f"Document {i}. " if distinct else "")
+            + DOC
+            + DECODE_MARK
+            + " Question: what is the passkey? Answer:",
             "choices": [" 4213", " boats"],
             "answer": i % 2,
         }
@@ -65,7 +69,7 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
             1,
         }
     kitty = next(r for r in data["runs"] if r["label"] == "Kitty")
-    assert kitty["key_bits"] == pytest.approx(accuracy_sweep.key_bits(accuracy_sweep.METHODS["Kitty"](), 32))
+    assert kitty["key_bits"] == pytest.approx(accuracy_sweep.key_bits(methods.config("Kitty"), 32))
     assert "code" in data and (tmp_path / path.name.replace(".json", ".md")).is_file()
 
 
@@ -113,3 +117,40 @@ def test_the_suite_runs_on_smollm2(tmp_path):
     data = json.loads(path.read_text())
     assert [r["label"] for r in data["runs"]] == ["FP16", "PN-Mix @ 2.25", "KIVI @ 2.25"]
     assert all(t["name"].startswith("pnmix_") and t["items"] == 2 for t in data["tasks"])
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_keeps_its_scores_and_the_same_command_resumes(tiny, tmp_path, monkeypatch, capsys):
+    from benchmarks.accuracy.lm_eval_model import PNMixLM
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    tiny_task(tmp_path, distinct=True)  # three contexts: the second is interrupted
+    runs = ["PN-Mix @ 2.25", "Kitty"]
+
+    def argv(out):
+        return ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(out)]
+
+    def sweep(out) -> list:
+        assert task_accuracy.main([*argv(out), "--runs", *runs, "--threads", "1"]) == 0
+        (path,) = out.glob("task-accuracy-*.json")
+        return [(r["label"], r["results"]) for r in json.loads(path.read_text())["runs"]]
+
+    clean = sweep(tmp_path / "clean")
+    score_shared, calls = PNMixLM.score_shared, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1 + len(runs):  # the second context (FP16 and each run score one context)
+            raise KeyboardInterrupt
+        return score_shared(self, *args, **kwargs)
+
+    monkeypatch.setattr(PNMixLM, "score_shared", interrupted)
+    out = tmp_path / "resumed"
+    assert task_accuracy.main([*argv(out), "--runs", *runs, "--threads", "1"]) == 130
+    (kept,) = out.glob(".task-accuracy-*.scores.jsonl")
+    assert f"interrupted: 6 scores kept in {kept}" in capsys.readouterr().err  # 3 runs x 2 candidates
+    monkeypatch.setattr(PNMixLM, "score_shared", score_shared)
+    assert sweep(out) == clean
+    err = capsys.readouterr().err
+    assert "resuming: 6 scores of an interrupted run" in err and "1 contexts' scores were those of" in err
+    assert not kept.exists()
