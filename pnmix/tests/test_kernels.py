@@ -15,6 +15,7 @@ from pnmix.kernels import decode_attention, dequantize_plane, encode_pack, group
 from pnmix.kernels.attention import _code_to
 from reference import methods
 from reference.contract.tolerances import attention_bound
+from reference.equations import packing
 
 pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
 DEV = _runtime.kernel_device()
@@ -26,8 +27,8 @@ def data(shape, dtype, seed, scale=3.0):
 
 
 def slot_of(channel_mask):
-    index = R.packing.salient_channel_index(channel_mask).to(torch.int32).contiguous()
-    return index, R.packing.high_plane_columns(channel_mask)
+    index = packing.salient_channel_index(channel_mask).to(torch.int32).contiguous()
+    return index, packing.high_plane_columns(channel_mask)
 
 
 @pytest.mark.parametrize(("b_high", "b_low"), [(3, 1), (4, 2), (4, 1), (2, 2), (8, 3), (1, 1)])
