@@ -13,7 +13,15 @@ from conformance.loader import builtins
 from reports.inputs import Source
 from reports.markdown import Section, escape, table
 
-LABELS = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
+#: How each outcome reads; a measurement has no row (it is listed under the matrix, no verdict).
+LABELS = {
+    "passed": "pass",
+    "failed": "FAIL",
+    "skipped": "skip",
+    "xfailed": "xfail",
+    "xpassed": "XPASS",
+    "measured": "measured",
+}
 OUTCOMES = tuple(LABELS)
 NOT_CLAIMED = "not claimed"
 #: A property none of whose examples ran (every one outside the claims): neither a pass nor a skip.

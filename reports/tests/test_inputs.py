@@ -71,7 +71,7 @@ def test_benchmarks_outside_the_schema_are_named_and_left_out(tmp_path):
     odd = inputs.load(synthetic.write(tmp_path, "odd.json", tiny_data), "--input")
     assert inputs.benchmark_problems(odd.data) == [
         f"{tiny_data['benchmarks'][0]['name']}: extra_info['suite'] is 'fig8', not one of "
-        "['fig6-memory', 'fig6c-throughput', 'fig7-latency', 'kernel', 'kernel-launch']"
+        "['eval-speed', 'fig6-memory', 'fig6c-throughput', 'fig7-latency', 'kernel', 'kernel-launch']"
     ]
     assert [b["scale"] for b in inputs.benchmarks([tiny, source], "fig7-latency", "tiny")] == ["tiny", "tiny"]
     with pytest.raises(ValueError, match="suite must be one of"):
@@ -112,7 +112,7 @@ def test_the_synthetic_results_of_the_tests_pass_the_schema(tmp_path, maker):
             {**synthetic.conformance(), "results": [{"implementation": "x", "outcome": 1}] * 3},
             [
                 "results[0].outcome: is an integer (1), expected one of 'passed', 'failed', 'skipped', 'xfailed', "
-                "'xpassed' (and in 2 more items)",
+                "'xpassed', 'measured' (and in 2 more items)",
                 "results[0].module: missing (and in 2 more items)",
             ],
         ),
@@ -269,7 +269,7 @@ BAD_VALUES = [
         "conformance",
         "results[0].outcome",
         "exploded",
-        "is a string ('exploded'), expected one of 'passed', 'failed', 'skipped', 'xfailed', 'xpassed'",
+        "is a string ('exploded'), expected one of 'passed', 'failed', 'skipped', 'xfailed', 'xpassed', 'measured'",
     ),
     ("conformance", "results[0].duration_s", -1, "is an integer (-1), expected a finite number in [0, 604800]"),
     ("conformance", "device", "cpu \ud800", "is a string that is not valid Unicode (a string ('cpu \\ud800'))"),
