@@ -172,7 +172,7 @@ FIDELITY = {
         "fig4_aggregated_jaccard_mean?": {"*": FRACTION},
         "fig4_pairs?": {"per_layer_and_prompt": ListOf(COUNT), "exact": bool, "max_pairs": COUNT},
         "fig5_share_median": {**{str(p): FRACTION for p in paper.FIG5_TOP_PERCENT}, "*": FRACTION},
-        # the methods benchmarks.fidelity.analyses.verdicts names; the others are listed in the table
+        # the methods benchmarks.fidelity.claims.verdicts names; the others are listed in the table
         "table9_mean": {
             "KIVI-style uniform 2-bit": _TABLE9,
             "PolarQuant-style 2-bit": _TABLE9,
