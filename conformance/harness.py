@@ -15,7 +15,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import strategies as cs
 from reference import ReferenceCache, attention_ref
-from reference.contract import Capabilities
+from reference.contract import Capabilities, Derived
 from reference.contract.tolerances import attention_bound
 
 
@@ -188,7 +188,8 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def held_bytes(obj: object) -> int:
-    """Bytes of the distinct tensor storages reachable from obj's attributes (its own memory)."""
+    """Bytes of the distinct tensor storages reachable from obj's attributes (its own memory), less its
+    derived state (`reference.contract.Derived`)."""
     seen_objects: set[int] = set()
     storages: dict[tuple, int] = {}
 
@@ -199,6 +200,8 @@ def held_bytes(obj: object) -> int:
         if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and hasattr(x, "__tensor_flatten__"):
             for name in x.__tensor_flatten__()[0]:  # a tensor subclass (e.g. quanto's): its inner tensors
                 visit(getattr(x, name))
+        elif isinstance(x, Derived):  # computed from the stored tensors, to read them faster: not stored
+            return
         elif isinstance(x, torch.Tensor):
             s = x.untyped_storage()
             storages[(x.device.type, x.device.index, s.data_ptr())] = s.nbytes()

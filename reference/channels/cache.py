@@ -16,6 +16,7 @@ import torch
 
 from reference.channels import validation
 from reference.channels.config import PNMixConfig
+from reference.channels.derived import Derived
 from reference.channels.layout import CacheLayout, TokenLayout, token_layout
 from reference.channels.storage import StorageReport, measure
 from reference.equations import packing, quant, saliency
@@ -63,8 +64,8 @@ class ReferenceCache:
         # The quantized region read back from its packed bytes, float32 [B, H_kv, T_q (T_vq), d]: each page
         # is unpacked and dequantized once, when it flushes (its codes never change), so that a decode step
         # costs what an exact cache's does plus the new tokens' work. 8 bytes per cached element more than
-        # the packed region; `storage()` and the conformance suite see only the packed tensors.
-        self._read_back: dict[str, torch.Tensor] = {}
+        # the packed region, derived state (`Derived`): `storage()` and the conformance suite judge the packed ones.
+        self._read_back = Derived()
 
     @classmethod
     def from_prefill(
@@ -91,7 +92,7 @@ class ReferenceCache:
             tensors["mask"] = layout.selection.at_prefill(q, k, self.config)
             self.saliency_computations += layout.selection.prefill_evaluations
             self.cache_layout, self._t = layout, tensors
-            self._read_back = {name: torch.empty(b, h, 0, d, device=k.device) for name in ("key", "value")}
+            self._read_back = Derived({name: torch.empty(b, h, 0, d, device=k.device) for name in ("key", "value")})
             self._store(k, v)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -111,7 +112,7 @@ class ReferenceCache:
 
     def _rollback(self, saved: tuple) -> None:
         self.length, self.saliency_computations, self.cache_layout = saved[:3]
-        self._t, self._read_back = dict(saved[3]), dict(saved[4])
+        self._t, self._read_back = dict(saved[3]), Derived(saved[4])
 
     def _release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""

@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from reference.channels.config import KEY_BITS, VALUE_BITS, PNMixConfig
+from reference.channels.derived import Derived  # noqa: F401 (the contract: state that is not stored)
 from reference.channels.storage import StorageReport
 from reference.equations.quant import Quantized
 

@@ -11,6 +11,7 @@ import torch
 
 from reference.channels import validation
 from reference.channels.cache import all_or_nothing
+from reference.channels.derived import Derived
 from reference.equations import packing, quant
 from reference.equations.attention import attention_logits_ref, attention_ref, saturating_cast
 from reference.equations.saliency import channel_mask_from_pairs, prefill_pair_mask
@@ -42,8 +43,9 @@ class TokenPrecisionCache:
         self._t: dict[str, torch.Tensor] = {}  # every part of `components`, packed, and the class map
         # Each store read back from its packed bytes, float32 [B, H_kv, rows, d]: new rows are unpacked and
         # dequantized once, as they are stored (their codes never change), not at every read. 8 bytes per
-        # cached element more than the packed stores; `storage()` and the conformance suite see only those.
-        self._read_back: dict[str, torch.Tensor] = {}
+        # cached element more than the packed stores, derived state (`Derived`): `storage()` and the conformance
+        # suite judge the packed stores.
+        self._read_back = Derived()
 
     # -- building ---------------------------------------------------------------------------
 
@@ -62,7 +64,9 @@ class TokenPrecisionCache:
             for p in components(self.config, d, token_classes(self.config, bits[:0])):
                 self._t[p.name] = torch.empty(part_shape(p, b, h), dtype=p.dtype, device=k.device)
             self._t[CLASS_MAP] = torch.empty(0, dtype=torch.uint8, device=k.device)
-            self._read_back = {name: torch.empty(b, h, 0, d, device=k.device) for name in ("low_key", *PER_TOKEN)}
+            self._read_back = Derived(
+                {name: torch.empty(b, h, 0, d, device=k.device) for name in ("low_key", *PER_TOKEN)}
+            )
             if self.config.low_keys == "pairs":
                 self._t["pair_mask"] = packing.pack_mask(prefill_pair_mask(q, k, low))
                 self.saliency_computations += 1
@@ -94,7 +98,7 @@ class TokenPrecisionCache:
 
     def _rollback(self, saved: tuple) -> None:
         self.length, self.saliency_computations, self._shape = saved[:3]
-        self._t, self._read_back = dict(saved[3]), dict(saved[4])
+        self._t, self._read_back = dict(saved[3]), Derived(saved[4])
 
     def _release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint holds references (updates replace tensors, never write into them)."""
