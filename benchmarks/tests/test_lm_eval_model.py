@@ -278,8 +278,7 @@ def test_the_command_refuses_bad_model_args_in_one_line(tiny, capsys):
     assert err[-1] == "pnmix-lm-eval: error: model_args b_high='x': expected an int"
 
 
-@pytest.mark.slow  # a fresh process importing lm-eval and torch: about 15 s on two CPU cores
-def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
+def _tiny_task(tmp_path, name: str = "pnmix_tiny_cached") -> None:
     data = tmp_path / "tiny.jsonl"
     docs = [
         {"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
@@ -287,11 +286,16 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
     ]
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tmp_path / "tiny.yaml").write_text(
-        "task: pnmix_tiny_mc\ndataset_path: json\n"
+        f"task: {name}\ndataset_path: json\n"
         f"dataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\noutput_type: multiple_choice\n"
         'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
         "metric_list:\n  - metric: acc\n"
     )
+
+
+@pytest.mark.slow  # a fresh process importing lm-eval and torch: about 15 s on two CPU cores
+def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
+    _tiny_task(tmp_path, "pnmix_tiny_mc")
     out = tmp_path / "out"
     command = [
         sys.executable,
@@ -356,21 +360,6 @@ def test_a_request_whose_score_cannot_depend_on_the_cache_is_warned_of_once_per_
         assert "cannot depend on the cache" not in caplog.text
         pnmix.loglikelihood(requests("loglikelihood", blind, blind))
     assert caplog.text.count("cannot depend on the cache") == 1 and "task tiny" in caplog.text
-
-
-def _tiny_task(tmp_path) -> None:
-    data = tmp_path / "tiny.jsonl"
-    docs = [
-        {"context": DOCUMENT + DECODE_MARK + QUESTION, "choices": [" 4213", " boats"], "answer": 0},
-        {"context": "Numbers 0123456789. Answer:", "choices": [" 0", " 9"], "answer": 1},
-    ]
-    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (tmp_path / "tiny.yaml").write_text(
-        "task: pnmix_tiny_cached\ndataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\noutput_type: multiple_choice\n"
-        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
-        "metric_list:\n  - metric: acc\n"
-    )
 
 
 @pytest.mark.slow  # three lm-eval runs in this process: about 20 s on two CPU cores
