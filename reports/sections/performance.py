@@ -319,7 +319,7 @@ def _eval_speed(rows: list[dict]) -> tuple[str, None]:
         f"results), one CPU thread; in brackets the ratio to FP16 through the same path (target: within "
         f'{EVAL_SPEED_TARGET}x); "model\'s own" is the model with its own attention and cache, for scale. '
         "An item: the prompt, a decode section, four candidates scored from a checkpoint "
-        "(`benchmarks/suites/test_eval_speed.py`).\n"
+        "(`benchmarks/suites/test_eval_speed.py`).\n\n"
     )
     return intro + table(table_rows, heads, provenance(rows)), None
 
