@@ -485,6 +485,17 @@ def _distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A generate_until request as the model runs it (`PNMixLM.generation`)."""
+
+    text: str  # the context without its mark (the per-token methods tag it)
+    context_enc: list[int]
+    prompt: int  # context tokens prefilled; the rest enter as decode steps
+    limit: int  # max_gen_toks
+    until: list[str]  # stop strings, the end-of-text token's among them
+
+
 @register_model(MODEL_NAME)
 class PNMixLM(TemplateLM):
     """A causal LM whose KV cache is a PN-Mix-family cache, for lm-evaluation-harness (module doc)."""
@@ -852,24 +863,35 @@ class PNMixLM(TemplateLM):
         """Greedy decoding through the cache, one token a forward, until a stop string (and the end-of-text
         token, as HFLM adds it), the end-of-text token or max_gen_toks."""
         out = []
-        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         for request in tqdm(requests, disable=disable_tqdm, desc="pnmix generate_until"):
-            context, gen_kwargs = request.args
-            kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
-            if kwargs.get("do_sample"):
-                raise ValueError(f"task {request.task_name}: do_sample=True; pnmix decodes greedily")
-            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
-            limit = kwargs.pop("max_gen_toks")
-            context_enc = self.tok_encode(context) or [self.prefix_token_id]
-            if len(context_enc) + limit > self.max_length:
-                origin, n = (request.task_name, request.doc_id), len(context_enc) + limit
-                self._refuse_length(origin, n, f"the context with max_gen_toks={limit}")
-            text = context.replace(DECODE_MARK, "")
-            cache, last = self._context(text, context_enc, self.prompt_length(context, context_enc))
-            text = self.tok_decode(self._greedy(cache, last, limit, until))
-            out.append(postprocess_generated_text(text, until, None))
+            ask = self.generation(request)
+            cache, last = self._context(ask.text, ask.context_enc, ask.prompt)
+            out.append(self.generated(cache, last, ask))
             self.cache_hook.add_partial("generate_until", request.args, out[-1])
         return out
+
+    def generation(self, request) -> Generation:
+        """What a generate_until request asks, checked: greedy only, and the context with max_gen_toks
+        within max_length."""
+        context, gen_kwargs = request.args
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        if kwargs.get("do_sample"):
+            raise ValueError(f"task {request.task_name}: do_sample=True; pnmix decodes greedily")
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+        limit = kwargs.pop("max_gen_toks")
+        context_enc = self.tok_encode(context) or [self.prefix_token_id]
+        if len(context_enc) + limit > self.max_length:
+            origin, n = (request.task_name, request.doc_id), len(context_enc) + limit
+            self._refuse_length(origin, n, f"the context with max_gen_toks={limit}")
+        prompt = self.prompt_length(context, context_enc)
+        return Generation(context.replace(DECODE_MARK, ""), context_enc, prompt, limit, until)
+
+    def generated(self, cache, last: torch.Tensor, ask: Generation) -> str:
+        """The text decoded greedily after a context (`last`: the logits at its last position), as lm-eval
+        receives it: cut at the first stop string."""
+        text = self.tok_decode(self._greedy(cache, last, ask.limit, ask.until))
+        return postprocess_generated_text(text, ask.until, None)
 
     def _greedy(self, cache, last: torch.Tensor, limit: int, until: list[str]) -> list[int]:
         tokens: list[int] = []

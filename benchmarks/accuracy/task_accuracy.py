@@ -9,8 +9,18 @@ transformers' QuantizedCache (quanto) at their own bits; keys only against value
 lm-eval on the same documents, through the "pnmix" model class (`benchmarks.accuracy.lm_eval_model`). The
 model runs over each prompt once: exact prefill attention is the same whatever the cache, so every
 run's cache starts from that one forward (`PNMixLM.score_shared`), and only what comes after the
-prompt (the tokens after `benchmarks.tasks.DECODE_MARK`, then each answer) runs per method. lm-eval
-then scores each run from its log-likelihoods (its own metrics and per-document samples).
+prompt (the tokens after `benchmarks.tasks.DECODE_MARK`, then each answer) runs per method. Both kinds
+of task are scored: multiple choice (each candidate's log-likelihood; the suite's `pnmix_<task>_<len>`)
+and generation (each run decodes greedily through its own cache from the shared prompt forward; the
+suite's `pnmix_<task>_gen_<len>`, lm-eval's own generate_until tasks). lm-eval then scores each run
+(its own metrics and per-document samples); a task's first metric, right or wrong per document, is
+the outcome recorded.
+
+Resumable: every finished context's scores are appended to a file in --out (`Scores`); an interrupted
+sweep says what it kept and the same command resumes from it. Data-parallel under lm-eval's own
+multi-process launch: `accelerate launch -m benchmarks.task_accuracy ...` (or `torchrun`) gives each
+process its share of the documents (its own model copy, one GPU each where there are GPUs) and rank 0
+gathers them and writes the one result.
 
 The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
 every document's outcome per run and task, so that the report pairs each method with FP16 on the same
@@ -37,7 +47,7 @@ from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.commands import interrupts, preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
-from benchmarks.tasks import DATA, DECODE_MARK
+from benchmarks.tasks import DATA, DECODE_MARK, data_file, parse_task_name
 from reference.records import file_digest, record
 
 RESULTS = Path(__file__).parents[1] / "results"
@@ -131,7 +141,7 @@ class Scores:
 
     def __init__(self, path: Path, identity: dict) -> None:
         self.path, self.identity = path, identity
-        self.kept: dict[str, dict[str, tuple[float, bool]]] = {}
+        self.kept: dict[str, dict[str, tuple[float, bool] | str]] = {}
         if path.is_file():
             lines = path.read_text().splitlines()
             head = json.loads(lines[0]) if lines else None
@@ -142,28 +152,34 @@ class Scores:
                     label, key, score = json.loads(line)
                 except ValueError:  # the last line of a killed run, cut short
                     continue
-                self.kept.setdefault(label, {})[key] = (score[0], score[1])
+                self.kept.setdefault(label, {})[key] = score if isinstance(score, str) else (score[0], score[1])
         self.read = sum(map(len, self.kept.values()))
 
-    def get(self, label: str, args: tuple) -> tuple[float, bool] | None:
+    def get(self, label: str, args: tuple) -> tuple[float, bool] | str | None:
         return self.kept.get(label, {}).get(_request_key(args))
 
-    def add(self, rows: list[tuple[str, tuple, tuple[float, bool]]]) -> None:
-        """Append the scores of one finished context (one write)."""
+    def add(self, rows: list[tuple[str, tuple, tuple[float, bool] | str]]) -> None:
+        """Append the scores (log-likelihoods, or the text generated) of one finished context (one write)."""
         if not self.path.is_file():
             self.path.write_text(json.dumps({"identity": self.identity}) + "\n")
         with open(self.path, "a") as f:
-            f.write("".join(json.dumps([label, _request_key(args), list(score)]) + "\n" for label, args, score in rows))
+            f.write("".join(json.dumps([label, _request_key(args), _plain(s)]) + "\n" for label, args, s in rows))
         for label, args, score in rows:
             self.kept.setdefault(label, {})[_request_key(args)] = score
 
 
+def _plain(score: tuple[float, bool] | str) -> list | str:
+    return score if isinstance(score, str) else list(score)
+
+
 class Shared:
-    """The log-likelihoods of every run for the requests lm-eval makes, the prompt's forward shared."""
+    """The log-likelihoods and generations of every run for the requests lm-eval makes, the prompt's
+    forward shared."""
 
     def __init__(self, base, views: dict, scores: Scores | None = None) -> None:
         self.base, self.views = base, views  # label -> PNMixLM sharing base's model
         self.table: dict[str, dict[tuple, tuple[float, bool]]] = {label: {} for label in views}
+        self.generations: dict[str, dict[str, str]] = {label: {} for label in views}  # by _request_key
         self.scores = scores  # what an earlier, interrupted run of the same sweep computed
         self.reused = 0  # contexts whose scores came from it
 
@@ -205,18 +221,60 @@ class Shared:
             if self.scores is not None:
                 self.scores.add(rows)
 
+    def generate(self, requests) -> None:
+        import torch
 
-def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> dict[str, dict]:
-    """lm-eval's results of every run: {label: simple_evaluate's output}."""
+        with torch.no_grad():
+            self._generate(requests)
+
+    def _generate(self, requests) -> None:
+        """Each run decodes greedily through its own cache, from the one exact forward over the prompt
+        (`PNMixLM.record_prompt`) and the decode section as its own steps (`PNMixLM.replayed`)."""
+        for r in tqdm(requests, desc="generations", unit="context", file=sys.stderr):
+            key = _request_key(r.args)
+            kept = {label: self.scores.get(label, r.args) for label in self.views} if self.scores else {}
+            if kept and None not in kept.values():
+                for label, text in kept.items():
+                    self.generations[label][key] = text
+                self.reused += 1
+                continue
+            ask = self.base.generation(r)
+            recorded = self.base.record_prompt(ask.context_enc[: ask.prompt])
+            rows = []
+            for label, lm in self.views.items():
+                cache, last = lm.replayed(ask.text, ask.context_enc, ask.prompt, recorded)
+                self.generations[label][key] = text = lm.generated(cache, last, ask)
+                rows.append((label, r.args, text))
+            if self.scores is not None:
+                self.scores.add(rows)
+
+
+def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> dict[str, dict | None]:
+    """lm-eval's results of every run: {label: simple_evaluate's output} (None on ranks other than 0 of a
+    multi-process launch: lm-eval gathers the documents' outcomes on rank 0)."""
     import lm_eval
     from lm_eval.api.model import LM
 
+    base = shared.base
+
     class Replay(LM):
-        """A run's log-likelihoods, computed beforehand (`Shared`); the first pass computes them all."""
+        """A run's log-likelihoods and generations, computed beforehand (`Shared`): the first run's pass
+        computes every run's. Under a multi-process launch lm-eval gives each rank its share of the
+        documents (the rank and world size are the loaded model's, `PNMixLM`) and gathers on rank 0."""
 
         def __init__(self, label: str) -> None:
             super().__init__()
             self.label = label
+            self._rank, self._world_size = base.rank, base.world_size
+
+        def all_gather(self, tensor):
+            return base.all_gather(tensor)
+
+        def gather_object(self, obj, dst: int = 0):
+            return base.gather_object(obj, dst)
+
+        def barrier(self) -> None:
+            base.barrier()
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             if not shared.table[self.label]:
@@ -224,10 +282,12 @@ def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> di
             return [shared.table[self.label][r.args] for r in requests]
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("the accuracy sweep scores multiple-choice (log-likelihood) tasks")
+            raise NotImplementedError("the accuracy sweep scores multiple-choice and generation tasks")
 
         def generate_until(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("the accuracy sweep scores multiple-choice (log-likelihood) tasks")
+            if not shared.generations[self.label]:
+                shared.generate(requests)
+            return [shared.generations[self.label][_request_key(r.args)] for r in requests]
 
     out = {}
     for label in shared.views:
@@ -243,13 +303,32 @@ def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> di
     return out
 
 
+#: The kinds of task the sweep scores: a candidate chosen, an answer produced.
+OUTPUTS = ("multiple_choice", "generate_until")
+
+
+def output_type(result: dict, task: str) -> str:
+    kind = result["configs"][task]["output_type"]
+    if kind not in OUTPUTS:
+        raise ValueError(f"task {task}: output_type {kind}; the sweep scores {' and '.join(OUTPUTS)} tasks")
+    return kind
+
+
 def outcomes(result: dict, task: str) -> list[int]:
-    """Each document's acc, in document order."""
+    """Each document's outcome by the task's first metric (acc for the suite's multiple-choice tasks, exact
+    for its generation variants), in document order; it must be right or wrong (1 or 0)."""
+    metric = result["configs"][task]["metric_list"][0]["metric"]
     samples = sorted(result["samples"][task], key=lambda s: s["doc_id"])
-    return [int(s["acc"]) for s in samples]
+    values = [s[metric] for s in samples]
+    if any(v not in (0, 1) for v in values):
+        raise ValueError(f"task {task}: metric {metric} is not right-or-wrong per document (values {values[:5]})")
+    return [int(v) for v in values]
 
 
 def chance(result: dict, task: str) -> float:
+    """Accuracy by guessing: 1 / candidates for multiple choice, 0 for an answer produced."""
+    if output_type(result, task) == "generate_until":
+        return 0.0
     samples = result["samples"][task]
     return sum(1 / len(s["arguments"]) for s in samples) / len(samples)
 
@@ -259,8 +338,9 @@ def task_files(tasks: list[str]) -> dict[str, str]:
 
     out = {}
     for t in tasks:
-        path = DATA / (t.removeprefix("pnmix_") + ".jsonl.gz")
-        if path.is_file():
+        parsed = parse_task_name(t)
+        path = None if parsed is None else DATA / data_file(parsed[0], parsed[1])
+        if path is not None and path.is_file():
             out[t] = file_digest(path)
     return out
 
@@ -308,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
 
     d, layout = head_dim(config), detect_pair_layout(config) or "split"
     runs = accuracy_sweep.plan(d, args.budgets, layout)
-    if args.smoke:
-        tasks, limit, args.runs = tasks[:2], min(limit or 2, 2), ["PN-Mix @ 2.25", "KIVI @ 2.25"]
+    if args.smoke:  # one task of each kind, where the tasks have both
+        generation = [t for t in tasks if (parse_task_name(t) or ("", "", False))[2]]
+        tasks = [*[t for t in tasks if t not in generation][:1], *generation[:1]] if generation else tasks[:2]
+        limit, args.runs = min(limit or 2, 2), ["PN-Mix @ 2.25", "KIVI @ 2.25"]
     if args.runs:
         unknown = sorted(set(args.runs) - {r.label for r in runs})
         if unknown:
@@ -332,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         "lm_eval": __import__("lm_eval").__version__,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    # each process of a multi-process launch scores its share of the documents and keeps it apart
+    part = "" if base.world_size == 1 else f"-rank{base.rank}of{base.world_size}"
     try:
-        scores = Scores(args.out / f".task-accuracy-{digest}.scores.jsonl", identity)
+        scores = Scores(args.out / f".task-accuracy-{digest}{part}.scores.jsonl", identity)
     except ValueError as err:
         p.error(f"--out: {err}")
     if scores.read:
@@ -351,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + getattr(stop, "signum", signal.SIGINT)
     if shared.reused:
         print(f"{p.prog}: {shared.reused} contexts' scores were those of the interrupted run", file=sys.stderr)
+    base.barrier()
+    if base.rank != 0:  # lm-eval gathered every document's outcome on rank 0, which writes the result
+        scores.path.unlink(missing_ok=True)
+        return 0
     first = results[runs[0].label]
     data = record(
         "task-accuracy",
@@ -360,7 +448,11 @@ def main(argv: list[str] | None = None) -> int:
         head_dim=d,
         pair_layout=layout,
         limit=limit,
-        tasks=[{"name": t, "items": len(first["samples"][t]), "chance": chance(first, t)} for t in tasks],
+        tasks=[
+            {"name": t, "items": len(first["samples"][t]), "chance": chance(first, t), "output": output_type(first, t)}
+            for t in tasks
+        ],
+        processes=base.world_size,
         runs=[
             {**r.describe(), "results": {t: {"correct": outcomes(results[r.label], t)} for t in tasks}} for r in runs
         ],

@@ -15,6 +15,14 @@ highest. Small models retrieve little when they must generate the answer (SmolLM
 greedy pass-key question ~55% right at 1K tokens, ~10% at 3K), but rank a retrieved answer above
 its distractors well; so FP16 is strong, and what a quantized cache loses shows.
 
+Every task whose gold candidate is the one right answer (all but multivalue and cwe, whose question
+has several: any of the key's values, any of the three common words) also has a generation variant,
+`pnmix_<task>_gen_<label>` on the same documents: `output_type: generate_until`, greedy, stopped at a
+full stop, a line end or 16 tokens, metric `exact`: right when the first word of the answer produced
+(trailing punctuation removed) is the gold candidate (`configs/utils.py score_generation`). Ranking
+teacher-forced candidates shows what a cache keeps; producing the answer shows what it costs a model
+that must decode it through its own cache, the paper's setting.
+
 Documents. `context` is the prompt, then `DECODE_MARK`, then the text that enters the cache as
 decode steps (the question, or a long "generated" passage and the question): prefill attention is
 exact in PN-Mix, KIVI and Kitty, so an answer read right after a prefill would never see the
@@ -103,6 +111,9 @@ class Task:
     licence: str  # of the text the documents hold
     n_choices: int
     long_output: bool = False  # the text after DECODE_MARK is a long generated passage
+    #: The gold candidate is the one right answer (not one of several the context holds), so the task
+    #: has a generation variant: the answer produced and compared with it exactly.
+    generative: bool = True
 
     @property
     def chance(self) -> float:
@@ -147,6 +158,7 @@ TASKS = (
         "noise",
         NOISE_LICENCE,
         4,
+        generative=False,
     ),
     Task(
         "vartrack",
@@ -164,6 +176,7 @@ TASKS = (
         "list",
         OWN_LICENCE,
         5,
+        generative=False,
     ),
     Task(
         "lo_registry",
@@ -195,6 +208,12 @@ TASKS = (
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 BY_NAME = {t.name: t for t in TASKS}
+GENERATIVE = tuple(t.name for t in TASKS if t.generative)
+#: The generation variants' name part, stop strings and token limit (`benchmarks.tasks.generate`): an
+#: answer is one number or word, ended by a full stop or a line; 16 tokens hold the longest (7 digits).
+GEN = "gen"
+GEN_UNTIL = ("\n", ".")
+GEN_TOKENS = 16
 
 
 def length_label(length: int) -> str:
@@ -205,17 +224,32 @@ def length_label(length: int) -> str:
     return str(length)
 
 
-def task_name(task: str, length: int) -> str:
-    return f"{PREFIX}{task}_{length_label(length)}"
+def task_name(task: str, length: int, generation: bool = False) -> str:
+    """pnmix_passkey_1k; its generation variant pnmix_passkey_gen_1k."""
+    return f"{PREFIX}{task}_{GEN + '_' if generation else ''}{length_label(length)}"
 
 
-def group_name(length: int | None = None) -> str:
-    return GROUP if length is None else f"{GROUP}_{length_label(length)}"
+def group_name(length: int | None = None, generation: bool = False) -> str:
+    """pnmix_tasks(_1k) groups the multiple-choice tasks, pnmix_tasks_gen(_1k) the generation variants."""
+    group = f"{GROUP}_{GEN}" if generation else GROUP
+    return group if length is None else f"{group}_{length_label(length)}"
 
 
-def data_file(task: str, length: int) -> str:
-    """The gzipped JSONL file of (task, length), relative to the data folder."""
-    return f"{task}_{length_label(length)}.jsonl.gz"
+def parse_task_name(name: str) -> tuple[str, str, bool] | None:
+    """(task, length label, whether the generation variant) of a suite task's name, None for other names."""
+    if not name.startswith(PREFIX):
+        return None
+    stem, _, label = name.removeprefix(PREFIX).rpartition("_")
+    task, generation = (stem.removesuffix(f"_{GEN}"), True) if stem.endswith(f"_{GEN}") else (stem, False)
+    if task not in BY_NAME or (generation and not BY_NAME[task].generative):
+        return None
+    return task, label, generation
+
+
+def data_file(task: str, length: int | str) -> str:
+    """The gzipped JSONL file of (task, length or its label), relative to the data folder; a task's
+    generation variant reads the same documents."""
+    return f"{task}_{length if isinstance(length, str) else length_label(length)}.jsonl.gz"
 
 
 def split_context(context: str) -> tuple[str, str]:
@@ -231,6 +265,10 @@ __all__ = [
     "CONFIGS",
     "DATA",
     "DECODE_MARK",
+    "GEN",
+    "GENERATIVE",
+    "GEN_TOKENS",
+    "GEN_UNTIL",
     "GROUP",
     "ITEMS",
     "LENGTHS",
@@ -243,6 +281,7 @@ __all__ = [
     "data_file",
     "group_name",
     "length_label",
+    "parse_task_name",
     "split_context",
     "task_name",
 ]

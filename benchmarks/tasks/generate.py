@@ -31,7 +31,8 @@ from benchmarks.models.source import DEFAULT
 from benchmarks.tasks import (
     BY_NAME,
     DECODE_MARK,
-    GROUP,
+    GEN_TOKENS,
+    GEN_UNTIL,
     ITEMS,
     LENGTHS,
     MIN_LENGTH,
@@ -497,21 +498,25 @@ def doc_line(doc: dict) -> str:
 # -- configs ---------------------------------------------------------------------------------------
 
 TEMPLATE = "_pnmix_template.yaml"
+GEN_TEMPLATE = "_pnmix_gen_template.yaml"
 LOADER = PACKAGE / "configs" / "utils.py"
+#: Each template's output and metric (`benchmarks.tasks`: choosing among candidates, producing the answer).
+CHOICE = ("multiple_choice", "acc")
+GENERATION = ("generate_until", "exact")
 
 
 def template_yaml() -> str:
     return (
-        "# Shared by every pnmix_* task (written by python -m benchmarks.tasks.generate).\n"
+        "# Shared by every pnmix_* multiple-choice task (written by python -m benchmarks.tasks.generate).\n"
         "custom_dataset: !function utils.load_docs\n"
-        "output_type: multiple_choice\n"
+        f"output_type: {CHOICE[0]}\n"
         "test_split: test\n"
         "doc_to_text: context\n"
         "doc_to_choice: choices\n"
         "doc_to_target: gold\n"
         'target_delimiter: ""\n'
         "metric_list:\n"
-        "  - metric: acc\n"
+        f"  - metric: {CHOICE[1]}\n"
         "    aggregation: mean\n"
         "    higher_is_better: true\n"
         "metadata:\n"
@@ -519,22 +524,46 @@ def template_yaml() -> str:
     )
 
 
-def task_yaml(task: str, length: int) -> str:
+def gen_template_yaml() -> str:
+    until = ", ".join(json.dumps(u) for u in GEN_UNTIL)
     return (
-        f"include: {TEMPLATE}\n"
-        f"task: {task_name(task, length)}\n"
+        "# Shared by every pnmix_*_gen_* task: the answer produced greedily, compared exactly with the gold\n"
+        "# candidate (written by python -m benchmarks.tasks.generate).\n"
+        "custom_dataset: !function utils.load_docs\n"
+        f"output_type: {GENERATION[0]}\n"
+        "test_split: test\n"
+        "doc_to_text: context\n"
+        'doc_to_target: "{{choices[gold]}}"\n'
+        "generation_kwargs:\n"
+        f"  until: [{until}]\n"
+        f"  max_gen_toks: {GEN_TOKENS}\n"
+        "  do_sample: false\n"
+        "process_results: !function utils.score_generation\n"
+        "metric_list:\n"
+        f"  - metric: {GENERATION[1]}\n"
+        "    aggregation: mean\n"
+        "    higher_is_better: true\n"
+        "metadata:\n"
+        "  version: 1.0\n"
+    )
+
+
+def task_yaml(task: str, length: int, generation: bool = False) -> str:
+    return (
+        f"include: {GEN_TEMPLATE if generation else TEMPLATE}\n"
+        f"task: {task_name(task, length, generation)}\n"
         "dataset_kwargs:\n"
         f"  data_file: {data_file(task, length)}\n"
     )
 
 
-def group_yaml(name: str, members: list[str]) -> str:
+def group_yaml(name: str, members: list[str], metric: str = CHOICE[1]) -> str:
     listed = "".join(f"  - {m}\n" for m in members)
     return (
         f"group: {name}\n"
         f"task:\n{listed}"
         "aggregate_metric_list:\n"
-        "  - metric: acc\n"
+        f"  - metric: {metric}\n"
         "    aggregation: mean\n"
         "    weight_by_size: false\n"
         "metadata:\n"
@@ -543,13 +572,19 @@ def group_yaml(name: str, members: list[str]) -> str:
 
 
 def config_files(tasks: list[str], lengths: list[int]) -> dict[str, str]:
-    """Name -> text of every file of the configs folder: the template, the loader it names, one YAML per
-    (task, length), one group per length and the group of them all."""
-    files = {TEMPLATE: template_yaml(), LOADER.name: LOADER.read_text()}
-    for length in lengths:
-        files |= {f"{task_name(t, length)}.yaml": task_yaml(t, length) for t in tasks}
-        files[f"{group_name(length)}.yaml"] = group_yaml(group_name(length), [task_name(t, length) for t in tasks])
-    files[f"{GROUP}.yaml"] = group_yaml(GROUP, [group_name(length) for length in lengths])
+    """Name -> text of every file of the configs folder: the templates, the loader they name, one YAML per
+    (task, length) and per generation variant, one group of each kind per length and the groups of them all."""
+    files = {TEMPLATE: template_yaml(), GEN_TEMPLATE: gen_template_yaml(), LOADER.name: LOADER.read_text()}
+    generative = [t for t in tasks if BY_NAME[t].generative]
+    for generation, members, metric in ((False, tasks, CHOICE[1]), (True, generative, GENERATION[1])):
+        if not members:
+            continue
+        for length in lengths:
+            files |= {f"{task_name(t, length, generation)}.yaml": task_yaml(t, length, generation) for t in members}
+            group = group_name(length, generation)
+            files[f"{group}.yaml"] = group_yaml(group, [task_name(t, length, generation) for t in members], metric)
+        top = group_name(generation=generation)
+        files[f"{top}.yaml"] = group_yaml(top, [group_name(n, generation) for n in lengths], metric)
     return files
 
 

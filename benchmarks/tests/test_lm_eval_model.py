@@ -324,15 +324,15 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
     assert result["config"]["pnmix"]["method"] == "FP16" and result["config"]["pnmix"]["decode_mark"] == DECODE_MARK
 
 
-@pytest.mark.parametrize(
-    "model_args",
-    [
-        {"method": "PN-Mix", **PAGES},
-        {"method": "KIVI-2", **PAGES},
-        {"method": "FP16"},
-        {"impl": "reports.tests.thirdparty:make", **PAGES},
-    ],
-)
+SHARED_RUNS = [
+    {"method": "PN-Mix", **PAGES},
+    {"method": "KIVI-2", **PAGES},
+    {"method": "FP16"},
+    {"impl": "reports.tests.thirdparty:make", **PAGES},
+]
+
+
+@pytest.mark.parametrize("model_args", SHARED_RUNS)
 def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_args):
     """A sweep runs the prompt once (exact prefill attention is the same for every cache) and starts each
     method's cache from it: the scores are those of the method's own pass."""
@@ -349,6 +349,24 @@ def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_ar
     got = shared.score_shared(context.replace(DECODE_MARK, "").rstrip(), context_enc, prompt, conts, recorded)
     for (lp, greedy), (lp_own, greedy_own) in zip(got, expected, strict=True):
         assert math.isclose(lp, lp_own, rel_tol=1e-5, abs_tol=1e-4) and greedy == greedy_own
+
+
+@pytest.mark.parametrize("model_args", SHARED_RUNS)
+def test_a_shared_prompt_forward_generates_as_each_methods_own(tiny, fp16, model_args):
+    """The sweep's generation: each method decodes greedily through its own cache started from the one
+    prompt forward; the text is that of the method's own generate_until, stop strings and all."""
+    from benchmarks.accuracy.task_accuracy import Shared, _request_key
+
+    own = PNMixLM(pretrained=str(tiny), chunk=fp16.settings.options.chunk, **model_args)
+    shared = Shared(fp16, {"run": PNMixLM.sharing(fp16, **model_args)})
+    asked = requests(
+        "generate_until",
+        (DOCUMENT + DECODE_MARK + QUESTION, {"until": ["\n"], "max_gen_toks": 10}),
+        (DOCUMENT + QUESTION, {"until": [], "max_gen_toks": 6}),  # no mark: the cache is read from the 2nd token
+    )
+    shared.generate(asked)
+    got = [shared.generations["run"][_request_key(r.args)] for r in asked]
+    assert got == own.generate_until(asked) and all(got)
 
 
 def test_a_request_whose_score_cannot_depend_on_the_cache_is_warned_of_once_per_task(pnmix, caplog):

@@ -35,6 +35,13 @@ def tiny_task(folder, distinct: bool = False):
         'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\n'
         'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n'
     )
+    (folder / "tiny_gen.yaml").write_text(  # the same documents, the answer produced (lm-eval's exact_match)
+        "task: tinytask_gen\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {folder / 'tiny.jsonl'}\ntest_split: test\n"
+        'output_type: generate_until\ndoc_to_text: "{{context}}"\ndoc_to_target: "{{choices[answer]}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 4\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n"
+    )
 
 
 @pytest.mark.slow
@@ -47,6 +54,7 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
         str(tiny),
         "--tasks",
         "tinytask_mc",
+        "tinytask_gen",
         "--include-path",
         str(tmp_path),
         "--out",
@@ -60,14 +68,13 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
     (path,) = tmp_path.glob("task-accuracy-*.json")
     data = json.loads(path.read_text())
     assert data["kind"] == "pnmix-task-accuracy" and data["tasks"] == [
-        {"name": "tinytask_mc", "items": 3, "chance": 0.5}
+        {"name": "tinytask_mc", "items": 3, "chance": 0.5, "output": "multiple_choice"},
+        {"name": "tinytask_gen", "items": 3, "chance": 0.0, "output": "generate_until"},
     ]
     assert [r["label"] for r in data["runs"]] == ["FP16", *runs]
     for r in data["runs"]:
-        assert len(r["results"]["tinytask_mc"]["correct"]) == 3 and set(r["results"]["tinytask_mc"]["correct"]) <= {
-            0,
-            1,
-        }
+        for task in ("tinytask_mc", "tinytask_gen"):
+            assert len(r["results"][task]["correct"]) == 3 and set(r["results"][task]["correct"]) <= {0, 1}
     kitty = next(r for r in data["runs"] if r["label"] == "Kitty")
     assert kitty["key_bits"] == pytest.approx(accuracy_sweep.key_bits(methods.config("Kitty"), 32))
     assert "code" in data and (tmp_path / path.name.replace(".json", ".md")).is_file()
@@ -154,3 +161,53 @@ def test_an_interrupted_sweep_keeps_its_scores_and_the_same_command_resumes(tiny
     err = capsys.readouterr().err
     assert "resuming: 6 scores of an interrupted run" in err and "1 contexts' scores were those of" in err
     assert not kept.exists()
+
+
+def test_kept_scores_are_read_back_as_written(tmp_path):
+    """The resume file holds both kinds of score: (log p, greedy) of a candidate, the text generated."""
+    path, identity = tmp_path / "scores.jsonl", {"model": "m", "runs": {"FP16": ""}}
+    scores = task_accuracy.Scores(path, identity)
+    choice, generation = ("ctx", " 4213"), ("ctx", {"until": ["\n"], "max_gen_toks": 4})
+    scores.add([("FP16", choice, (-1.5, True)), ("FP16", generation, " 4213.")])
+    with open(path, "a") as f:
+        f.write('["FP16", "cut sho')  # a kill mid-line
+    again = task_accuracy.Scores(path, identity)
+    assert again.read == 2 and again.get("FP16", choice) == (-1.5, True) and again.get("FP16", generation) == " 4213."
+    with pytest.raises(ValueError, match="another sweep"):
+        task_accuracy.Scores(path, {**identity, "model": "other"})
+
+
+@pytest.mark.long  # three fresh processes importing lm-eval and torch: about a minute on two CPU cores
+def test_two_processes_sweep_as_one(tiny, tmp_path):
+    """lm-eval's own multi-process launch (torchrun, as `accelerate launch` starts it): each process runs
+    every method on its share of the documents, rank 0 gathers them and writes the one result, equal to
+    one process's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tiny_task(tmp_path, distinct=True)
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    env.pop("WORLD_SIZE", None)
+
+    def run(launcher: list[str], out: str) -> list:
+        argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "tinytask_gen", "--include-path", str(tmp_path)]
+        argv += ["--runs", "PN-Mix @ 2.25", "Kitty", "--threads", "1", "--out", str(tmp_path / out)]
+        ran = subprocess.run(
+            [*launcher, "-m", "benchmarks.accuracy.task_accuracy", *argv],
+            cwd=Path(__file__).resolve().parents[2],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        (path,) = (tmp_path / out).glob("task-accuracy-*.json")
+        assert not list((tmp_path / out).glob(".task-accuracy-*"))  # every resume file removed
+        data = json.loads(path.read_text())
+        return [data["tasks"], [(r["label"], r["results"]) for r in data["runs"]], data["processes"]]
+
+    one = run([sys.executable], "one")
+    two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
+    assert two[:2] == one[:2] and (one[2], two[2]) == (1, 2)

@@ -18,6 +18,9 @@ from benchmarks.tasks import (
     CONFIGS,
     DATA,
     DECODE_MARK,
+    GEN_TOKENS,
+    GEN_UNTIL,
+    GENERATIVE,
     GROUP,
     ITEMS,
     LENGTHS,
@@ -26,6 +29,7 @@ from benchmarks.tasks import (
     data_file,
     group_name,
     length_label,
+    parse_task_name,
     split_context,
     task_name,
 )
@@ -249,10 +253,40 @@ def task_manager():
 def test_lm_eval_finds_every_task_and_group(task_manager):
     names = set(task_manager.all_tasks)
     assert {task_name(t, n) for t in TASK_NAMES for n in LENGTHS} <= names
+    assert {task_name(t, n, generation=True) for t in GENERATIVE for n in LENGTHS} <= names
     assert {GROUP, *(group_name(n) for n in LENGTHS)} <= names
+    assert {group_name(generation=True), *(group_name(n, generation=True) for n in LENGTHS)} <= names
     loaded = task_manager.load([group_name(1024)])
     assert set(loaded["tasks"]) == {task_name(t, 1024) for t in TASK_NAMES}
     assert all(len(task.test_docs()) == ITEMS for task in loaded["tasks"].values())
+    generation = task_manager.load([group_name(1024, generation=True)])["tasks"]
+    assert set(generation) == {task_name(t, 1024, generation=True) for t in GENERATIVE}
+    assert all(t.config.output_type == "generate_until" for t in generation.values())
+
+
+def test_the_generation_variants_are_the_tasks_with_one_right_answer():
+    # multivalue accepts any of the key's four values, cwe any of three words: no one answer to produce
+    assert set(TASK_NAMES) - set(GENERATIVE) == {"multivalue", "cwe"}
+    for name in GENERATIVE:
+        assert parse_task_name(task_name(name, 2048, generation=True)) == (name, "2k", True)
+        assert parse_task_name(task_name(name, 2048)) == (name, "2k", False)
+    assert parse_task_name("pnmix_cwe_gen_1k") is None and parse_task_name("hellaswag") is None
+
+
+def test_a_generation_variant_asks_for_the_answer_and_scores_it_exactly(task_manager):
+    name = task_name("lo_registry", 1024, generation=True)
+    task = task_manager.load([name])["tasks"][name]
+    expected = shipped("lo_registry", 1024)[0]
+    task.build_all_requests(limit=1)
+    ((context, kwargs),) = [i.arguments for i in task.instances]
+    gold = expected["choices"][expected["gold"]]
+    assert context == expected["context"] and task.doc_to_target(task.test_docs()[0]) == gold
+    assert kwargs["until"] == list(GEN_UNTIL) and kwargs["max_gen_toks"] == GEN_TOKENS
+    doc = task.test_docs()[0]
+    right = [gold, gold + ".", gold.strip() + ", the code", "\n" + gold.strip() + ".\n"]
+    wrong = ["", " " + gold.strip()[:-1], gold + "0", " the code is" + gold, " " + gold.strip()[::-1] + "9"]
+    assert [task.process_results(doc, [r])["exact"] for r in right] == [1] * len(right)
+    assert [task.process_results(doc, [w])["exact"] for w in wrong] == [0] * len(wrong)
 
 
 def test_lm_eval_builds_a_task_from_any_directory(task_manager, tmp_path, monkeypatch):
