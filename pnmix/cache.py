@@ -21,6 +21,7 @@ from pnmix.kernels.attention import PackedRegion
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, token_layout
 from reference.channels import validation
 from reference.channels.cache import all_or_nothing
+from reference.channels.stepwise import stepwise_attention
 from reference.equations import packing as spec_packing
 from reference.equations import saliency
 from reference.equations.quant import Quantized
@@ -301,8 +302,8 @@ class PNMixCache:
         with all_or_nothing(self):
             self._store(k, v)
 
-    def _checkpoint(self) -> _Checkpoint:
-        """The state now, to return to with `_rollback` (until `_release`). Growing a dynamic
+    def checkpoint(self) -> _Checkpoint:
+        """The state now, to return to with `roll_back` (until `release`). Growing a dynamic
         buffer makes a new tensor, and a preallocated one is written past its used rows, so the
         buffers' (tensor, rows used) pairs and the counts restore it; the one write over held rows
         (a static residual after a flush) logs what it overwrote in every open checkpoint. Taking
@@ -314,8 +315,9 @@ class PNMixCache:
         self._open.append(cp)
         return cp
 
-    def _rollback(self, cp: _Checkpoint) -> None:
-        """Back to the state of `cp` (and of any checkpoint taken after it); rewrites the device counts."""
+    def roll_back(self, cp: _Checkpoint) -> None:
+        """Back to the state of `cp`, which stays open (the continuations of one context each return to
+        it); the checkpoints taken after it are dropped. Rewrites the device counts."""
         self.length, self.saliency_computations, self.cache_layout, self._counts, self._fixed = cp.host
         self._rows = {name: r for name, (r, _, _) in cp.rows.items()}
         for r, data, used in cp.rows.values():
@@ -324,9 +326,10 @@ class PNMixCache:
             r.data[:, :, : old.shape[2]] = old
         if self._counts is not None:
             self._counts.copy_(torch.tensor([*self.layout[:LAYOUT_COUNTS], 0], dtype=torch.int32))
-        self._open = self._open[: self._open.index(cp)]
+        cp.overwritten.clear()  # restored: what is overwritten from here on is logged afresh
+        self._open = self._open[: self._open.index(cp) + 1]
 
-    def _release(self, cp: _Checkpoint) -> None:
+    def release(self, cp: _Checkpoint) -> None:
         """`cp` will not be returned to (its log of overwritten rows is dropped)."""
         self._open.remove(cp)
 
@@ -742,6 +745,29 @@ class PNMixCache:
                 q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
             )
         return decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
+
+    def attend_stepwise(
+        self,
+        q: torch.Tensor,
+        exact_keys: torch.Tensor,
+        exact_values: torch.Tensor,
+        *,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """What `attend` gives each of the newest T_new tokens had they been appended one at a time
+        (teacher forcing over chunks): the spec's rule (`reference.channels.stepwise`) over this cache's
+        own dequantized codes, so a chunk reads what this implementation's token-by-token decoding
+        stores. One token is the decode kernel itself (`attend`). Arguments as
+        `reference.ReferenceCache.attend_stepwise`."""
+        if q.shape[2] == 1 and softcap is None:
+            return self.attend(q, scale=scale)
+        self._require_prefill()
+        self._refuse_if_failed()
+        lay = self.cache_layout
+        validation.check_query(q, lay.batch, lay.kv_heads, lay.head_dim, lay.dtype, self._device, self.length)
+        k_hat, v_hat = self.dequantize()
+        return stepwise_attention(self.config, q, k_hat, v_hat, exact_keys, exact_values, scale=scale, softcap=softcap)
 
     def storage(self) -> StorageReport:
         """Bytes of every buffer this cache holds (allocated, so capacity counts when preallocated)."""

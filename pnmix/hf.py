@@ -215,10 +215,10 @@ class PNMixLayer(CacheLayerMixin):
         """This layer's state now, to return to with `roll_back` (until `release`)."""
         if self.cache is None:
             inner = None
-        elif self.backend == IMPL_BACKEND:  # the protocol has no checkpoints: only its length can be compared
+        elif not rewindable(self.cache):  # without the optional checkpoints only its length can be compared
             inner = _Unrewindable(self.cache.length)
         else:
-            inner = self.cache._checkpoint()
+            inner = self.cache.checkpoint()
         return tuple(getattr(self, name, None) for name in self._STATE), inner
 
     def roll_back(self, saved: tuple) -> None:
@@ -227,17 +227,18 @@ class PNMixLayer(CacheLayerMixin):
             if fields[0].length != inner.length:  # its append went through and cannot be undone
                 self.stale = (
                     f"PN-Mix: a forward failed after this layer's cache (impl={_name(self.impl)}) had stored its "
-                    f"tokens ({inner.length} -> {fields[0].length}); the implementation protocol has no checkpoints "
-                    "to roll it back: call reset() on the PNMixHFCache, or build a new one"
+                    f"tokens ({inner.length} -> {fields[0].length}); its caches have no checkpoints (the protocol's "
+                    "optional checkpoint/roll_back/release) to roll it back: call reset() on the PNMixHFCache, or "
+                    "build a new one"
                 )
         elif inner is not None:  # the packed cache existed: its own state goes back too
-            fields[0]._rollback(inner)
+            fields[0].roll_back(inner)
         for name, value in zip(self._STATE, fields, strict=True):
             setattr(self, name, value)
 
     def release(self, saved: tuple) -> None:
         if saved[1] is not None and not isinstance(saved[1], _Unrewindable):
-            saved[0][0]._release(saved[1])
+            saved[0][0].release(saved[1])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.stale is not None:
@@ -290,6 +291,11 @@ class PNMixLayer(CacheLayerMixin):
             self._seen, self._exact, self._pending = k.shape[2], self._keep(k, v), None
             return
         cache = self.impl.create(self.config)
+        if self.stepwise and not callable(getattr(cache, "attend_stepwise", None)):
+            raise ValueError(
+                f"stepwise=True: the caches of impl={_name(self.impl)!r} have no attend_stepwise (the "
+                "protocol's optional stepwise attention); feed one token per forward, or build without stepwise"
+            )
         if self.schedule is not None:  # a per-token precision cache: the prompt's bits
             cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
         else:
@@ -351,8 +357,10 @@ class PNMixHFCache(Cache):
     a residual page's completion included (`pnmix.PNMixCache`'s capturable): with max_cache_len,
     Triton backend, a selection fixed at prefill and values flushed with their keys.
     stepwise: each of several new tokens fed in one forward (teacher forcing over chunks) attends
-    as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`;
-    reference backend): long-output fidelity at the cost of one forward per chunk.
+    as it would had the tokens been decoded one at a time (`reference.ReferenceCache.attend_stepwise`,
+    the rule of `reference.channels.stepwise` over the cache's own codes; any backend, and impl= whose
+    caches have the protocol's optional `attend_stepwise`): long-output fidelity at the cost of one
+    forward per chunk. A one-token step reads the cache as `attend` does (the Triton decode kernel).
 
     config may instead be a `reference.tokens.config.TokenPrecisionConfig` (TriAxialKV, role-aware
     PN-Mix: per-token precision; its Triton backend decodes with `pnmix.kernels.token_attention`, the
@@ -363,13 +371,15 @@ class PNMixHFCache(Cache):
     impl: instead of a backend, an implementation of `reference.contract` (anything with
     `create(config)`, such as a plug-in the conformance suite loads): each quantized layer's cache
     is then `impl.create(config)`, filled by `prefill(q, k, v)` and `append(k, v)` and read by
-    `attend(q)`, nothing else. What needs more than the protocol is not available and raises:
-    max_cache_len (no preallocation: the protocol has no capacity), check_finite=False (the
-    implementation checks its inputs as it does), stepwise, a per-token precision config, and
-    attention with a scaling other than 1/sqrt(head_dim) or with softcapping (`attend(q)` takes
-    neither). A forward that fails is rolled back only where no layer's cache stored its tokens
-    yet (the protocol has no checkpoints): otherwise the cache refuses every later update, saying
-    why, until `reset()`.
+    `attend(q)`, and by the protocol's optional methods where its caches have them:
+    `attend_stepwise` (for stepwise=True) and `checkpoint` / `roll_back` / `release` (`rewindable`: a
+    failed forward rolled back, and `checkpoint()` / `roll_back()` of this Cache). What needs more than
+    the protocol is not available and raises: max_cache_len (no preallocation: the protocol has no
+    capacity), check_finite=False (the implementation checks its inputs as it does), a per-token
+    precision config, and attention with a scaling other than 1/sqrt(head_dim) or with softcapping
+    (`attend(q)` takes neither). Without checkpoints a forward that fails is rolled back only where no
+    layer's cache stored its tokens yet: otherwise the cache refuses every later update, saying why,
+    until `reset()`.
     """
 
     def __init__(
@@ -432,8 +442,6 @@ class PNMixHFCache(Cache):
             raise ValueError(f"capturable needs backend='triton', got backend={backend!r}")
         if capturable is not False:
             PNMixCache(config, max_cache_len=max_cache_len, capturable=capturable)  # refuses what it cannot serve
-        if stepwise and backend != "reference":
-            raise ValueError(f"stepwise=True needs backend='reference', got backend={backend!r}")
         self.config = config
         self.check_finite = check_finite
         self.impl = impl
@@ -495,6 +503,7 @@ class PNMixHFCache(Cache):
         did not go through every layer)."""
         for i, saved in reversed(self._forward.items()):
             self.layers[i].roll_back(saved)
+            self.layers[i].release(saved)
         self._forward.clear()
 
     def record_prefill(self) -> None:
@@ -574,7 +583,6 @@ def _implementation_backend(
         f"backend={backend!r}": (backend != "auto", "the implementation's own code runs"),
         "max_cache_len": (max_cache_len is not None, "no preallocation: the static protocol is not claimed"),
         "check_finite=False": (not check_finite, "the implementation checks its inputs as it does"),
-        "stepwise=True": (stepwise, "it needs the reference backend's attend_stepwise"),
         "a TokenPrecisionConfig": (
             per_token,
             "per-token precision caches take token bits the protocol's create(config) cache does not",
@@ -584,6 +592,12 @@ def _implementation_backend(
         if asked:
             raise ValueError(f"{what} cannot be used with impl={name!r}: {why}")
     return IMPL_BACKEND
+
+
+def rewindable(cache) -> bool:
+    """Whether a layer's cache has the protocol's optional checkpoints: `checkpoint()`, `roll_back(saved)`
+    (to that state, any number of times until released) and `release(saved)`."""
+    return all(callable(getattr(cache, name, None)) for name in ("checkpoint", "roll_back", "release"))
 
 
 def _check_arguments(kwargs: dict, dropout: float) -> None:
@@ -662,10 +676,10 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
             layer.start(query)
-    elif layer.backend == IMPL_BACKEND:
-        out = layer.cache.attend(query)
     elif layer.stepwise:
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)
+    elif layer.backend == IMPL_BACKEND:
+        out = layer.cache.attend(query)
     else:
         out = layer.cache.attend(query, scale=scaling, softcap=softcap)
     return out

@@ -50,10 +50,14 @@ at the context's last position. Tokenization is HFLM's (`TemplateLM._encode_pair
 context + continuation encoded, trailing spaces moved into the continuation; BOS as the tokenizer
 adds it; an empty context is the prefix token). The continuations of one context are scored from
 one pass over the context: the cache is checkpointed after it and rolled back between them
-(`PNMixLayer.checkpoint`); an implementation's cache (impl=) has no rollback, so its context is run
-again for each continuation, and its decode steps run one token per forward (the protocol's
-`attend(q)` is not stepwise). `generate_until` decodes greedily through the cache, one token per
-forward, until a stop string, the end-of-text token or max_gen_toks. `loglikelihood_rolling` scores
+(`PNMixHFCache.checkpoint`). The caches are the method's Triton implementation's on a CUDA device
+(float16 or bfloat16: `pnmix.PNMixCache`, `pnmix.TritonTokenPrecisionCache`; one-token steps run the
+decode kernel, chunks the spec's stepwise rule over its own codes) and the spec's elsewhere. An
+implementation's caches (impl=) are used as far as they go: chunks where they have the protocol's
+optional `attend_stepwise` (else one token per forward), one pass per context where they have its
+optional checkpoints (else the context runs again for each continuation). `generate_until` decodes
+greedily through the cache, one token per forward, until a stop string, the end-of-text token or
+max_gen_toks. `loglikelihood_rolling` scores
 lm-eval's rolling windows of max_length tokens, each window's context the prompt. A request longer
 than max_length is refused naming the task, the document, its length and the limit: nothing is
 truncated. Python's str.strip counts the mark as whitespace: at the end of a context, HFLM's rule
@@ -663,24 +667,49 @@ class PNMixLM(TemplateLM):
     # -- running a sequence through the cache ------------------------------------------------------
 
     @property
+    def stepwise(self) -> bool:
+        """Whether a forward of several decode tokens attends as token-by-token decoding (chunks): the
+        built-in caches do, an implementation's where its caches have the protocol's optional
+        `attend_stepwise`; otherwise decode tokens go one a forward."""
+        return self._features()[0]
+
+    @property
     def rewindable(self) -> bool:
-        return self.settings.plugin is None
+        """Whether the continuations of one context share one pass over it (the caches' optional
+        checkpoints, `pnmix.hf.rewindable`); otherwise the context runs again for each."""
+        return self._features()[1]
+
+    def _features(self) -> tuple[bool, bool]:
+        if "_feature_cache" not in self.__dict__:
+            from pnmix.hf import rewindable  # deferred: transformers takes seconds to import
+
+            plugin = self.settings.plugin
+            probe = None if plugin is None else plugin.impl.create(self.config)
+            self._feature_cache = (
+                (True, True)
+                if probe is None
+                else (callable(getattr(probe, "attend_stepwise", None)), rewindable(probe))
+            )
+        return self._feature_cache
 
     def _new_cache(self, text: str, context_enc: list[int]):
-        """A cache for one context; `text`: the string its tokens encode (the per-token methods tag it)."""
+        """A cache for one context; `text`: the string its tokens encode (the per-token methods tag it).
+        The method's Triton caches on a CUDA device, the spec's elsewhere; an implementation's (impl=)."""
         from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
 
         if self.settings.plugin is not None:
-            return PNMixHFCache(self.model.config, self.config, impl=self.settings.plugin.impl)
+            return PNMixHFCache(self.model.config, self.config, impl=self.settings.plugin.impl, stepwise=self.stepwise)
+        half = self.settings.dtype in (torch.float16, torch.bfloat16)  # what the Triton kernels take
+        backend = "triton" if self.device.type == "cuda" and half else "reference"
         if not self.settings.per_token:
-            return PNMixHFCache(self.model.config, self.config, backend="reference", stepwise=True)
+            return PNMixHFCache(self.model.config, self.config, backend=backend, stepwise=True)
 
         bits = self.settings.allocation.bits
         tags = context_tags(self.tokenizer, text, len(context_enc), self._special(text))
         return PNMixHFCache(
             self.model.config,
             self.config,
-            backend="reference",
+            backend=backend,
             stepwise=True,
             token_bits=token_bits(tags, bits, self.config),
             generated_bits=bits.get(str(GENERATED), self.config.high_bits),
@@ -696,7 +725,7 @@ class PNMixLM(TemplateLM):
 
     def _decode(self, ids: list[int], cache, last_only: bool) -> torch.Tensor | None:
         """Feed `ids` as decode steps, `chunk` a forward (one with impl=): the logits of every one, or of the last."""
-        step = 1 if self.settings.plugin is not None else self.settings.options.chunk
+        step = self.settings.options.chunk if self.stepwise else 1
         rows = [self._forward(ids[i : i + step], cache, last_only) for i in range(0, len(ids), step)]
         if not rows:
             return None

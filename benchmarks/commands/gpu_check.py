@@ -6,16 +6,18 @@ benchmark suites, with every result kept under benchmarks/results/.
     python -m benchmarks.gpu_check [--out DIR] [--sweep short|all] [--suites NAME ...]
                                    [--skip-conformance] [--tiny] [--budget-gib 40]
 
---short fits a 15-minute lease on a cold machine (start-up and JIT compilation included, 480 s
+--short fits a 15-minute lease on a cold machine (start-up and JIT compilation included, 495 s
 of steps): each step is its own pytest process with a time budget, interrupted at its budget
 (pytest still writes what it finished) and skipped when less than its budget is left of
---time-budget (default 510 s). Each runs only its points, so Triton compiles only the kernels
+--time-budget (default 525 s). Each runs only its points, so Triton compiles only the kernels
 they launch (nothing is compiled ahead or warmed up for later).
   conformance (120 s): `pytest conformance --impl triton --device cuda --hypothesis-profile ci`
       on the decode-attention and quantization-codes properties (P7, P5), compiled.
-  capture (30 s): one decode step captured in a CUDA graph and replayed across residual-page
+  capture (45 s): one decode step captured in a CUDA graph and replayed across residual-page
       completions, with its device-side input checks (pnmix/tests/test_capturable.py,
-      test_sync_free.py), against eager decoding; after conformance, whose compiles it reuses.
+      test_sync_free.py), against eager decoding; after conformance, whose compiles it reuses. Then
+      the evaluation path on the Triton caches (`CAPTURE_TESTS`): chunks stepwise, rollback, and
+      lm-eval's scores through impl=triton against the spec within property 7's rule.
   kernel (90 s): decode attention of one Qwen3-8B layer (B = 1, 8 KV heads, GQA 4, d = 128,
       fp16) over a preallocated 32K-token cache, default PN-Mix: GB/s of the bytes it reads
       against the same device's copy bandwidth (1 GiB buffer, read + write), device time and
@@ -76,7 +78,7 @@ SHORT_PROPERTIES = (
 TINY_PROPERTIES = ("test_key_codes_roundtrip",)
 #: Seconds each --short step may take (see the module docstring), and all of them with room for
 #: gpu_check itself: 8.5 minutes, so that a cold machine's start-up fits a 15-minute lease.
-BUDGET_S = {"conformance": 120, "capture": 30, "kernel": 90, "fig7": 120, "fig6c": 120, "launch": 120}
+BUDGET_S = {"conformance": 120, "capture": 45, "kernel": 90, "fig7": 120, "fig6c": 120, "launch": 120}
 #: Steps left out of the default total: each runs when the steps before it left its budget
 #: unspent (or with a larger --time-budget, or alone with --steps), and its skip is no failure.
 OPTIONAL = frozenset({"launch"})
@@ -179,10 +181,16 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
     ]
 
 
-#: The CUDA-graph tests of the decode step (skipped, saying why, without CUDA).
+#: The CUDA-graph tests of the decode step (skipped, saying why, without CUDA), then the evaluation path
+#: on the Triton caches: chunks stepwise, a context's checkpoint returned to, and lm-eval's scores through
+#: impl=triton against the spec within property 7's rule.
 CAPTURE_TESTS = (
     "pnmix/tests/test_capturable.py::test_one_captured_step_replays_across_page_completions",
     "pnmix/tests/test_sync_free.py::test_a_checked_decode_step_is_captured_and_replays_its_checks",
+    "pnmix/tests/test_hf_models.py::test_the_triton_backend_decodes_chunks_stepwise_as_token_by_token",
+    "pnmix/tests/test_hf_models.py::test_a_triton_cache_rolls_back_to_one_checkpoint_any_number_of_times",
+    "benchmarks/tests/test_lm_eval_model.py::"
+    "test_the_triton_implementation_scores_as_the_spec_within_its_own_low_precision_error",
 )
 
 #: Lines of a step's output kept to say why it failed (the output itself is streamed as it comes).

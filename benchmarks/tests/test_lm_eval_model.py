@@ -434,3 +434,39 @@ def test_two_processes_score_as_one(tiny, tmp_path):
     one = run([sys.executable], "one")
     two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
     assert two == one and len(one) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny16(tiny, tmp_path_factory) -> Path:
+    """The tiny model at head_dim 16 (what the Triton kernels claim under the interpreter), its tokenizer."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny16")
+    for name in tiny.iterdir():
+        if name.name.startswith("tokenizer") or name.name == "special_tokens_map.json":
+            shutil.copy(name, folder / name.name)
+    config = transformers.AutoConfig.from_pretrained(tiny)
+    config.head_dim = config.hidden_size // config.num_attention_heads
+    torch.manual_seed(1)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.interpreter
+@pytest.mark.slow
+def test_the_triton_implementation_scores_as_the_spec_within_its_own_low_precision_error(tiny16):
+    """impl=triton on the evaluation path (under the interpreter here; on a GPU the default for every
+    method): chunks stepwise and one pass per context, and its log-likelihoods as far from the float32
+    spec as property 7 lets an attention be: twice the spec's own float16 error (about 1e-3 nats here),
+    plus 1e-4 relative for the order of float sums."""
+    args = {"pretrained": str(tiny16), "chunk": 4, **PAGES}
+    spec32 = PNMixLM(method="PN-Mix", dtype="float32", **args)
+    spec16 = PNMixLM(method="PN-Mix", dtype="float16", **args)
+    triton = PNMixLM(impl="triton", dtype="float16", **args)
+    assert triton.stepwise and triton.rewindable  # through the protocol's optional methods
+    pairs = [(DOCUMENT + DECODE_MARK + QUESTION, c) for c in CONTINUATIONS]
+    want, own, got = (lm.loglikelihood(requests("loglikelihood", *pairs)) for lm in (spec32, spec16, triton))
+    for (w, _), (r, _), (g, _) in zip(want, own, got, strict=True):
+        assert abs(g - w) <= 2 * abs(r - w) + 1e-4 * abs(w), (g, r, w)

@@ -270,10 +270,10 @@ class _TokenBitsUnchecked(TokenPrecisionCache):
 class _NoRollback(TokenPrecisionCache):
     """Keeps whatever a failed append had changed (no checkpoint, no roll back)."""
 
-    def _checkpoint(self):
+    def checkpoint(self):
         return None
 
-    def _rollback(self, saved):
+    def roll_back(self, saved):
         pass
 
 

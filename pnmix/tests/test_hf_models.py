@@ -21,6 +21,9 @@ TINY = {
     "num_key_value_heads": 2,
     "head_dim": 16,
 }
+#: Where the Triton backend's tests run: the GPU where there is one (`benchmarks.gpu_check` runs them
+#: there), else the CPU under the Triton interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (config class, extra arguments, the attention the model is compared with)
 MODELS = {
     "llama": ("LlamaConfig", {}, "sdpa"),
@@ -197,8 +200,62 @@ def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
         )
     torch.testing.assert_close(got, expected)  # float32 model: equal up to the order of float32 sums
     assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
-    with pytest.raises(ValueError, match="stepwise=True needs backend='reference'"):
-        hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True)
+    from reports.tests.thirdparty import make  # a plug-in whose caches have only the required protocol
+
+    impl = make()
+    kivi = impl.capabilities.configured(METHODS["KIVI-2"](group_size=8, residual_length=8, n_sink=2))
+    lacking = hf.PNMixHFCache(model.config, kivi, impl=impl, stepwise=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="have no attend_stepwise"):
+        model(input_ids=ids[:, :12], **{hf.cache_argument(model): lacking})
+
+
+def _decode(model, cache, ids, prompt: int, chunk: int) -> torch.Tensor:
+    """Logits [1, T - prompt, vocab] (float32) after the prompt, fed `chunk` tokens a forward."""
+    arg = hf.cache_argument(model)
+    with torch.no_grad():
+        model(input_ids=ids[:, :prompt], **{arg: cache})
+        steps = range(prompt, ids.shape[1], chunk)
+        return torch.cat([model(input_ids=ids[:, a : a + chunk], **{arg: cache}).logits for a in steps], 1).float()
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", pytest.param("KIVI-2", marks=pytest.mark.long)])
+def test_the_triton_backend_decodes_chunks_stepwise_as_token_by_token(method):
+    """stepwise on the Triton caches (`pnmix.PNMixCache.attend_stepwise`: the spec's rule over its own
+    codes; one token is the decode kernel): chunks give the logits of the kernel's token-by-token
+    decoding, within the float16 roundings of reading dequantized codes in another order."""
+    model, _ = build("llama")
+    model = model.to(DEVICE, torch.float16)
+    model.set_attn_implementation("pnmix")
+    config = METHODS[method](group_size=8, residual_length=8, n_sink=2)
+    # 12 decoded tokens (each a kernel launch per layer under the interpreter): two pages flush inside a chunk
+    ids = torch.randint(3, 128, (1, 26), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    one = _decode(model, hf.PNMixHFCache(model.config, config, backend="triton"), ids, 14, 1)
+    chunked = _decode(model, hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True), ids, 14, 12)
+    plain = _decode(model, hf.PNMixHFCache(model.config, config, backend="triton"), ids, 14, 12)
+    atol = 8 * torch.finfo(torch.float16).eps * float(one.abs().max())
+    torch.testing.assert_close(chunked, one, rtol=0, atol=atol)
+    assert (plain - one).abs().max() > atol, "chunks attending after their whole append should differ"
+
+
+def test_a_triton_cache_rolls_back_to_one_checkpoint_any_number_of_times():
+    """The continuations of one context each return to the same checkpoint (`PNMixHFCache.checkpoint`):
+    on the Triton caches every return gives the logits of the first pass, bit for bit."""
+    model, _ = build("llama")
+    model = model.to(DEVICE, torch.float16)
+    model.set_attn_implementation("pnmix")
+    config = METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=2)
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    cache, arg = hf.PNMixHFCache(model.config, config, backend="triton", stepwise=True), hf.cache_argument(model)
+    with torch.no_grad():
+        model(input_ids=ids[:, :14], **{arg: cache})
+        saved = cache.checkpoint()
+        runs = []
+        for _ in range(3):  # 26 tokens: pages flush past the checkpoint every time
+            runs.append(model(input_ids=ids[:, 14:], **{arg: cache}).logits)
+            assert cache.get_seq_length() == 40
+            cache.roll_back(saved)
+            assert cache.get_seq_length() == 14
+    assert all(torch.equal(r, runs[0]) for r in runs[1:])
 
 
 def test_chunked_decoding_differs_from_token_by_token_only_by_codes_on_a_rounding_boundary(monkeypatch):

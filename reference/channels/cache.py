@@ -18,9 +18,10 @@ from reference.channels import validation
 from reference.channels.config import PNMixConfig
 from reference.channels.derived import Derived
 from reference.channels.layout import CacheLayout, TokenLayout, token_layout
+from reference.channels.stepwise import stepwise_attention
 from reference.channels.storage import StorageReport, measure
 from reference.equations import packing, quant, saliency
-from reference.equations.attention import attention_logits_ref, attention_ref
+from reference.equations.attention import attention_ref
 
 
 def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -29,15 +30,16 @@ def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def all_or_nothing(cache) -> Iterator[None]:
-    """Whatever fails inside the block, `cache` is left as it was: its `_checkpoint()` is taken
-    before, `_rollback(checkpoint)` runs on any exception, `_release(checkpoint)` on success."""
-    saved = cache._checkpoint()
+    """Whatever fails inside the block, `cache` is left as it was: its `checkpoint()` is taken
+    before, `roll_back(checkpoint)` runs on any exception, then `release(checkpoint)` in any case."""
+    saved = cache.checkpoint()
     try:
         yield
     except BaseException:
-        cache._rollback(saved)
+        cache.roll_back(saved)
+        cache.release(saved)
         raise
-    cache._release(saved)
+    cache.release(saved)
 
 
 class ReferenceCache:
@@ -105,16 +107,16 @@ class ReferenceCache:
         with all_or_nothing(self):
             self._store(k, v)
 
-    def _checkpoint(self) -> tuple:
-        """The state now, to return to with `_rollback`. Updates replace tensors and never write into
+    def checkpoint(self) -> tuple:
+        """The state now, to return to with `roll_back`. Updates replace tensors and never write into
         them, so the state is the counts and the dict of tensors, saved by reference."""
         return self.length, self.saliency_computations, self.cache_layout, dict(self._t), dict(self._read_back)
 
-    def _rollback(self, saved: tuple) -> None:
+    def roll_back(self, saved: tuple) -> None:
         self.length, self.saliency_computations, self.cache_layout = saved[:3]
         self._t, self._read_back = dict(saved[3]), Derived(saved[4])
 
-    def _release(self, saved: tuple) -> None:
+    def release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -276,13 +278,14 @@ class ReferenceCache:
         softcap: float | None = None,
     ) -> torch.Tensor:
         """What `attend` gives each of the newest T_new tokens had they been appended one at a time,
-        each query attending right after its own token: query j (position t = T - T_new + j) reads
-        the tokens quantized at length t + 1 (`token_layout`) from this cache, whose codes do not
-        change once written, and the rest exact. Teacher-forced decoding over chunks of tokens
-        then costs one append per chunk and reads what token-by-token decoding reads, given the same
-        keys and values; a model computes a chunk's keys with other float sums than one token's, so
-        a key on a quantization boundary may take the neighbouring code at its flush, the one
-        difference (`pnmix/tests/test_hf_models.py`: every differing code is within 0.01 of a boundary).
+        each query attending right after its own token (`reference.channels.stepwise`): query j
+        (position t = T - T_new + j) reads the tokens quantized at length t + 1 (`token_layout`) from
+        this cache, whose codes do not change once written, and the rest exact. Teacher-forced decoding
+        over chunks of tokens then costs one append per chunk and reads what token-by-token decoding
+        reads, given the same keys and values; a model computes a chunk's keys with other float sums
+        than one token's, so a key on a quantization boundary may take the neighbouring code at its
+        flush, the one difference (`pnmix/tests/test_hf_models.py`: every differing code is within
+        0.01 of a boundary).
 
         exact_keys / exact_values: [B, H_kv, m, d], the exact keys / values of the newest m tokens,
         enough to reach back to the first position some query still sees exact (the residual
@@ -291,37 +294,8 @@ class ReferenceCache:
         self._require_prefill()
         b, h, t_all, d = self._shape
         validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all)
-        n = q.shape[2]
-        bounds = [token_layout(self.config, t_all - n + j + 1) for j in range(n)]
         k_hat, v_hat = self.dequantize()
-        logits = attention_logits_ref(q, k_hat, scale=scale, causal=True)
-        tail = []
-        for exact, first_quantized in ((exact_keys, "n_quantized"), (exact_values, "n_value_quantized")):
-            m = exact.shape[2]
-            if exact.shape[:2] != (b, h) or exact.shape[3] != d or m > t_all:
-                raise ValueError(
-                    f"exact keys and values must be [{b}, {h}, m <= {t_all}, {d}], got {tuple(exact.shape)}"
-                )
-            # Columns of the newest m tokens that query j still sees exact: from its layout's residual on.
-            start = torch.tensor([lay.n_sink + getattr(lay, first_quantized) for lay in bounds], device=q.device)
-            columns = torch.arange(t_all - m, t_all, device=q.device)
-            if int(start.min()) < t_all - m:
-                raise ValueError(f"the exact tail of {m} tokens does not reach back to position {int(start.min())}")
-            tail.append((exact, columns[None, :] >= start[:, None]))  # [T_new, m]
-        (k_ex, use_k), (v_ex, use_v) = tail
-        exact_logits = attention_logits_ref(q, k_ex, scale=scale)
-        m_k = k_ex.shape[2]
-        logits[..., t_all - m_k :] = torch.where(use_k, exact_logits, logits[..., t_all - m_k :])
-        if softcap is not None:
-            logits = softcap * torch.tanh(logits / softcap)
-        causal = torch.ones(n, t_all, dtype=torch.bool, device=q.device).tril(diagonal=t_all - n)
-        probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
-        rep = q.shape[1] // h
-        m_v = v_ex.shape[2]
-        from_exact = probs[..., t_all - m_v :] * use_v
-        probs = torch.cat([probs[..., : t_all - m_v], probs[..., t_all - m_v :] - from_exact], dim=-1)
-        out = probs @ v_hat.repeat_interleave(rep, dim=1) + from_exact @ v_ex.float().repeat_interleave(rep, dim=1)
-        return out.to(q.dtype)
+        return stepwise_attention(self.config, q, k_hat, v_hat, exact_keys, exact_values, scale=scale, softcap=softcap)
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache persists, by component (measured, not modelled)."""

@@ -194,6 +194,13 @@ class Cache(Protocol):
 
     # Every tensor these methods return is the caller's: editing it leaves the cache unchanged
     # (property 9); a cache hands out views of its own storage only under other names.
+    #
+    # Optional (the evaluation path, `pnmix.hf.PNMixHFCache(impl=)`, uses them where a cache has them):
+    # - attend_stepwise(q, exact_keys, exact_values, *, scale=None, softcap=None): each of the newest
+    #   T_new tokens, appended at once, attended as had they been appended one at a time
+    #   (`reference.channels.stepwise`);
+    # - checkpoint() -> state, roll_back(state), release(state): back to a state any number of times
+    #   until it is released (the continuations of one context share one pass over it).
 
 
 @runtime_checkable

@@ -57,9 +57,9 @@ def test_a_rolled_back_append_takes_its_read_back_pages_with_it():
     q, k, v = tokens(40, 0)
     cache = ReferenceCache.from_prefill(q, k, v, channel_config("PN-Mix"))
     before = cache.dequantize()
-    saved = cache._checkpoint()
+    saved = cache.checkpoint()
     cache.append(*tokens(40, 1)[1:])
-    cache._rollback(saved)
+    cache.roll_back(saved)
     assert all(torch.equal(a, b) for a, b in zip(cache.dequantize(), before, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(before, reread(cache), strict=True))
 

@@ -93,14 +93,14 @@ class TokenPrecisionCache:
         validation.check_quantizable("k", k, low, low.b_low)
         validation.check_quantizable("v", v, low, self.config.low_bits)
 
-    def _checkpoint(self) -> tuple:
+    def checkpoint(self) -> tuple:
         return self.length, self.saliency_computations, self._shape, dict(self._t), dict(self._read_back)
 
-    def _rollback(self, saved: tuple) -> None:
+    def roll_back(self, saved: tuple) -> None:
         self.length, self.saliency_computations, self._shape = saved[:3]
         self._t, self._read_back = dict(saved[3]), Derived(saved[4])
 
-    def _release(self, saved: tuple) -> None:
+    def release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint holds references (updates replace tensors, never write into them)."""
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, bits: torch.Tensor) -> None:
