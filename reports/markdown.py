@@ -70,7 +70,10 @@ class Claim:
 
 
 CONFIRMED, NOT_CONFIRMED, NOT_MEASURED = "confirmed", "not confirmed", "not measured here"
-STATUSES = (CONFIRMED, NOT_CONFIRMED, NOT_MEASURED)
+#: Measured, but the items cannot tell: neither the claim nor its opposite beyond chance (the evidence
+#: says what difference the items resolve).
+INCONCLUSIVE = "inconclusive"
+STATUSES = (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE, NOT_MEASURED)
 BASES = ("measured", "computed")
 
 

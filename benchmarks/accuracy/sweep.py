@@ -110,14 +110,20 @@ def channel_run(label: str, method: str, config: PNMixConfig, head_dim: int, rol
 
 
 def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OWN_BITS) -> list[Run]:
-    """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget; the methods at their own bits;
+    """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget, KIVI's values at PN-Mix's bits;
+    the methods at their own bits;
     Table 8 (2-bit keys with exact values against 2-bit values with near-exact keys, equal bits)."""
     runs = [Run(FP16, FP16, (), 16.0, 16.0, "baseline")]
     # the design under study first; each budget's configuration is named after its design's first method
+    # and every design keeps the first's values (KIVI-1 would store 1-bit values), so a budget compares keys alone
     swept = sorted(methods.designs(having="table14"), key=lambda d: d != "PN-Mix")
     for budget in budgets:
+        values = None
         for design in swept:
             config, _ = nearest(design, budget, head_dim, pair_layout)
+            if values is None:
+                values = config.value_bits
+            config = dataclasses.replace(config, value_bits=values)
             base = methods.names(design=design)[0]
             runs.append(channel_run(f"{design} @ {budget:g}", base, config, head_dim, "budget", budget))
     for name in own_bits:

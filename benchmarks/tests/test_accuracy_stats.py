@@ -48,3 +48,34 @@ def test_resolving_five_points_takes_hundreds_of_items():
     n = st.items_to_resolve(0.05, discordant=0.10)
     assert 250 < n < 400  # psi = 0.10, delta = 0.05: (1.96 * 0.316 + 0.84 * 0.308)^2 / 0.0025 ~ 310
     assert st.items_to_resolve(0.10, discordant=0.10) < n
+
+
+def test_the_paired_interval_covers_the_true_difference_at_its_confidence():
+    """Newcombe's interval by simulation: a method that flips each of the baseline's outcomes with some
+    probability; over 300 draws the 95% interval holds the true difference at least 92% of the time."""
+    import random
+
+    from benchmarks.accuracy.stats import paired_interval
+
+    rng = random.Random(2610)
+    for n, p_base, flip in ((100, 0.8, 0.1), (350, 0.7, 0.15), (60, 0.9, 0.05)):
+        true = p_base * (1 - flip) + (1 - p_base) * flip - p_base
+        hits = 0
+        for _ in range(300):
+            base = [rng.random() < p_base for _ in range(n)]
+            method = [b != (rng.random() < flip) for b in base]
+            low, high = paired_interval(method, base, 0.95)
+            hits += low <= true <= high
+        assert hits / 300 >= 0.92, (n, p_base, flip, hits)
+
+
+def test_the_paired_interval_narrows_with_items_and_is_never_empty():
+    from benchmarks.accuracy.stats import paired_interval, resolves
+
+    same = [True, False, True, True]
+    widths = [resolves(paired_interval(same * k, same * k)) for k in (10, 100)]
+    assert 0 < widths[1] < widths[0]  # identical answers: no difference, resolved more tightly with more items
+    low, high = paired_interval([True] * 30 + [False] * 10, [True] * 40)
+    assert low < -0.25 < high < 0  # ten of forty lost: the difference -0.25 inside, the interval below zero
+    with pytest.raises(ValueError, match="same items"):
+        paired_interval([True], [True, False])

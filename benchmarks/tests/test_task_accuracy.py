@@ -107,6 +107,11 @@ def test_the_sweep_takes_each_familys_configuration_nearest_each_budget():
             assert abs(bits - budget) == min(abs(b - budget) for b in others)
     plan = accuracy_sweep.plan(64)
     assert [r.label for r in plan if r.role == "budget"][:2] == ["PN-Mix @ 3", "KIVI @ 3"]
+    for budget in accuracy_sweep.BUDGETS:  # values at the same bits: a budget compares keys alone
+        pn, kivi = (r for r in plan if r.budget == budget)
+        assert pn.value_bits == pytest.approx(kivi.value_bits, abs=0.05) and kivi.key_bits == pytest.approx(
+            accuracy_sweep.nearest("KIVI", budget, 64)[1]
+        )
     keys, values = (r for r in plan if r.role == "table 8")
     assert keys.value_bits == 16.0 and keys.key_bits == pytest.approx(values.value_bits)  # equal bits, one side each
 

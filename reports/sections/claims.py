@@ -1,4 +1,4 @@
-"""The paper's claims, each confirmed, not confirmed or not measured here, with evidence."""
+"""The paper's claims, each confirmed, not confirmed, inconclusive or not measured here, with evidence."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 from benchmarks.accuracy.stats import accuracy, paired
 from reports import inputs
-from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED
+from reports.markdown import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, NOT_MEASURED
 from reports.sections import accuracy as section
 from reports.tests import synthetic
 from reports.tests.mdtables import table_after, tables_without_source
@@ -10,6 +10,20 @@ from reports.tests.mdtables import table_after, tables_without_source
 
 def load(tmp_path, data):
     return inputs.load(synthetic.write(tmp_path, "acc.json", data), "--input")
+
+
+def claims_of(tmp_path, data) -> dict:
+    return {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
+
+
+def repeated(data: dict, k: int) -> dict:
+    """The same outcomes k times over: k times the items, the same accuracies and differences."""
+    for t in data["tasks"]:
+        t["items"] *= k
+    for r in data["runs"]:
+        for task in r["results"].values():
+            task["correct"] = task["correct"] * k
+    return data
 
 
 def test_fp16_near_chance_makes_a_task_uninformative(tmp_path):
@@ -29,11 +43,48 @@ def test_fp16_near_chance_makes_a_task_uninformative(tmp_path):
 def test_the_claims_are_judged_on_the_paired_differences(tmp_path):
     s = section.render([load(tmp_path, synthetic.task_accuracy())])
     claims = {c.claim.split(":")[0]: c for c in s.claims}
-    assert claims["Table 2"].status == CONFIRMED  # PN-Mix at 2.25 bits answers every item as FP16 does
-    assert claims["Fig. 3 / Table 14"].status == CONFIRMED  # PN-Mix >= KIVI at 2.25 and 1.5 bits
+    # PN-Mix at 2.25 bits answers every item as FP16 does, but 40 items cannot show it within 5 points
+    assert claims["Table 2"].status == INCONCLUSIVE and "they resolve +-" in claims["Table 2"].evidence
+    assert claims["Fig. 3 / Table 14"].status == CONFIRMED  # PN-Mix > KIVI beyond chance at 1.5 bits
     assert claims["Table 8"].status == CONFIRMED  # keys only lose 10 items, values only none
     assert all(c.basis == "measured" and "135M-270M models" in c.evidence for c in s.claims)
+    assert all("paired items, 95% interval" in c.evidence for c in s.claims)
     assert set(s.figures) == {"task-accuracy-1.png"}
+
+
+def test_equivalence_to_fp16_needs_items_enough_to_show_it_within_the_margin(tmp_path):
+    table2 = claims_of(tmp_path, repeated(synthetic.task_accuracy(), 10))["Table 2"]
+    assert (
+        table2.status == CONFIRMED and "equivalent within +-0.05" in table2.evidence and "400 items" in table2.evidence
+    )
+    assert section.MARGIN_WHY in table2.evidence
+
+
+def test_fig3_is_judged_below_2_25_bits_only(tmp_path):
+    data = synthetic.task_accuracy()
+    by = {r["label"]: r for r in data["runs"]}
+    by["KIVI @ 1.5"]["results"]["a_1k"]["correct"] = list(by["PN-Mix @ 1.5"]["results"]["a_1k"]["correct"])
+    by["KIVI @ 2.25"]["results"]["a_1k"]["correct"] = [0] * 20 + [1] * 20  # a KIVI drop at 2.25 counts for nothing
+    fig3 = claims_of(tmp_path, data)["Fig. 3 / Table 14"]
+    assert fig3.status == INCONCLUSIVE and "at 2.25 bits" not in fig3.evidence and "at 1.5 bits" in fig3.evidence
+    by["KIVI @ 1.5"]["results"]["a_1k"]["correct"] = [1] * 40  # KIVI better than PN-Mix beyond chance
+    by["PN-Mix @ 1.5"]["results"]["a_1k"]["correct"] = [0] * 12 + [1] * 28
+    assert claims_of(tmp_path, data)["Fig. 3 / Table 14"].status == NOT_CONFIRMED
+
+
+def test_generated_answers_are_judged_apart_from_chosen_ones(tmp_path):
+    data = synthetic.task_accuracy()
+    data["tasks"].append({"name": "a_gen_1k", "items": 40, "chance": 0.0, "output": "generate_until"})
+    for r in data["runs"]:  # the same documents, every method producing the answer FP16 produces
+        r["results"]["a_gen_1k"] = {"correct": [1] * 30 + [0] * 10}
+    claims = section.render([load(tmp_path, data)]).claims
+    table2 = [c for c in claims if c.claim.startswith("Table 2")]
+    assert [("choosing among candidates" in c.evidence, "producing the answer" in c.evidence) for c in table2] == [
+        (True, False),
+        (False, True),
+    ]
+    fig3 = [c for c in claims if c.claim.startswith("Fig. 3")]
+    assert [c.status for c in fig3] == [CONFIRMED, INCONCLUSIVE]  # KIVI loses chosen answers, not produced ones
 
 
 def test_a_method_that_loses_items_is_not_confirmed(tmp_path):
@@ -63,14 +114,14 @@ def test_a_budget_where_values_differ_does_not_count_for_fig3(tmp_path):
     for r in data["runs"]:
         if r["label"].startswith("KIVI @"):
             r["value_bits"] = 1.12  # KIVI-1's values: what differs is no longer the keys alone
-    claims = {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
-    fig3 = claims["Fig. 3 / Table 14"]
-    assert fig3.status == NOT_CONFIRMED and fig3.evidence.count("not counted: values at 2.50 against 1.12 bits") == 2
+    fig3 = claims_of(tmp_path, data)["Fig. 3 / Table 14"]
+    assert fig3.status == NOT_MEASURED and fig3.evidence.startswith("no budget below 2.25 compares keys alone")
+    assert fig3.evidence.count("not counted: values at 2.50 against 1.12 bits") == 1  # 1.5 bits: the one below
 
 
 def test_table8_needs_a_difference_beyond_chance(tmp_path):
     data = synthetic.task_accuracy()
     keys = next(r for r in data["runs"] if r["label"].startswith("keys only"))
     keys["results"]["a_1k"]["correct"] = [0] * 10 + [1] * 30  # 10 lost, 4 gained against values only: p 0.18
-    claims = {c.claim.split(":")[0]: c for c in section.render([load(tmp_path, data)]).claims}
-    assert claims["Table 8"].status == NOT_CONFIRMED and "no difference beyond chance" in claims["Table 8"].evidence
+    claims = claims_of(tmp_path, data)
+    assert claims["Table 8"].status == INCONCLUSIVE and "no difference beyond chance" in claims["Table 8"].evidence
