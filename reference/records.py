@@ -9,6 +9,7 @@ keys (`kind_of`). Files are written atomically and never over an existing file u
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -229,6 +230,65 @@ def file_digest(path: str | os.PathLike) -> str | None:
         return None
 
 
+def _without_docstring(body: list) -> list:
+    first = body[0] if body else None
+    is_doc = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
+    return body[1:] if is_doc else body
+
+
+class _Docstrings(ast.NodeTransformer):
+    """Drops the docstring of every module, class and function: words, not behaviour."""
+
+    def generic_visit(self, node):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = _without_docstring(node.body) or [ast.Pass()]
+        return super().generic_visit(node)
+
+
+def code_units(path: str | os.PathLike) -> list[str] | None:
+    """What a Python file does, as the digests of its top-level definitions and statements (imports left
+    out, docstrings and comments dropped, line numbers and layout ignored), sorted: a function keeps its
+    digest wherever it moves and however it is commented or formatted, and any change to what it
+    computes gives another. None when the file cannot be read or parsed."""
+    try:
+        tree = _Docstrings().visit(ast.parse(Path(path).read_text(encoding="utf-8")))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    units = [
+        hashlib.sha256(ast.dump(node, include_attributes=False).encode()).hexdigest()[:16]
+        for node in tree.body
+        if not isinstance(node, (ast.Import, ast.ImportFrom, ast.Pass))
+    ]
+    return sorted(units)
+
+
+#: Each file's (sha256, units) the first time this process read it: a long run's record names the code
+#: that was imported at its start, not what the file holds when the run ends (`loaded_code`).
+_FIRST_SEEN: dict[Path, tuple[str | None, list[str] | None]] = {}
+
+
+def _digests(path: Path, first: bool = True) -> tuple[str | None, list[str] | None]:
+    if not first:
+        return file_digest(path), code_units(path)
+    if path not in _FIRST_SEEN:
+        _FIRST_SEEN[path] = file_digest(path), code_units(path)
+    return _FIRST_SEEN[path]
+
+
+def _fingerprint(paths, targets: list[str], first: bool = False) -> dict:
+    seen = {code_key(p): _digests(p, first) for p in paths}
+    files = {k: sha for k, (sha, _) in seen.items()}
+    return {
+        "targets": targets,
+        "files": files,
+        "units": {k: units for k, (_, units) in seen.items() if units is not None},
+        "digest": fingerprint_digest(files),
+        "commit": git_commit(),
+    }
+
+
 def fingerprint_digest(files: dict[str, str]) -> str:
     """One digest of a {file: digest} map: equal exactly when every file and its content are."""
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
@@ -236,10 +296,10 @@ def fingerprint_digest(files: dict[str, str]) -> str:
 
 def code_fingerprint(*targets: str) -> dict:
     """What a result measured, so that a reader can tell whether the code in a tree is that code:
-    {"targets", "files": {path: sha256}, "digest", "commit"} (commit: the checkout's HEAD, None
-    outside git; the files say more than the commit, since a tree can differ from its commit)."""
-    files = {code_key(p): file_digest(p) for p in code_files(*targets)}
-    return {"targets": list(targets), "files": files, "digest": fingerprint_digest(files), "commit": git_commit()}
+    {"targets", "files": {path: sha256}, "units": {path: `code_units`}, "digest", "commit"} (commit: the
+    checkout's HEAD, None outside git; the files say more than the commit, since a tree can differ from
+    its commit; the units say what the code does, which a comment, a docstring or a move leaves alone)."""
+    return _fingerprint(code_files(*targets), list(targets))
 
 
 #: This repository's packages of implementations: the spec and the Triton package. Code of any other
@@ -253,7 +313,9 @@ MEASURED_PACKAGES = ("reference", "pnmix", "benchmarks")
 
 def loaded_code() -> dict:
     """A fingerprint (as `code_fingerprint`'s) of the module files of MEASURED_PACKAGES that this process
-    has imported: exactly the code a tool ran (its own module, the spec, the caches it used)."""
+    has imported: exactly the code a tool ran (its own module, the spec, the caches it used). Each file is
+    read the first time this process asks (a long run calls this at its start, so that an edit made while
+    it runs is not taken for the code it ran)."""
     paths = set()
     for name, module in list(sys.modules.items()):
         top = name.split(".")[0]
@@ -263,8 +325,7 @@ def loaded_code() -> dict:
         path = Path(file).resolve()
         if path.is_relative_to(ROOT / top) and not path.name.startswith("test_"):
             paths.add(path)
-    files = {code_key(p): file_digest(p) for p in sorted(paths)}
-    return {"targets": ["modules loaded"], "files": files, "digest": fingerprint_digest(files), "commit": git_commit()}
+    return _fingerprint(sorted(paths), ["modules loaded"], first=True)
 
 
 def implementation_targets(module: str) -> tuple[str, ...]:

@@ -1,8 +1,10 @@
 """Which results measured the code of this tree: those go to the comparison; the others, to History.
 
-A result records the code it measured (`reference.records.code_fingerprint`: every file's sha256,
-and the commit). Here each recorded file is hashed again: a result is current when every one is
-unchanged, and belongs to history otherwise, labelled with its commit and the files that changed.
+A result records the code it measured (`reference.records.code_fingerprint`: every file's sha256, what
+each file does as the digests of its definitions, and the commit). A result is current while every
+definition it measured is in this tree (in any file: comments, docstrings, layout and moves change
+nothing; `changed_files`), or, for a result that records bytes only, while every file is unchanged; it
+belongs to history otherwise, labelled with its commit and the files that changed.
 A result that records no code (written before results carried it) cannot be shown to be current,
 so it is history too. A conformance or benchmark file with several implementations or points is
 split: each part goes where its own code says.
@@ -11,6 +13,7 @@ split: each part goes where its own code says.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 from reference import records
@@ -26,10 +29,33 @@ class Verdict:
     commit: str | None
 
 
+#: The packages whose definitions a moved one may be found in (`tree_units`).
+TREE = ("reference", "pnmix", "benchmarks", "conformance", "reports")
+
+
+@functools.lru_cache(maxsize=1)
+def tree_units() -> frozenset[str]:
+    """The digests of every top-level definition and statement of this tree's code (`records.code_units`)."""
+    return frozenset(u for p in records.code_files(*TREE) for u in records.code_units(p) or ())
+
+
 def changed_files(code: dict) -> list[str]:
-    """The recorded files whose content here differs from what was measured, or that are not here."""
+    """The recorded files whose code here differs from what was measured, or that are not here. Where a
+    result records what each file does (`units`), a file is unchanged while every definition it measured
+    is in this tree, in any file (a comment, a docstring, the layout or a move change nothing); otherwise
+    its bytes must be the same."""
     out = []
+    units = code.get("units") or {}
     for key, digest in sorted(code["files"].items()):
+        measured = units.get(key)
+        if measured is not None:  # the file itself as it is now, and (for this tree's code) any file of the tree
+            path = records.code_path(str(key))
+            here = set(records.code_units(path) or ()) if path is not None else set()
+            if not str(key).startswith(records.SITE):
+                here |= tree_units()
+            if not set(measured) <= here:
+                out.append(key)
+            continue
         path = records.code_path(str(key))
         if path is None or records.file_digest(path) != digest:
             out.append(key)

@@ -48,7 +48,7 @@ from benchmarks.commands import interrupts, preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK, data_file, parse_task_name
-from reference.records import file_digest, record
+from reference.records import file_digest, loaded_code, record
 
 RESULTS = Path(__file__).parents[1] / "results"
 CONFIGS = Path(__file__).parents[1] / "tasks" / "configs"
@@ -408,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     base = PNMixLM(pretrained=args.model, method="FP16")
     views = {r.label: PNMixLM.sharing(base, **r.model_kwargs()) for r in runs}
+    loaded_code()  # the code as imported now: what the result records, whatever is edited while it runs
     identity = {
         "model": source.fingerprint,
         "runs": {r.label: r.model_args() for r in runs},

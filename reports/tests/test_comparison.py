@@ -145,7 +145,12 @@ def test_a_result_without_a_fingerprint_is_history_labelled_with_its_commit(tmp_
 def test_a_file_of_several_implementations_is_split_by_each_ones_code(tmp_path, monkeypatch):
     code = plugin_code(tmp_path, monkeypatch)
     data = current(synthetic.conformance(), code)
-    data["implementation_details"][1]["code"] = {**code, "files": {"site:plugcache/__init__.py": "0" * 16}}
+    changed = {"site:plugcache/__init__.py": "0" * 16}  # another file measured: other bytes, other definitions
+    data["implementation_details"][1]["code"] = {
+        **code,
+        "files": changed,
+        "units": {k: [v] for k, v in changed.items()},
+    }
     now, old = currency.split([load(tmp_path, "c.json", data)])
     assert {r["implementation"] for r in now[0].data["results"]} == {"reference"}
     assert {r["implementation"] for r in old[0][0].data["results"]} == {"triton"}

@@ -236,6 +236,7 @@ def test_results_of_other_code_are_history_not_compared(tmp_path):
     stale = synthetic.current(synthetic.gpu_benchmarks())
     for b in stale["benchmarks"]:
         b["extra_info"]["code"]["files"] = {"reference/equations/quant.py": "0" * 16}  # measured another version of it
+        b["extra_info"]["code"]["units"] = {"reference/equations/quant.py": ["0" * 16]}
     gpu = synthetic.write(tmp_path, "gpu.json", stale)
     argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--input", str(gpu), *NOTHING_RUN]
     assert cli.main(argv) == 0

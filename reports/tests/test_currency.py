@@ -1,0 +1,82 @@
+"""Currency by what the code does: a result stays current across comments, docstrings, layout and moved
+definitions, and goes to History when a definition it measured computes something else (Eq. 7's rounding)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reference import records
+from reports import currency
+
+QUANT = "reference/equations/quant.py"
+
+
+def units_of(folder: Path) -> frozenset[str]:
+    return frozenset(u for p in sorted(folder.rglob("*.py")) for u in records.code_units(p) or ())
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A copy of this tree's spec, judged in place of the tree (`currency.tree_units`, `records.ROOT`), and
+    what a result of the spec records now."""
+    code = records.code_fingerprint("reference")
+    copy = tmp_path / "reference"
+    shutil.copytree(records.ROOT / "reference", copy, ignore=shutil.ignore_patterns("tests", "__pycache__"))
+    monkeypatch.setattr(currency, "tree_units", lambda: units_of(copy))
+    monkeypatch.setattr(records, "ROOT", tmp_path)
+    return copy, code
+
+
+def test_words_and_layout_change_nothing_a_result_measured(tree):
+    tree, code = tree
+    path = tree / "equations" / "quant.py"
+    text = path.read_text()
+    text = text.replace('"""Eq. 7 scale and zero in float32', '"""Eq. 7 (reworded) scale and zero, float32', 1)
+    text = text.replace(
+        "    return span * 0.5, xmin + span * 0.25",
+        "    # the bin midpoints\n    return (span * 0.5, xmin + span * 0.25)",
+    )
+    path.write_text(text + "\n\n# a trailing comment\n")
+    assert records.file_digest(path) != code["files"][QUANT]  # its bytes did change
+    assert currency.changed_files(code) == []
+
+
+def test_a_definition_moved_to_another_file_keeps_the_result_current(tree):
+    tree, code = tree
+    source = tree / "equations" / "quant.py"
+    text = source.read_text()
+    start = text.index("def midpoint_params(")
+    end = text.index("\ndef ", start + 1)
+    (tree / "equations" / "moved.py").write_text("import torch\n\n\n" + text[start:end])
+    source.write_text(text[:start] + "from reference.equations.moved import midpoint_params\n" + text[end:])
+    assert currency.changed_files(code) == []
+
+
+def test_changing_eq7s_rounding_sends_the_results_that_used_it_to_history(tree):
+    tree, code = tree
+    path = tree / "equations" / "quant.py"
+    text = path.read_text()
+    assert "    return span * 0.5, xmin + span * 0.25" in text
+    path.write_text(
+        text.replace("    return span * 0.5, xmin + span * 0.25", "    return span * 0.5, xmin + span * 0.3")
+    )
+    assert currency.changed_files(code) == [QUANT]
+    verdict = currency.judge([code])
+    assert not verdict.current and f"`{QUANT}`" in verdict.why
+
+
+def test_a_result_recording_bytes_only_is_judged_by_its_bytes(tree):
+    _, code = tree
+    code = {k: v for k, v in code.items() if k != "units"}  # a result written before units were recorded
+    assert currency.changed_files(code) == []  # judged against this checkout's files, which it matches
+    code["files"] = {**code["files"], QUANT: "0" * 16}
+    assert currency.changed_files(code) == [QUANT]
+
+
+def test_a_file_is_fingerprinted_as_first_read_by_this_process(tmp_path):
+    path = tmp_path / "late.py"
+    path.write_text("X = 1\n")
+    first = records._digests(path)
+    path.write_text("X = 2\n")  # edited while a long run goes on: the run ran X = 1
+    assert records._digests(path) == first and records.code_units(path) != first[1]
