@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 
 from packaging.requirements import Requirement
 
@@ -97,7 +98,24 @@ def load(name: str) -> object:
         obj = _guarded(eps[name].load, f"cannot import {factory!r} for implementation {name!r}: ")
     impl = _make(obj, factory, name)
     missing = missing_names(impl)
+    if "name" not in missing:
+        check_name(getattr(impl, "name", None), _subject(factory, name))
     return _Stubbed(impl, missing, origin) if missing else impl
+
+
+#: An implementation's name names its files (known failures) and the report's columns: plain words.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def check_name(value: object, subject: str) -> None:
+    """ValueError unless `value` is 1-64 letters, digits, '.', '_', '+' or '-' (starting with a letter or
+    digit): no path, no markup, no line break."""
+    if not isinstance(value, str) or NAME.fullmatch(value) is None:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40]) + "..."
+        raise ValueError(
+            f"{subject}: its name {shown} must be 1-64 letters, digits, '.', '_', '+' or '-', starting with a "
+            "letter or digit (it names the known-failures file and the report's columns)"
+        )
 
 
 def _cause(err: BaseException) -> str:
@@ -110,7 +128,7 @@ def _guarded(call, context: str):
     """`call()`; any Exception it raises (a plug-in's own fault) becomes a one-line ValueError: context + cause."""
     try:
         return call()
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a plug-in's sys.exit() ends no run of the suite's tools
         raise ValueError(f"{context}{_cause(err)}") from err
 
 

@@ -124,6 +124,10 @@ class ModelArgsError(ValueError):
     """A model_args value refused before anything loads; the message is one line naming it."""
 
 
+class RequestTooLong(ValueError):
+    """A request past max_length, refused (nothing is truncated); the message names the task and document."""
+
+
 @dataclass(frozen=True)
 class Options:
     """The model_args of "pnmix" that are not fields of the method's configuration (module doc)."""
@@ -810,7 +814,7 @@ class PNMixLM(TemplateLM):
 
     def _refuse_length(self, origin: tuple, n: int, what: str) -> None:
         task, doc = origin
-        raise ValueError(
+        raise RequestTooLong(
             f"task {task} doc {doc}: {what} is {n} tokens, past max_length={self.max_length}; pnmix "
             "does not truncate: raise max_length (up to the model's context) or shorten the "
             "documents"

@@ -92,6 +92,14 @@ def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for b in args.budgets:
         if not 1.0 <= b <= 16.0:
             p.error(f"--budgets must be key bits between 1 and 16, got {b}")
+    labels = [f"{b:g}" for b in args.budgets]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        p.error(f"--budgets: {', '.join(twice)} given twice (runs are named by their budget); give each once")
+    if args.smoke and (args.runs or args.budgets != list(accuracy_sweep.BUDGETS)):
+        p.error(
+            "--smoke runs its own pipeline check (FP16, PN-Mix @ 2.25, KIVI @ 2.25): leave out --runs and --budgets"
+        )
     for folder in args.include_path:
         if not folder.is_dir():
             p.error(f"--include-path {folder}: no such folder")
@@ -196,6 +204,9 @@ class Shared:
         for r in requests:
             groups.setdefault(r.args[0], []).append(r.args)
             tasks[r.args] = r.task_name
+            n = len(self.base.tok_encode(r.args[0].replace(DECODE_MARK, "") + r.args[1]))
+            if n > self.base.max_length + 1:  # as pnmix-lm-eval refuses it: nothing is truncated
+                self.base._refuse_length((r.task_name, r.doc_id), n - 1, "context + continuation")
         for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
             encoded = [
                 self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
@@ -382,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.accuracy.lm_eval_model import (  # deferred: lm-eval takes seconds to import
         ModelArgsError,
         PNMixLM,
+        RequestTooLong,
         check,
     )
     from pnmix.hf import detect_pair_layout  # deferred: transformers takes seconds to import
@@ -429,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with interrupts.as_exceptions():
             results = evaluate(tasks, limit, manager, shared)
+    except RequestTooLong as error:
+        p.error(f"--tasks: {error}")
     except (KeyboardInterrupt, interrupts.Terminated) as stop:
         kept = sum(map(len, scores.kept.values()))
         where = f"kept in {scores.path}; the same command resumes from them" if kept else "nothing was finished"

@@ -88,6 +88,9 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
         (["--budgets", "0.5"], "--budgets must be key bits"),
         (["--runs", "PN-Mix @ 9"], "--runs: no run labelled ['PN-Mix @ 9']"),
         (["--model", "/no/such/model.gguf"], "/no/such/model.gguf"),
+        (["--budgets", "2.25", "2.25"], "--budgets: 2.25 given twice"),
+        (["--smoke", "--runs", "Kitty"], "--smoke runs its own pipeline check"),
+        (["--smoke", "--budgets", "3"], "--smoke runs its own pipeline check"),
     ],
 )
 def test_bad_arguments_are_refused_before_the_model_loads(tiny, tmp_path, capsys, argv, says, monkeypatch):
@@ -216,3 +219,20 @@ def test_two_processes_sweep_as_one(tiny, tmp_path):
     one = run([sys.executable], "one")
     two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
     assert two[:2] == one[:2] and (one[2], two[2]) == (1, 2)
+
+
+@pytest.mark.slow
+def test_a_context_past_the_models_positions_is_refused_naming_the_document(tiny, tmp_path, monkeypatch, capsys):
+    """The sweep's scoring path refuses what pnmix-lm-eval refuses: nothing is truncated (the tiny model
+    has 256 positions; a document here is about 600 tokens)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    tiny_task(tmp_path)
+    long_doc = json.loads((tmp_path / "tiny.jsonl").read_text().splitlines()[0])
+    long_doc["context"] = DOC * 6 + DECODE_MARK + " Question: what is the passkey? Answer:"
+    (tmp_path / "tiny.jsonl").write_text(json.dumps(long_doc) + "\n")
+    argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_:
+        task_accuracy.main([*argv, "--runs", "Kitty", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--tasks: task tinytask_mc doc 0: context + continuation is" in err
+    assert "past max_length=256" in err and not list(tmp_path.glob("task-accuracy-*.json"))

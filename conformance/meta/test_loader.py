@@ -31,6 +31,34 @@ def returns_none():
     return None
 
 
+def exits():
+    raise SystemExit(0)  # a plug-in ending the process from its factory
+
+
+def _named(name):
+    from reference.contract.implementation import ReferenceImplementation
+
+    impl = ReferenceImplementation()
+    impl.name = name
+    return impl
+
+
+def named_a_path():
+    return _named("../../../somewhere/x")
+
+
+def named_in_markdown():
+    return _named("[x](http://e) `y`")
+
+
+def named_with_a_line_break():
+    return _named("a\nb")
+
+
+def named_nothing():
+    return _named("")
+
+
 def returns_42():
     return 42
 
@@ -104,6 +132,11 @@ LOAD_FAULTS = [
     ),
     (f"{HERE}:returns_none", r"returned None \(NoneType\), not an implementation: it lacks name, "),
     (f"{HERE}:returns_42", r"returned 42 \(int\), not an implementation: it lacks .*unpack_mask$"),
+    (f"{HERE}:exits", r"^implementation '\S+': its factory raised SystemExit: 0$"),
+    (f"{HERE}:named_a_path", r"its name '\.\./\.\./\.\./somewhere/x' must be 1-64 letters, digits"),
+    (f"{HERE}:named_in_markdown", r"its name '\[x\]\(http://e\) `y`' must be 1-64 letters"),
+    (f"{HERE}:named_with_a_line_break", r"its name 'a\\nb' must be 1-64 letters"),
+    (f"{HERE}:named_nothing", r"its name '' must be 1-64 letters"),
 ]
 
 
@@ -129,7 +162,8 @@ def test_a_plug_in_factory_that_raises_is_named_with_its_module(monkeypatch):
         loader.load("broken")
 
 
-@pytest.mark.parametrize("name", [name for name, _ in LOAD_FAULTS])
+# each a fresh pytest process: the kinds of fault (the names are refused as a raising factory is)
+@pytest.mark.parametrize("name", [name for name, _ in LOAD_FAULTS[:5]] + [f"{HERE}:named_a_path"])
 def test_a_run_whose_implementation_does_not_load_stops_with_one_line(broken_module, name):
     path = os.pathsep.join(filter(None, (str(broken_module), os.environ.get("PYTHONPATH"))))
     cmd = [sys.executable, "-m", "pytest", "conformance", "--impl", name, "--collect-only", "-q"]
