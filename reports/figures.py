@@ -14,6 +14,7 @@ try:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.ticker
     from matplotlib import colors as mcolors
     from matplotlib import pyplot as plt
 except ImportError:  # the `figures` extra is optional: the report then says figures are left out
@@ -130,6 +131,23 @@ def _printable(fig) -> None:
             text.set_text(_UNPRINTABLE.sub(" ", text.get_text()))
 
 
+def plain_tick(value: float, _position=None) -> str:
+    """A log axis's tick as plain text (math text is off in these figures): powers of two from 1024 on
+    in K (32K), other values as %g."""
+    if value >= 1024 and float(value).is_integer() and int(value) % 1024 == 0:
+        return f"{int(value) // 1024}K"
+    return f"{value:g}"
+
+
+def _plain_log_ticks(ax) -> None:
+    """Log axes label their ticks with math text ($\\mathdefault{2^{10}}$), which these figures print raw
+    (text.parse_math is off: names from result files may hold '$'): plain labels instead."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain_tick))
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 @contextlib.contextmanager
 def drawn(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> Iterator:
     """A new matplotlib figure of `ncols` panels drawn by draw(*axes), with grids and its legend
@@ -142,6 +160,7 @@ def drawn(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4
             _printable(fig)
             for ax in axes[0]:
                 ax.grid(True, alpha=0.3)
+                _plain_log_ticks(ax)
             _legend_below(fig, axes[0])
             yield fig
         finally:

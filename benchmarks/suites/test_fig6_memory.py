@@ -16,6 +16,7 @@ import pytest
 from benchmarks.conftest import points
 from benchmarks.efficiency import harness, memory
 from benchmarks.efficiency.workloads import SCALES, fig6_memory
+from reference import records
 from reference.paper import FIG6A_MAX_GENERATION, FIG6B_MAX_BATCH
 from reference.records import GIB
 
@@ -80,7 +81,14 @@ def test_fig6_feasibility_model(benchmark, record):
     rows = benchmark.pedantic(memory.comparison, args=(arch,), rounds=1, iterations=1)
     benchmark.group = "fig6-model"
     benchmark.extra_info.update(
-        {"suite": "fig6-model", "model": arch.name, "comparison": rows, "notes": memory.explain(arch)}
+        {
+            "suite": "fig6-model",
+            "model": arch.name,
+            "comparison": rows,
+            "notes": memory.explain(arch),
+            # what computed the rows: the memory model, the architectures and the spec's storage model
+            "code": records.code_fingerprint(memory.__name__, "benchmarks.efficiency.architectures", "reference"),
+        }
     )
     by = {(r["figure"], r["method"]): r for r in rows}
     assert all(by["6a", m]["model_value"] == g for m, g in FIG6A_MAX_GENERATION.items())

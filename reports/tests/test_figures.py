@@ -220,3 +220,23 @@ def test_the_long_output_tools_figure_names_fp16_and_colours_each_method_once(tm
     for label, colour in _series(fig):
         colours.setdefault(label, set()).add(colour)
     assert all(len(c) == 1 for c in colours.values()) and len({c.pop() for c in colours.values()}) == len(colours)
+
+
+def test_log_axes_print_plain_tick_labels():
+    """Math text is off in the report's figures, so a log axis must not label its ticks with it."""
+    from reports import figures
+
+    def draw(ax):
+        ax.plot([1024, 4096, 32768], [1, 2, 3])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+
+    with figures.drawn(draw) as fig:
+        fig.canvas.draw()
+        x = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+        y = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert x and not [t for t in x + y if "$" in t or "mathdefault" in t], (x, y)
+    assert {"1K", "4K", "32K"} <= set(x)
+    assert (
+        figures.plain_tick(32768) == "32K" and figures.plain_tick(0.5) == "0.5" and figures.plain_tick(1000) == "1000"
+    )
