@@ -290,7 +290,11 @@ def render(sources: Sequence[Source]) -> Section:
         f"Peak GPU memory of {arch.name} ({arch.parameters() / 1e9:.2f} B parameters, weights "
         f"{arch.weight_bytes() / GIB:.2f} GiB in bf16) with every layer's cache preallocated to P + L_gen "
         f"(P = {paper.PROMPT}), against the {memory.DEFAULT_BUDGET_GIB:g} GiB of the paper's {paper.GPU}. GiB "
-        "throughout; OOM: over the budget.\n",
+        "throughout; OOM: over the budget. The paper's \"GB\" are read as GiB (2^30 bytes): FP16's "
+        f"{paper.FIG6B_MAX_BATCH['FP16'][1]:.2f} at B = {paper.FIG6B_MAX_BATCH['FP16'][0]} as 10^9 bytes would be "
+        f"{paper.FIG6B_MAX_BATCH['FP16'][1] * 1e9 / GIB:.2f} GiB, leaving the next batch room on a 40 GiB card, "
+        f"yet the paper's FP16 runs out of memory at B = {paper.FIG6B_MAX_BATCH['FP16'][0] + 1}; as GiB the two "
+        "agree. The Fig. 6b rows rest on that reading.\n",
         "SOURCES",
         f"### Fig. 6a: peak GiB vs generation length at B = {paper.FIG6A_BATCH}\n",
         table(_pivot(a, "generation"), ["L_gen", *methods], model),
