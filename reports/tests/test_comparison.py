@@ -114,7 +114,12 @@ def test_the_summary_gives_each_implementation_its_verdict_bits_error_and_speed(
     )
     assert rows["kitty-triton"]["verdict"] == "not checked here"
     assert rows["reference"]["decode speed"] == "no GPU result"
-    assert s.body.startswith("Conform: reference. Fail: triton. Fewest bits per element")
+    # reference conforms except a listed difference: it is no candidate for the fewest bits, and it is said
+    assert s.body.startswith(
+        "Conform: reference. Fail: triton. Conforming except listed differences (not counted for the fewest bits): "
+        "reference (1)."
+    )
+    assert "Fewest bits" not in s.body.split("\n")[0]
     assert "2 result file(s) measured code that differs" in s.body
     assert tables_without_source(s.body) == []
 
@@ -206,3 +211,10 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
     # a property skipped for a claim it does not make ran no example either, and reads "not claimed"
     assert cells["P1 packing: e"]["reference"] == "not claimed"
     assert "spec's float32" not in rows["triton"]["verdict"]
+
+
+def test_fp16_as_run_keeps_every_token_exact():
+    from reference import methods
+
+    assert summary.as_run(f"workload, {methods.config('FP16')!r}") == "K exact, V exact (every token kept)"
+    assert summary.as_run("workload, PNMixConfig(b_high=2, b_low=2, ratio=0.0)").startswith("K 2-bit, V 2-bit")
