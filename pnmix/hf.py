@@ -102,6 +102,22 @@ def _rotary_fraction(model_config) -> float:
     return float(getattr(model_config, "partial_rotary_factor", 1.0) or 1.0)
 
 
+def has_rope(model_config) -> bool | None:
+    """Whether the model rotates queries and keys by position (RoPE): a rotary parameter in its config
+    or a rotary function or class in its modeling module. None when no causal-LM class is known for the
+    config (it cannot be told)."""
+    rope_keys = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_dim", "rotary_pct", "rotary_emb_base")
+    if any(getattr(model_config, k, None) is not None for k in rope_keys):
+        return True
+    try:
+        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        module = importlib.import_module(MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)].__module__)
+    except Exception:
+        return None
+    return any("rotary" in name.lower() for name in vars(module))
+
+
 def detect_pair_layout(model_config) -> str | None:
     """How the model's RoPE pairs channels, from what its own `apply_rotary_pos_emb` does: each
     basis vector e_c rotated by a quarter turn lands on its pair partner, c + d/2 (mod d) for
@@ -410,6 +426,11 @@ class PNMixHFCache(Cache):
                 "max_cache_len: a per-token precision cache (TokenPrecisionConfig) grows exactly; "
                 "static preallocation is not supported for it"
             )
+        if has_rope(model_config) is False:
+            raise ValueError(
+                f"model_type={getattr(model_config, 'model_type', None)!r} has no rotary position embedding (RoPE): "
+                "PN-Mix's pairs are the channel pairs RoPE rotates together, which this model does not have"
+            )
         detected = detect_pair_layout(model_config)
         expected = pair_layout or detected
         if expected is None:
@@ -455,6 +476,7 @@ class PNMixHFCache(Cache):
         for layer in layers:
             layer.owner = self
         self._forward: dict[int, tuple] = {}  # layer index -> its checkpoint, for the running forward
+        self.model_checked = False  # the model running the cache has its layers (`_check_model`, once)
         self.prefill: list | None = None  # (q, k, v) per layer of the prefill, once `record_prefill` asked
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -463,6 +485,11 @@ class PNMixHFCache(Cache):
         every layer back at once; a failure elsewhere between them (e.g. out of memory in an MLP)
         is found when the next forward begins, and rolled back then. What fails after the last
         attention (the final norm, the LM head) leaves the forward stored, as in any Cache."""
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(
+                f"layer_idx={layer_idx}: this PNMixHFCache was built for {len(self.layers)} layers (from the "
+                "model_config given); build it from the config of the model that runs it"
+            )
         if layer_idx in self._forward:  # a layer updated again: the last forward stopped part-way
             self.roll_back_forward()
         elif any(not self.layers[i].attended for i in self._forward):  # the forward went on past a layer
@@ -638,6 +665,8 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
             f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
             "and the keys its update returned"
         )
+    if layer.owner is not None and not layer.owner.model_checked:
+        _check_model(layer.owner, getattr(module, "config", None))
     try:
         out = _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs)
     except BaseException:
@@ -648,6 +677,22 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
     if layer.owner is not None:
         layer.owner.attended()
     return out.transpose(1, 2).contiguous(), None
+
+
+def _check_model(cache, model_config) -> None:
+    """Once per cache: the model that runs it has the layers it was built for (a cache built from another
+    model's config would leave layers without a forward, or name a layer it does not have)."""
+    try:
+        expected = len(layer_windows(model_config)) if model_config is not None else None
+    except Exception:  # a config this check cannot read: the cache's own checks remain
+        expected = None
+    if expected is not None and expected != len(cache.layers):
+        cache.roll_back_forward()
+        raise ValueError(
+            f"this model has {expected} cache layers and its PNMixHFCache {len(cache.layers)}: build the cache from "
+            "the config of the model that runs it"
+        )
+    cache.model_checked = True
 
 
 def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs) -> torch.Tensor:

@@ -426,9 +426,14 @@ def check_chat(settings: Settings) -> None:
 def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
     """The configuration with the model's RoPE pair layout, and max_length, checked against the model's
     config (not its weights): its pair layout, head_dim, context, and an implementation's claims."""
-    from pnmix.hf import detect_pair_layout, head_dim  # deferred: transformers takes seconds to import
+    from pnmix.hf import detect_pair_layout, has_rope, head_dim  # deferred: transformers takes seconds to import
 
     config, opts = settings.config, settings.options
+    if has_rope(model_config) is False:
+        raise ModelArgsError(
+            f"model_args pretrained={opts.pretrained}: {settings.source.name} has no rotary position embedding "
+            "(RoPE); PN-Mix's pairs are the channel pairs RoPE rotates together"
+        )
     layout = detect_pair_layout(model_config)
     if layout is None:
         layout = settings.overrides.get("pair_layout")

@@ -459,3 +459,25 @@ def test_per_token_precision_decodes_through_the_triton_kernel_as_through_the_sp
     torch.testing.assert_close(
         logits["triton"], ref, rtol=0, atol=4 * torch.finfo(torch.float16).eps * float(ref.abs().max())
     )
+
+
+def test_a_cache_built_from_another_models_config_is_refused():
+    model, _ = build("llama")  # 4 layers
+    model.set_attn_implementation("pnmix")
+    config = METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=2)
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    for layers in (2, 6):  # fewer: a layer it does not have; more: layers no forward reaches
+        other = type(model.config)(**{**model.config.to_dict(), "num_hidden_layers": layers, "layer_types": None})
+        cache = hf.PNMixHFCache(other, config)
+        said = rf"(built for {layers} layers|this model has 4 cache layers and its PNMixHFCache {layers}:)"
+        with torch.no_grad(), pytest.raises(ValueError, match=said):
+            model(input_ids=ids, **{hf.cache_argument(model): cache})
+        assert cache.get_seq_length() == 0
+
+
+def test_a_model_without_rope_is_refused_even_with_a_pair_layout():
+    import transformers
+
+    gpt2 = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32)
+    with pytest.raises(ValueError, match="has no rotary position embedding"):
+        hf.PNMixHFCache(gpt2, METHODS["PN-Mix"](), pair_layout="split")
