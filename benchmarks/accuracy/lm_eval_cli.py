@@ -7,16 +7,19 @@
 lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
 With --model pnmix, the model_args are checked first (`lm_eval_model.check`, and with
---apply_chat_template whether there is a template to apply): a refusal is one line and exit
-status 2, before lm-eval loads tasks or weights. `--use_cache BASE` keeps one request database per
-model and configuration (`lm_eval_model.cache_path`: lm-eval keys a response by the request alone).
+--apply_chat_template whether there is a template to apply, and that --output_path can be written):
+a refusal is one line and exit status 2, before lm-eval loads tasks or weights. `--use_cache BASE`
+keeps one request database per model and configuration (`lm_eval_model.cache_path`: lm-eval keys a
+response by the request alone).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from benchmarks.accuracy import lm_eval_model
+from benchmarks.commands import preflight
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
             except lm_eval_model.ModelArgsError as error:
                 print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
                 return 2
+            output = getattr(args, "output_path", None)
+            if output:  # lm-eval saves at the end: a folder it cannot write would lose the whole run
+                folder = Path(output).expanduser()
+                folder = folder.parent if folder.suffix == ".json" else folder
+                problem = preflight.output_problem(folder)
+                if problem is not None:
+                    print(f"pnmix-lm-eval: error: --output_path {output}: {problem}", file=sys.stderr)
+                    return 2
             if getattr(args, "use_cache", None):  # one database per model and configuration (cache_path)
                 args.use_cache = lm_eval_model.cache_path(args.use_cache, settings)
                 print(f"pnmix-lm-eval: request cache {args.use_cache}_rank*.db", file=sys.stderr)

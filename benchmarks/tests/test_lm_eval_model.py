@@ -271,6 +271,15 @@ def test_a_request_past_max_length_is_refused_naming_the_document(tiny):
         lm.generate_until(requests("generate_until", (DOCUMENT, {"until": [], "max_gen_toks": 12})))
 
 
+def test_the_command_refuses_an_output_path_it_cannot_write_before_running(tiny, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--tasks", "anything"]
+    assert lm_eval_cli.main([*argv, "--output_path", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"pnmix-lm-eval: error: --output_path {blocker / 'out'}: ") and "not a folder" in err[-1]
+
+
 def test_the_command_refuses_bad_model_args_in_one_line(tiny, capsys):
     argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},b_high=x", "--tasks", "anything"]
     assert lm_eval_cli.main(argv) == 2
