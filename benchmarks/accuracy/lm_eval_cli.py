@@ -7,7 +7,8 @@
 lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
 With --model pnmix, the model_args are checked first (`lm_eval_model.check`, and with
---apply_chat_template whether there is a template to apply, and that --output_path can be written):
+--apply_chat_template whether there is a template to apply, that every task is known and that
+--output_path can be written):
 a refusal is one line and exit status 2, before lm-eval loads tasks or weights. `--use_cache BASE`
 keeps one request database per model and configuration (`lm_eval_model.cache_path`: lm-eval keys a
 response by the request alone).
@@ -15,11 +16,29 @@ response by the request alone).
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 
 from benchmarks.accuracy import lm_eval_model
 from benchmarks.commands import preflight
+
+
+def unknown_tasks(tasks: list[str], include_path) -> str | None:
+    """What lm-eval would stop at after the weights load: task names that are neither tasks, groups or tags
+    it knows (with --include_path), nor YAML files, nor patterns; None when every one is known."""
+    from lm_eval.tasks import TaskManager
+
+    names = [t for t in tasks if not Path(t).exists() and not set(t) & set("*?[")]
+    if not names:
+        return None
+    known = TaskManager(include_path=include_path).all_tasks
+    missing = [t for t in names if t not in known]
+    if not missing:
+        return None
+    near = {t: difflib.get_close_matches(t, known, n=3) for t in missing}
+    hints = "; ".join(f"{t}: did you mean {', '.join(m)}?" for t, m in near.items() if m)
+    return f"unknown task(s) {missing} (with --include_path {include_path})" + (f"; {hints}" if hints else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                     lm_eval_model.check_chat(settings)
             except lm_eval_model.ModelArgsError as error:
                 print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
+                return 2
+            unknown = unknown_tasks(getattr(args, "tasks", None) or [], getattr(args, "include_path", None))
+            if unknown:
+                print(f"pnmix-lm-eval: error: --tasks: {unknown}", file=sys.stderr)
                 return 2
             output = getattr(args, "output_path", None)
             if output:  # lm-eval saves at the end: a folder it cannot write would lose the whole run

@@ -309,6 +309,8 @@ def _device(name: str | None) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ModelArgsError(f"model_args device={name!r}: not a torch device") from None
+    if device.type == "meta":
+        raise ModelArgsError(f"model_args device={name!r}: no data lives on the meta device; give cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():  # lm-eval's default is cuda:0 wherever it runs
         log.warning("device=%s: CUDA is not available; running on the CPU (as lm-eval's HFLM does)", name)
         return torch.device("cpu")

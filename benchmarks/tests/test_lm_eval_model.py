@@ -242,6 +242,7 @@ def test_overrides_apply_on_top_of_the_method_and_an_implementations_preset(tiny
         ({"pretrained": "/no/such/model"}, "pretrained=/no/such/model"),
         ({"chat_template": "/no/such.jinja"}, "chat_template=/no/such.jinja"),
         ({"dtype": "float8"}, "dtype='float8'"),
+        ({"device": "meta"}, "device='meta': no data lives on the meta device"),
     ],
 )
 def test_bad_model_args_are_refused_in_one_line_before_loading(tiny, tmp_path, args, names):
@@ -274,10 +275,20 @@ def test_a_request_past_max_length_is_refused_naming_the_document(tiny):
 def test_the_command_refuses_an_output_path_it_cannot_write_before_running(tiny, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--tasks", "anything"]
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--tasks", "hellaswag"]
     assert lm_eval_cli.main([*argv, "--output_path", str(blocker / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"pnmix-lm-eval: error: --output_path {blocker / 'out'}: ") and "not a folder" in err[-1]
+
+
+def test_the_command_refuses_an_unknown_task_before_the_model_loads(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(lm_eval_model.PNMixLM, "__init__", lambda *a, **k: pytest.fail("refused before loading"))
+    configs = str(ROOT / "benchmarks" / "tasks" / "configs")
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--include_path", configs]
+    assert lm_eval_cli.main([*argv, "--tasks", "pnmix_pasky_1k"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("pnmix-lm-eval: error: --tasks: unknown task(s) ['pnmix_pasky_1k']")
+    assert "did you mean pnmix_passkey_1k" in err
 
 
 def test_the_command_refuses_bad_model_args_in_one_line(tiny, capsys):

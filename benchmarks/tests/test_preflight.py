@@ -61,7 +61,8 @@ class LmEval(Tool):
 
     def args(self, out: Path, model: Path | None, *extra: str) -> list[str]:
         pretrained = [] if model is None else ["--model_args", f"pretrained={model}"]
-        return ["--model", "pnmix", *pretrained, "--tasks", "pnmix_passkey_1k", *extra]
+        configs = str(Path(__file__).resolve().parents[1] / "tasks" / "configs")
+        return ["--model", "pnmix", *pretrained, "--tasks", "pnmix_passkey_1k", "--include_path", configs, *extra]
 
 
 #: The commands. A new one is listed here with the arguments that reach its checks.
