@@ -26,6 +26,9 @@ OPT_IN = {
     "test_mask_never_changes_after_prefill": "selection made once at prefill",
     "test_codes_and_scales_are_the_reference_numerics": "reference's numerics",
     "test_storage_report_is_exact": "reference's storage layout",
+    # the evaluation path's optional methods (property 12): the template keeps to the required protocol
+    "test_a_checkpoint_is_returned_to_any_number_of_times": "the optional checkpoint",
+    "test_stepwise_attention_is_what_each_token_would_have_read": "the optional attend_stepwise",
     **dict.fromkeys(
         (
             "test_every_token_is_held_at_its_precision",
