@@ -10,6 +10,7 @@ import pytest
 from conformance import loader
 from conformance.meta.test_mutants import run_suite
 from reference.contract import Capabilities, missing_names
+from reference.contract.implementation import ReferenceImplementation
 
 
 class Partial:
@@ -36,8 +37,6 @@ def exits():
 
 
 def _named(name):
-    from reference.contract.implementation import ReferenceImplementation
-
     impl = ReferenceImplementation()
     impl.name = name
     return impl

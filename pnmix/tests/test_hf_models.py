@@ -200,13 +200,29 @@ def test_stepwise_chunks_give_the_logits_of_token_by_token_decoding(method):
         )
     torch.testing.assert_close(got, expected)  # float32 model: equal up to the order of float32 sums
     assert not torch.allclose(wrong, expected), "chunks attending after their whole append should differ"
-    from reports.tests.thirdparty import make  # a plug-in whose caches have only the required protocol
-
-    impl = make()
-    kivi = impl.capabilities.configured(METHODS["KIVI-2"](group_size=8, residual_length=8, n_sink=2))
-    lacking = hf.PNMixHFCache(model.config, kivi, impl=impl, stepwise=True)
+    lacking = hf.PNMixHFCache(model.config, config, impl=RequiredOnly(), stepwise=True)
     with torch.no_grad(), pytest.raises(ValueError, match="have no attend_stepwise"):
         model(input_ids=ids[:, :12], **{hf.cache_argument(model): lacking})
+
+
+class RequiredOnly:
+    """An implementation whose caches have the required protocol alone (no optional methods)."""
+
+    name = "required-only"
+
+    class Cache:
+        OPTIONAL = ("attend_stepwise", "checkpoint", "roll_back", "release")
+
+        def __init__(self, cache) -> None:
+            self._cache = cache
+
+        def __getattr__(self, name: str):
+            if name in self.OPTIONAL:
+                raise AttributeError(name)
+            return getattr(self._cache, name)
+
+    def create(self, config):
+        return self.Cache(ReferenceCache(config))
 
 
 def _decode(model, cache, ids, prompt: int, chunk: int) -> torch.Tensor:
