@@ -168,7 +168,6 @@ def test_an_implementations_caches_run_the_model_through_the_protocol(model):
     [
         ({"max_cache_len": 64}, "max_cache_len cannot be used with impl='reference': no preallocation"),
         ({"check_finite": False}, "check_finite=False cannot be used with impl='reference'"),
-        ({"stepwise": True}, "stepwise=True cannot be used with impl='reference'"),
         ({"backend": "triton"}, "backend='triton' cannot be used with impl='reference'"),
         ({"config": TokenPrecisionConfig()}, "a TokenPrecisionConfig cannot be used with impl='reference'"),
     ],
@@ -195,9 +194,14 @@ def test_protocol_attention_refuses_another_scaling_or_softcapping():
 
 
 class Faulty:
-    """The reference implementation whose caches raise in `attend` or `append` when told to."""
+    """The reference implementation whose caches raise in `attend` or `append` when told to; with
+    optional=False they have the required protocol alone (no checkpoints, no stepwise attention)."""
 
     name, fail = "faulty", None
+    OPTIONAL = ("checkpoint", "roll_back", "release", "attend_stepwise")
+
+    def __init__(self, optional: bool = False) -> None:
+        self.optional = optional
 
     def create(self, config):
         cache, owner = make_reference().create(config), self
@@ -206,6 +210,8 @@ class Faulty:
             def __getattr__(self, item):
                 if item == owner.fail:
                     raise RuntimeError(f"injected failure in {item}")
+                if item in owner.OPTIONAL and not owner.optional:
+                    raise AttributeError(item)
                 return getattr(cache, item)
 
         return Cache()
@@ -227,10 +233,26 @@ def test_a_failed_forward_that_stored_tokens_stops_the_cache_until_reset(model):
     with pytest.raises(RuntimeError, match="injected failure in attend"):
         greedy(model, cache, steps=1)
     impl.fail = None
-    with pytest.raises(RuntimeError, match=r"no checkpoints to roll it back: call reset\(\)"):
+    with pytest.raises(RuntimeError, match=r"its caches have no checkpoints .* to roll it back: call reset\(\)"):
         greedy(model, cache, steps=1)
     cache.reset()
     assert greedy(model, cache, steps=2).isfinite().all()
+
+
+def test_a_failed_forward_is_rolled_back_where_the_caches_have_checkpoints(model):
+    from pnmix.hf import PNMixHFCache
+
+    model.set_attn_implementation(harness.pnmix_attention())
+    impl = Faulty(optional=True)
+    cache = PNMixHFCache(model.config, SMALL, impl=impl)
+    greedy(model, cache, steps=2)
+    held = cache.get_seq_length()
+    impl.fail = "attend"  # the first layer stored its token, then its attention failed: rolled back
+    with pytest.raises(RuntimeError, match="injected failure in attend"):
+        greedy(model, cache, steps=1)
+    assert cache.get_seq_length() == held and {layer.cache.length for layer in cache.layers} == {held}
+    impl.fail = None
+    assert greedy(model, cache, steps=1).isfinite().all()  # no reset needed
 
 
 # -- the suites, end to end at the tiny scale ---------------------------------------------------
