@@ -234,7 +234,10 @@ def _decode(model, cache, ids, prompt: int, chunk: int) -> torch.Tensor:
         return torch.cat([model(input_ids=ids[:, a : a + chunk], **{arg: cache}).logits for a in steps], 1).float()
 
 
-@pytest.mark.parametrize("method", ["PN-Mix", pytest.param("KIVI-2", marks=pytest.mark.long)])
+# a minute a method under the interpreter: `long` here (property 12 checks the Triton caches' stepwise attention
+# in the test command); `gpu_check --short` runs both on a GPU
+@pytest.mark.long
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2"])
 def test_the_triton_backend_decodes_chunks_stepwise_as_token_by_token(method):
     """stepwise on the Triton caches (`pnmix.PNMixCache.attend_stepwise`: the spec's rule over its own
     codes; one token is the decode kernel): chunks give the logits of the kernel's token-by-token
