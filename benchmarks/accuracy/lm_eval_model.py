@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -682,26 +683,23 @@ class PNMixLM(TemplateLM):
         """Whether a forward of several decode tokens attends as token-by-token decoding (chunks): the
         built-in caches do, an implementation's where its caches have the protocol's optional
         `attend_stepwise`; otherwise decode tokens go one a forward."""
-        return self._features()[0]
+        return self._features[0]
 
     @property
     def rewindable(self) -> bool:
         """Whether the continuations of one context share one pass over it (the caches' optional
         checkpoints, `pnmix.hf.rewindable`); otherwise the context runs again for each."""
-        return self._features()[1]
+        return self._features[1]
 
+    @functools.cached_property
     def _features(self) -> tuple[bool, bool]:
-        if "_feature_cache" not in self.__dict__:
-            from pnmix.hf import rewindable  # deferred: transformers takes seconds to import
+        """(stepwise, rewindable), read once from a cache the implementation creates."""
+        from pnmix.hf import rewindable  # deferred: transformers takes seconds to import
 
-            plugin = self.settings.plugin
-            probe = None if plugin is None else plugin.impl.create(self.config)
-            self._feature_cache = (
-                (True, True)
-                if probe is None
-                else (callable(getattr(probe, "attend_stepwise", None)), rewindable(probe))
-            )
-        return self._feature_cache
+        if self.settings.plugin is None:
+            return True, True
+        probe = self.settings.plugin.impl.create(self.config)
+        return callable(getattr(probe, "attend_stepwise", None)), rewindable(probe)
 
     def _new_cache(self, text: str, context_enc: list[int]):
         """A cache for one context; `text`: the string its tokens encode (the per-token methods tag it).

@@ -293,7 +293,11 @@ def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> di
             return [shared.table[self.label][r.args] for r in requests]
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("the accuracy sweep scores multiple-choice and generation tasks")
+            task = requests[0].task_name if requests else "?"
+            raise ValueError(
+                f"task {task}: a loglikelihood_rolling (perplexity) task; the sweep scores multiple-choice and "
+                "generation tasks (pnmix-lm-eval scores the others)"
+            )
 
         def generate_until(self, requests, disable_tqdm: bool = False):
             if not shared.generations[self.label]:
