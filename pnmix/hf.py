@@ -417,6 +417,12 @@ class PNMixHFCache(Cache):
         if not isinstance(config, (PNMixConfig, TokenPrecisionConfig)):
             raise TypeError(f"config must be a PNMixConfig or a TokenPrecisionConfig, got {type(config).__name__}")
         per_token = isinstance(config, TokenPrecisionConfig)
+        if max_cache_len is not None and (
+            isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1
+        ):
+            raise ValueError(
+                f"max_cache_len={max_cache_len!r}: expected a positive int (the tokens to preallocate) or None"
+            )
         if not per_token and (token_bits is not None or generated_bits is not None):
             raise ValueError(
                 "token_bits and generated_bits are for a per-token precision config (TokenPrecisionConfig)"

@@ -52,3 +52,11 @@ def test_generation_fills_the_preallocated_cache_and_stops_at_its_end(model):
     assert all(layer.cache.capacity == capacity and layer.cache.length == capacity for layer in cache.layers)
     with pytest.raises(ValueError, match="max_cache_len"):
         cache.layers[0].cache.append(*(torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16),) * 2)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "64", True])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_max_cache_len_that_is_no_positive_int_is_refused_at_construction(model, value, backend):
+    with pytest.raises(ValueError, match=rf"^max_cache_len={value!r}: expected a positive int") as error:
+        PNMixHFCache(model.config, METHODS["PN-Mix"](), backend=backend, max_cache_len=value)
+    assert "\n" not in str(error.value)
