@@ -355,6 +355,8 @@ EXTRA_INFO = {
         "peak_allocated_gib": Figure(GIB),
         "model_peak_gib": Figure(GIB),
         "peak_reserved_gib?": Maybe(GIB),
+        # the memory cap the point ran under (0: none); the memory section keeps the paper's 40 GiB points
+        "budget_gib?": Maybe(GIB),
     },
     "fig6c-throughput": {
         **_POINT,

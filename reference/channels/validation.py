@@ -48,7 +48,7 @@ def quantizable_limit(config: PNMixConfig, bits: int) -> float:
 
 def check_quantizable(name: str, t: torch.Tensor, config: PNMixConfig, bits: int) -> None:
     """|t| within `quantizable_limit`, or the stored scale or zero would overflow."""
-    top = float(t.float().abs().max()) if t.numel() else 0.0
+    top = float(t.detach().float().abs().max()) if t.numel() else 0.0
     if top > quantizable_limit(config, bits):
         raise ValueError(_magnitude_message(name, top, config, bits))
 

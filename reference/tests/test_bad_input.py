@@ -89,6 +89,18 @@ def test_values_beyond_the_scale_dtype_are_rejected():
         ReferenceCache.from_prefill(big, huge, big, PNMixConfig(scale_dtype=torch.float32))
 
 
+@pytest.mark.filterwarnings("error")
+def test_tensors_that_require_grad_are_checked_without_a_warning():
+    # the magnitude check reads a maximum back: from the tensor's data, not through autograd
+    def grad(n):
+        return torch.randn(1, 2, n, 16, requires_grad=True)
+
+    config = PNMixConfig(group_size=8, residual_length=8, n_sink=2)
+    cache = ReferenceCache.from_prefill(grad(40), grad(40), grad(40), config)
+    cache.append(grad(1), grad(1))
+    assert torch.isfinite(cache.attend(grad(1))).all()
+
+
 def test_value_group_must_divide_head_dim():
     with pytest.raises(ValueError, match="value_group_size"):
         ReferenceCache.from_prefill(t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), PNMixConfig(value_group_size=12))

@@ -243,6 +243,18 @@ BAD_VALUES = [
     ),
     (
         "gpu",
+        "benchmarks[suite=fig6-memory].extra_info.budget_gib",
+        math.nan,
+        "is a number (nan), expected a finite number in [0, 1048576] or null",
+    ),
+    (
+        "gpu",
+        "benchmarks[suite=fig6-memory].extra_info.budget_gib",
+        math.inf,
+        "is a number (inf), expected a finite number in [0, 1048576] or null",
+    ),
+    (
+        "gpu",
         "benchmarks[suite=kernel-launch].extra_info.warps",
         0,
         "is an integer (0), expected an integer in [1, 65536]",
