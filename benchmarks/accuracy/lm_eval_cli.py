@@ -6,9 +6,9 @@
 
 lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
-With --model pnmix, the model_args are checked first (`lm_eval_model.check`, and with
---apply_chat_template whether there is a template to apply, that every task is known and that
---output_path can be written):
+With --model pnmix, the model_args are checked first (`lm_eval_model.check`, against the model's config
+`lm_eval_model.check_source`, and with --apply_chat_template whether there is a template to apply, that
+every task is known and that --output_path can be written):
 a refusal is one line and exit status 2, before lm-eval loads tasks or weights. `--use_cache BASE`
 keeps one request database per model and configuration (`lm_eval_model.cache_path`: lm-eval keys a
 response by the request alone).
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings = lm_eval_model.check({**(args.model_args or {}), **given})
                 if getattr(args, "apply_chat_template", False):
                     lm_eval_model.check_chat(settings)
+                lm_eval_model.check_source(settings)  # the model's config: RoPE, pair layout, positions
             except lm_eval_model.ModelArgsError as error:
                 print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
                 return 2

@@ -477,6 +477,30 @@ def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPr
     return config, max_length
 
 
+def check_source(settings: Settings) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
+    """`check_model` on the model's config as transformers reads it (not its weights): a config it cannot
+    read, or a model with no causal-LM class (an encoder such as BERT's is refused by `check_model` as
+    having no RoPE), is one line naming pretrained=."""
+    name = f"model_args pretrained={settings.options.pretrained}"
+    try:
+        model_config = settings.source.config()
+    except Exception as error:  # transformers' own refusal of the files: one line, not its traceback
+        raise ModelArgsError(f"{name}: transformers cannot read its config ({_one_line(error)})") from None
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(model_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelArgsError(
+            f"{name}: {settings.source.name} (model_type={getattr(model_config, 'model_type', None)!r}) is not a "
+            "causal language model transformers can load (AutoModelForCausalLM); give a decoder-only model"
+        )
+    return check_model(settings, model_config)
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
 # -- the model -------------------------------------------------------------------------------------
 
 
@@ -539,8 +563,7 @@ class PNMixLM(TemplateLM):
                 calibrated.get("name"),
                 source.name,
             )
-        model_config = source.config()
-        self.config, self._max_length = check_model(settings, model_config)
+        self.config, self._max_length = check_source(settings)
         model, self.tokenizer = source.load("sdpa")
         self.model = model.to(device=settings.device, dtype=settings.dtype)
         self.model.set_attn_implementation(pnmix.hf.ATTENTION)
@@ -706,12 +729,15 @@ class PNMixLM(TemplateLM):
         The method's Triton caches on a CUDA device, the spec's elsewhere; an implementation's (impl=)."""
         from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
 
+        layout = self._pair_layout
         if self.settings.plugin is not None:
-            return PNMixHFCache(self.model.config, self.config, impl=self.settings.plugin.impl, stepwise=self.stepwise)
+            return PNMixHFCache(
+                self.model.config, self.config, impl=self.settings.plugin.impl, stepwise=self.stepwise, **layout
+            )
         half = self.settings.dtype in (torch.float16, torch.bfloat16)  # what the Triton kernels take
         backend = "triton" if self.device.type == "cuda" and half else "reference"
         if not self.settings.per_token:
-            return PNMixHFCache(self.model.config, self.config, backend=backend, stepwise=True)
+            return PNMixHFCache(self.model.config, self.config, backend=backend, stepwise=True, **layout)
 
         bits = self.settings.allocation.bits
         tags = context_tags(self.tokenizer, text, len(context_enc), self._special(text))
@@ -722,7 +748,14 @@ class PNMixLM(TemplateLM):
             stepwise=True,
             token_bits=token_bits(tags, bits, self.config),
             generated_bits=bits.get(str(GENERATED), self.config.high_bits),
+            **layout,
         )
+
+    @property
+    def _pair_layout(self) -> dict:
+        """The RoPE pair layout `check_model` settled (the model's, or model_args pair_layout where the model's
+        cannot be told), as the caches take it."""
+        return {"pair_layout": self.config.pair_layout}
 
     def _forward(self, ids: list[int], cache, last_only: bool) -> torch.Tensor:
         """Logits [len(ids) or 1, vocab] (float32) of feeding `ids` through the cache in one forward."""
@@ -753,7 +786,10 @@ class PNMixLM(TemplateLM):
         from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
 
         recorder = PNMixHFCache(
-            self.model.config, methods.config(FP16, pair_layout=self.config.pair_layout), backend="reference"
+            self.model.config,
+            methods.config(FP16, pair_layout=self.config.pair_layout),
+            backend="reference",
+            **self._pair_layout,
         )
         recorder.record_prefill()
         last = self._forward(prompt_enc, recorder, last_only=True)[-1]

@@ -74,6 +74,13 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="more lm-eval task folders (beside the suite's benchmarks/tasks/configs)",
     )
+    p.add_argument(
+        "--pair-layout",
+        choices=("split", "adjacent"),
+        default=None,
+        help="the model's RoPE pair layout where it cannot be told from its code (split: rotate_half; adjacent: "
+        "interleaved pairs); refused where it contradicts the model's",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="where the result files go")
     return p
 
@@ -123,6 +130,28 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, so
     if too_long:
         p.error(f"--tasks {too_long}: longer than the model's context ({context} tokens)")
     return tasks, config
+
+
+def pair_layout(p: argparse.ArgumentParser, args: argparse.Namespace, config) -> str:
+    """The RoPE pair layout every run's caches take: the model's, probed from its code, else --pair-layout;
+    one line refusing a model without RoPE, a layout that cannot be told and is not given, or one that
+    contradicts the model's."""
+    from pnmix.hf import detect_pair_layout, has_rope  # deferred: transformers takes seconds to import
+
+    if has_rope(config) is False:
+        p.error(
+            f"--model {args.model}: no rotary position embedding (RoPE); PN-Mix's pairs are the channel pairs "
+            "RoPE rotates together"
+        )
+    detected = detect_pair_layout(config)
+    if detected is None and args.pair_layout is None:
+        p.error(
+            f"--pair-layout: cannot tell the RoPE pair layout of {args.model} from its code; give --pair-layout "
+            "split (rotate_half) or adjacent (interleaved pairs)"
+        )
+    if detected is not None and args.pair_layout not in (None, detected):
+        p.error(f"--pair-layout {args.pair_layout}: this model's RoPE pairs are {detected!r}")
+    return detected or args.pair_layout
 
 
 def head_dim(config) -> int:
@@ -400,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         RequestTooLong,
         check,
     )
-    from pnmix.hf import detect_pair_layout  # deferred: transformers takes seconds to import
 
-    d, layout = head_dim(config), detect_pair_layout(config) or "split"
+    d, layout = head_dim(config), pair_layout(p, args, config)
     runs = accuracy_sweep.plan(d, args.budgets, layout)
+    given = {} if args.pair_layout is None else {"pair_layout": layout}  # every run's caches take it
     if args.smoke:  # one task of each kind, where the tasks have both
         generation = [t for t in tasks if (parse_task_name(t) or ("", "", False))[2]]
         tasks = [*[t for t in tasks if t not in generation][:1], *generation[:1]] if generation else tasks[:2]
@@ -415,19 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in runs if r.role == "baseline" or not args.runs or r.label in args.runs]
     for r in runs:  # every run's model_args, before the weights load
         try:
-            check({"pretrained": args.model, **r.model_kwargs()})
+            check({"pretrained": args.model, **r.model_kwargs(), **given})
         except ModelArgsError as err:
             p.error(f"run {r.label!r}: {err}")
     import torch
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     start = time.monotonic()
-    base = PNMixLM(pretrained=args.model, method="FP16")
-    views = {r.label: PNMixLM.sharing(base, **r.model_kwargs()) for r in runs}
+    base = PNMixLM(pretrained=args.model, method="FP16", **given)
+    views = {r.label: PNMixLM.sharing(base, **{**r.model_kwargs(), **given}) for r in runs}
     loaded_code()  # the code as imported now: what the result records, whatever is edited while it runs
     identity = {
         "model": source.fingerprint,
         "runs": {r.label: r.model_args() for r in runs},
+        **given,
         "lm_eval": __import__("lm_eval").__version__,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

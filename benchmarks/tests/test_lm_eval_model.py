@@ -490,3 +490,59 @@ def test_the_triton_implementation_scores_as_the_spec_within_its_own_low_precisi
     want, own, got = (lm.loglikelihood(requests("loglikelihood", *pairs)) for lm in (spec32, spec16, triton))
     for (w, _), (r, _), (g, _) in zip(want, own, got, strict=True):
         assert abs(g - w) <= 2 * abs(r - w) + 1e-4 * abs(w), (g, r, w)
+
+
+def _other_model(folder: Path, tiny: Path, kind: str) -> Path:
+    """A small random model folder of another kind, with the tiny model's tokenizer files."""
+    import shutil
+
+    import transformers
+
+    folder.mkdir()
+    for f in tiny.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    if kind == "gpt2":  # a causal LM with learned positions, no RoPE
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=320))
+    else:  # an encoder
+        config = transformers.BertConfig(
+            num_hidden_layers=1, num_attention_heads=2, hidden_size=32, intermediate_size=32, vocab_size=320
+        )
+        model = transformers.BertModel(config)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "says"),
+    [
+        ("gpt2", "", "has no rotary position embedding (RoPE)"),
+        ("bert", "", "has no rotary position embedding (RoPE)"),
+        ("tiny", ",max_length=1000", "model_args max_length=1000: past the model's max_position_embeddings 256"),
+    ],
+)
+def test_the_command_refuses_a_model_it_cannot_run_before_lm_eval_sets_up(
+    tiny, tmp_path, capsys, monkeypatch, kind, extra, says
+):
+    from lm_eval._cli import HarnessCLI
+
+    monkeypatch.setattr(HarnessCLI, "execute", lambda *a, **k: pytest.fail("refused before lm-eval sets up"))
+    folder = tiny if kind == "tiny" else _other_model(tmp_path / kind, tiny, kind)
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={folder}{extra}", "--tasks", "hellaswag"]
+    assert lm_eval_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pnmix-lm-eval: error: model_args ") and says in err[-1]
+
+
+def test_a_pair_layout_given_in_model_args_reaches_the_caches(tiny, monkeypatch):
+    import pnmix.hf
+
+    monkeypatch.setattr(pnmix.hf, "detect_pair_layout", lambda config: None)  # a model whose layout cannot be told
+    with pytest.raises(ModelArgsError, match="give pair_layout=split"):
+        PNMixLM(pretrained=str(tiny), method="PN-Mix", **PAGES)
+    lm = PNMixLM(pretrained=str(tiny), method="PN-Mix", pair_layout="split", chunk=4, **PAGES)
+    text = DOCUMENT + QUESTION
+    assert lm._new_cache(text, lm.tok_encode(text)).config.pair_layout == "split"
+    (score,) = lm.loglikelihood(requests("loglikelihood", (DOCUMENT + DECODE_MARK + QUESTION, " 4213.")))
+    assert math.isfinite(score[0])
+    assert lm.record_prompt(lm.tok_encode(DOCUMENT))[0] is not None

@@ -236,3 +236,30 @@ def test_a_context_past_the_models_positions_is_refused_naming_the_document(tiny
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--tasks: task tinytask_mc doc 0: context + continuation is" in err
     assert "past max_length=256" in err and not list(tmp_path.glob("task-accuracy-*.json"))
+
+
+def test_a_pair_layout_the_model_cannot_tell_is_asked_for_and_reaches_every_run(tiny, tmp_path, monkeypatch, capsys):
+    import pnmix.hf
+
+    tiny_task(tmp_path)
+    argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(tmp_path)]
+    argv += ["--runs", "PN-Mix @ 2.25", "Kitty", "--threads", "1"]
+    with pytest.raises(SystemExit) as exit_:  # the tiny Llama's pairs are rotate_half's
+        task_accuracy.main([*argv, "--pair-layout", "adjacent"])
+    said = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--pair-layout adjacent: this model's RoPE pairs are 'split'" in said
+    monkeypatch.setattr(pnmix.hf, "detect_pair_layout", lambda config: None)  # a model whose layout cannot be told
+    with pytest.raises(SystemExit) as exit_:
+        task_accuracy.main(argv)
+    assert exit_.value.code == 2 and "--pair-layout: cannot tell the RoPE pair layout" in capsys.readouterr().err
+    seen = {}
+
+    def evaluate(tasks, limit, manager, shared):
+        text = DOC + " Question:"
+        for label, lm in {"FP16": shared.base, **shared.views}.items():
+            seen[label] = lm._new_cache(text, lm.tok_encode(text)).config.pair_layout
+        raise KeyboardInterrupt  # stop here: what the caches take is what is tested
+
+    monkeypatch.setattr(task_accuracy, "evaluate", evaluate)
+    assert task_accuracy.main([*argv, "--pair-layout", "split"]) == 128 + 2
+    assert seen and set(seen.values()) == {"split"} and {"PN-Mix @ 2.25", "Kitty"} <= set(seen)
