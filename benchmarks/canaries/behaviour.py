@@ -1,0 +1,164 @@
+"""Which canaries a result records, running them once per process, and what a result records of what
+decides it (`record`): the outcomes of its canaries, the model's fingerprint, its data's digests and the
+versions of the libraries that change numerics. `moved` says which of a result's canaries, or which of
+its data files, this tree and these libraries no longer reproduce.
+
+Canaries are named:
+- "method:NAME": the method NAME of `reference.methods` through its spec cache (`methods.run`);
+- "hf:LAYOUT:NAME": the method through `pnmix.hf.PNMixHFCache` on the tiny model of LAYOUT (`pipelines.hf`);
+- "impl:NAME": the implementation NAME (a plug-in) through `PNMixHFCache(impl=...)` (`pipelines.implementation`);
+- "pipeline:TOOL": a tool's own pipeline (`PIPELINES`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib.metadata
+import os
+from collections.abc import Iterable
+
+import torch
+
+from benchmarks.canaries import methods, outcome, pipelines, workloads
+from reference import methods as registry
+from reference.records import ROOT, code_key, file_digest
+
+#: The tools' own pipelines with a canary; the other tools' results are decided by their methods' canaries.
+PIPELINES = {
+    "fidelity": pipelines.fidelity,
+    "equal-bits": pipelines.equal_bits,
+    "long-output": pipelines.long_output,
+    "task-accuracy": pipelines.task_accuracy,
+}
+#: Libraries whose versions change numerics (recorded; the canaries say whether they did).
+NUMERICS = ("torch", "transformers", "lm-eval")
+#: Torch's threads while a canary runs: the same summation order on every machine wherever torch lets one.
+THREADS = 1
+
+
+def names_for(used: Iterable[str] = (), pipeline: str | None = None) -> list[str]:
+    """The canaries of a result that used `used` (method names of the registry, or "impl:NAME" for a plug-in)
+    and the tool `pipeline`: each method's spec cache and its path through transformers on every layout."""
+    out = []
+    for name in dict.fromkeys(used):
+        if name.startswith("impl:"):
+            out.append(name)
+        elif name in registry.REGISTRY:
+            out += [f"method:{name}", *(f"hf:{layout}:{name}" for layout in workloads.LAYOUTS)]
+        else:
+            raise ValueError(f"no canary for {name!r}: a method of reference.methods or 'impl:NAME'")
+    if pipeline is not None:
+        if pipeline not in PIPELINES:
+            raise ValueError(f"no pipeline canary {pipeline!r}; pipelines with one: {sorted(PIPELINES)}")
+        out.append(f"pipeline:{pipeline}")
+    return out
+
+
+def describe(name: str) -> str:
+    """A canary's name as a reader reads it."""
+    kind, _, rest = name.partition(":")
+    if kind == "method":
+        return f"{rest} (spec cache)"
+    if kind == "hf":
+        layout, _, method = rest.partition(":")
+        return f"{method} through the transformers cache ({layout})"
+    if kind == "impl":
+        return f"implementation {rest}"
+    return f"the {rest} pipeline"
+
+
+@contextlib.contextmanager
+def _quiet_and_single_threaded():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    bars = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        if bars is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = bars
+
+
+def compute(name: str) -> dict:
+    """Run the canary `name` now (no cache)."""
+    kind, _, rest = name.partition(":")
+    with _quiet_and_single_threaded():
+        if kind == "method":
+            return methods.run(rest)
+        if kind == "hf":
+            layout, _, method = rest.partition(":")
+            return pipelines.hf(layout, method)
+        if kind == "impl":
+            return pipelines.implementation(rest)
+        if kind == "pipeline":
+            return PIPELINES[rest]()
+    raise ValueError(f"not a canary name: {name!r}")
+
+
+@functools.cache
+def _cached(name: str) -> tuple[dict | None, str]:
+    try:
+        return compute(name), ""
+    except Exception as error:  # a canary that cannot run here moved
+        return None, f"{type(error).__name__}: {error}"
+
+
+def run(name: str) -> dict:
+    """The canary `name`, computed once per process (a report runs each canary once, however many results
+    recorded it); an exception if it cannot run."""
+    result, error = _cached(name)
+    if result is None:
+        raise RuntimeError(f"canary {name} cannot run: {error}")
+    return copy.deepcopy(result)
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in NUMERICS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def record(
+    used: Iterable[str] = (), pipeline: str | None = None, *, model_fingerprint=None, data: Iterable = ()
+) -> dict:
+    """What decides a result (its `behaviour` field): {"canaries": {name: outcome}, "model_fingerprint",
+    "data": {file: sha256}, "versions"}."""
+    files = {code_key(p.resolve() if hasattr(p, "resolve") else ROOT / str(p)): file_digest(p) for p in data}
+    return {
+        "canaries": {n: run(n) for n in names_for(used, pipeline)},
+        "model_fingerprint": model_fingerprint,
+        "data": dict(sorted(files.items())),
+        "versions": versions(),
+    }
+
+
+def moved(behaviour: dict) -> list[str]:
+    """What of a recorded `behaviour` this tree does not reproduce, each as a reader reads it: a canary that
+    moved (with its parts that did), one that cannot run, a data file that changed or is missing."""
+    out = []
+    for name, recorded in sorted((behaviour.get("canaries") or {}).items()):
+        result, error = _cached(name)
+        if result is None:
+            out.append(f"{describe(name)}: cannot run ({error})")
+            continue
+        parts = outcome.moved(recorded, result)
+        if parts:
+            out.append(f"{describe(name)}: {', '.join(parts)}")
+    from reference.records import code_path
+
+    for key, digest in sorted((behaviour.get("data") or {}).items()):
+        path = code_path(key)
+        if path is None or file_digest(path) != digest:
+            out.append(f"data `{key}` changed" if path is not None else f"data `{key}` is not here")
+    return out
