@@ -6,13 +6,15 @@ A refusal is the parser's error, as argparse refuses a bad argument: one line na
 the path, what is wrong and the fix; exit status 2. Nothing here loads weights: a GGUF's header and
 tensor index are read (`gguf_header`: under a second for a 262K-token vocabulary), so a file cut
 short by a download or damaged on disk is refused before minutes of loading, not after; a folder's
-JSON files are parsed. A chat template is looked for where the command needs one, unless an option
-replaces it (`benchmarks.models.chat_format`).
+JSON files are parsed, its tokenizer files looked for and its safetensors files' headers read against
+their lengths (a save or download stopped part-way). A chat template is looked for where the command
+needs one, unless an option replaces it (`benchmarks.models.chat_format`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import mmap
 import os
@@ -277,6 +279,70 @@ def model_problem(source: ModelSource) -> str | None:
             )
     except ValueError as err:
         return str(err)
+    return tokenizer_problem(source.folder) or weights_problem(source.folder)
+
+
+#: The files a transformers tokenizer is read from (fast, SentencePiece, BPE and WordPiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "merges.txt")
+TOKENIZER_FETCH = "copy the model's tokenizer files into it (its tokenizer's save_pretrained writes them)"
+
+
+def tokenizer_problem(folder: Path) -> str | None:
+    """A transformers folder without any tokenizer vocabulary: transformers would load the weights first and
+    then fail to find one."""
+    if any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.model")):
+        return None
+    return f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); {TOKENIZER_FETCH}"
+
+
+def weights_problem(folder: Path) -> str | None:
+    """A safetensors file of the folder that ends before its header or its last tensor's data (a download
+    or a save stopped part-way), read from its header alone; a shard the index names that is missing."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json_object(index).get("weight_map", {}).values()))
+        except (ValueError, AttributeError) as err:
+            return str(err)
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            return f"{index}: names {missing[0]}, which is not in the folder ({len(missing)} missing); {FETCH_AGAIN}"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem is not None:
+            return f"{path}: {problem}; {FETCH_AGAIN}"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's header or length (8 bytes of header length, a JSON header,
+    then every tensor's data at the offsets the header gives), None when it is whole."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"the file is {size:,} bytes, shorter than a safetensors header: it is truncated"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"its header is {n:,} bytes, past the file's {size:,}: it is truncated or damaged"
+            header = json.loads(f.read(n))
+    except OSError as err:
+        return f"cannot read it ({err.strerror or err})"
+    except (ValueError, RecursionError):
+        return "its header is not valid JSON: it is damaged"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object: it is damaged"
+    ends = [
+        (entry["data_offsets"][1], name)
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets") or ()) == 2
+    ]
+    end, last = max(ends, default=(0, None))
+    if 8 + n + end > size:
+        return (
+            f"the file is {size:,} bytes, but the data of tensor {last!r} ends at byte {8 + n + end:,}: it is truncated"
+        )
     return None
 
 

@@ -451,3 +451,46 @@ def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(fault, tiny, tm
     (kept,) = (tmp_path / "spare").glob("*/*.json")
     result = json.loads(kept.read_text())
     assert str(kept.parent) in message and result["kind"] == fault.kind and fault.check(result)
+
+
+def _no_tokenizer(folder: Path) -> Path:
+    for f in folder.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            f.unlink()
+    return folder
+
+
+def _half_written(folder: Path) -> Path:
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _header_cut(folder: Path) -> Path:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return folder
+
+
+#: (a transformers folder made from a whole one, the file the refusal names, what it says).
+BAD_FOLDERS = {
+    "no tokenizer files": (_no_tokenizer, "", "no tokenizer files"),
+    "half-written safetensors": (_half_written, "model.safetensors", "truncated"),
+    "safetensors cut in its header": (_header_cut, "model.safetensors", "truncated"),
+}
+
+
+@pytest.mark.parametrize("tool", _with("model"), ids=lambda t: t.id)
+@pytest.mark.parametrize("probe", BAD_FOLDERS)
+def test_a_folder_without_a_tokenizer_or_with_cut_weights_is_refused_before_it_loads(
+    tool, probe, tiny, tmp_path, capsys, guarded
+):
+    make, named, says = BAD_FOLDERS[probe]
+    model = make(Path(shutil.copytree(tiny, tmp_path / "model")))
+    refused(tool, tool.args(tmp_path / "out", model), capsys, str(model / named), says)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_folder_has_no_problem(tiny):
+    assert preflight.model_problem(model_source.resolve(str(tiny))) is None
