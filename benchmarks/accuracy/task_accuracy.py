@@ -124,6 +124,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, manager, so
         )
     if not tasks:
         p.error(f"--lengths {args.lengths}: no task of the suite at these lengths")
+    from benchmarks.accuracy.lm_eval_cli import offline_tasks  # deferred: lm-eval takes seconds to import
+
+    offline = offline_tasks(tasks, None, manager)
+    if offline:
+        p.error(f"--tasks: {offline}")
     config = source.config()
     context = int(getattr(config, "max_position_embeddings", None) or 2048)
     too_long = [t for t in tasks if task_tokens(t) is not None and task_tokens(t) > context]

@@ -275,7 +275,9 @@ def test_a_request_past_max_length_is_refused_naming_the_document(tiny):
 def test_the_command_refuses_an_output_path_it_cannot_write_before_running(tiny, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--tasks", "hellaswag"]
+    configs = str(ROOT / "benchmarks" / "tasks" / "configs")
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--tasks", "pnmix_passkey_1k"]
+    argv += ["--include_path", configs]
     assert lm_eval_cli.main([*argv, "--output_path", str(blocker / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"pnmix-lm-eval: error: --output_path {blocker / 'out'}: ") and "not a folder" in err[-1]
@@ -546,3 +548,23 @@ def test_a_pair_layout_given_in_model_args_reaches_the_caches(tiny, monkeypatch)
     (score,) = lm.loglikelihood(requests("loglikelihood", (DOCUMENT + DECODE_MARK + QUESTION, " 4213.")))
     assert math.isfinite(score[0])
     assert lm.record_prompt(lm.tok_encode(DOCUMENT))[0] is not None
+
+
+def test_the_command_refuses_a_hub_task_it_cannot_download_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch):
+    import datasets.config
+    from huggingface_hub import constants
+    from lm_eval._cli import HarnessCLI
+
+    monkeypatch.setattr(HarnessCLI, "execute", lambda *a, **k: pytest.fail("refused before lm-eval sets up"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    configs = str(ROOT / "benchmarks" / "tasks" / "configs")
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny}", "--include_path", configs, "--tasks"]
+    assert lm_eval_cli.main([*argv, "pnmix_passkey_1k", "hellaswag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("pnmix-lm-eval: error: --tasks: ['hellaswag'] read ['Rowan/hellaswag'] from the Hugging Face")
+    assert "switched off" in err
+    (tmp_path / "datasets" / "Rowan___hellaswag").mkdir(parents=True)  # downloaded before: lm-eval reads it
+    monkeypatch.setattr(HarnessCLI, "execute", lambda *a, **k: None)
+    assert lm_eval_cli.main([*argv, "hellaswag"]) == 0

@@ -91,10 +91,17 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
         (["--budgets", "2.25", "2.25"], "--budgets: 2.25 given twice"),
         (["--smoke", "--runs", "Kitty"], "--smoke runs its own pipeline check"),
         (["--smoke", "--budgets", "3"], "--smoke runs its own pipeline check"),
+        (["--tasks", "hellaswag"], "--tasks: ['hellaswag'] read ['Rowan/hellaswag'] from the Hugging Face hub"),
     ],
 )
 def test_bad_arguments_are_refused_before_the_model_loads(tiny, tmp_path, capsys, argv, says, monkeypatch):
+    import datasets.config
+    from huggingface_hub import constants
+
     monkeypatch.setattr(task_accuracy, "evaluate", lambda *a, **k: pytest.fail("refused before any work"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")  # no hub dataset cached
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     tiny_task(tmp_path)
     base = ["--model", str(tiny), "--include-path", str(tmp_path), "--tasks", "tinytask_mc", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as exit_:
