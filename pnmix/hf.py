@@ -723,6 +723,7 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
         )
     if layer.backend == IMPL_BACKEND and layer.window is None:
         _check_protocol_attention(layer.impl, d, scaling, softcap)
+    through_impl = layer.backend == IMPL_BACKEND and layer.started and layer.window is None
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
@@ -733,7 +734,29 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
         out = layer.cache.attend(query)
     else:
         out = layer.cache.attend(query, scale=scaling, softcap=softcap)
+    if through_impl:
+        _check_attention_output(layer, query, out)
     return out
+
+
+def _check_attention_output(layer, query: torch.Tensor, out: object) -> None:
+    """An implementation's attention (impl=) is finite where its queries are (its cache was given finite
+    keys and values: `update` checks them): a NaN it returns is named here, with its layer, not found as
+    the next layer's keys. One device->host read per layer and forward."""
+    where = f"impl={_name(layer.impl)!r} at layer {_index(layer)}"
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(query.shape):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"attention of {where} returned {shape}, expected the queries' shape {tuple(query.shape)}")
+    if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(query).all()):
+        raise ValueError(
+            f"attention of {where} returned NaN or Inf from finite queries over its cache of finite keys and "
+            "values: the implementation's attend is at fault"
+        )
+
+
+def _index(layer) -> int | str:
+    owner = layer.owner
+    return next((i for i, other in enumerate(owner.layers) if other is layer), "?") if owner is not None else "?"
 
 
 def _check_protocol_attention(impl, head_dim: int, scaling: float, softcap: float | None) -> None:

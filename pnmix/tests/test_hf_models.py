@@ -500,3 +500,32 @@ def test_a_model_without_rope_is_refused_even_with_a_pair_layout():
     gpt2 = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32)
     with pytest.raises(ValueError, match="has no rotary position embedding"):
         hf.PNMixHFCache(gpt2, METHODS["PN-Mix"](), pair_layout="split")
+
+
+class NaNAttention(RequiredOnly):
+    """An implementation whose attention returns NaN in one layer's cache (the third it creates)."""
+
+    name = "nan-attention"
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def create(self, config):
+        cache, self.made = super().create(config), self.made + 1
+        if self.made == 3:
+            cache.attend = lambda q: torch.full_like(q, float("nan"))
+        return cache
+
+
+def test_an_implementation_whose_attention_returns_nan_is_named_with_its_layer():
+    model, _ = build("llama")  # 4 layers
+    model.set_attn_implementation("pnmix")
+    config = METHODS["PN-Mix"](group_size=8, residual_length=8, n_sink=2)
+    ids = torch.randint(3, 128, (1, 14), generator=torch.Generator().manual_seed(5))
+    cache = hf.PNMixHFCache(model.config, config, impl=NaNAttention())
+    arg = hf.cache_argument(model)
+    with torch.no_grad():
+        model(input_ids=ids[:, :12], **{arg: cache})  # the prompt: exact attention
+        with pytest.raises(ValueError, match=r"attention of impl='nan-attention' at layer 2 returned NaN or Inf"):
+            model(input_ids=ids[:, 12:13], **{arg: cache})
+    assert cache.get_seq_length() == 12  # the failed step is rolled back
