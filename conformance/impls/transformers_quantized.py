@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
+import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -238,7 +241,75 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def quanto_extensions() -> list:
+    """optimum-quanto's C++/CUDA extensions registered on this machine (compiled by torch's cpp_extension
+    into each one's `build_directory` inside site-packages on first use)."""
+    try:
+        from optimum.quanto.library.extensions import extension
+    except ImportError:
+        return []
+    return list(getattr(extension, "_extensions", {}).values())
+
+
+def lock_holders(path: Path) -> list[int] | None:
+    """The processes that hold `path` open (Linux /proc); None where that cannot be told (no /proc, or
+    processes whose open files this user cannot read)."""
+    proc, target = Path("/proc"), os.path.realpath(path)
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    holders, unreadable = [], False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except PermissionError:
+            unreadable = True
+            continue
+        except OSError:  # the process ended meanwhile
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) == target:
+                    holders.append(int(entry.name))
+                    break
+            except OSError:
+                continue
+    return holders if holders or not unreadable else None
+
+
+def check_quanto_build(extensions=None, say=None) -> None:
+    """Before optimum-quanto's first use: torch's cpp_extension builds an extension under a lock file,
+    `<build_directory>/lock` (`torch.utils.file_baton.FileBaton`, which holds it open while it builds),
+    and every later use waits, without a word, for as long as that file exists. A lock no process holds
+    is left by an interrupted build: RuntimeError naming the file to delete. A build in progress, or one
+    about to start (minutes, once per install), is said on stderr."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    for ext in quanto_extensions() if extensions is None else extensions:
+        build = Path(ext.build_directory)
+        lock = build / "lock"
+        if lock.exists():
+            holders = lock_holders(lock)
+            if holders == []:
+                raise RuntimeError(
+                    f"optimum-quanto's extension {ext.name} has a stale build lock {lock} (left by an interrupted "
+                    "build: no process holds it), on which every use would wait forever; delete that file (the "
+                    "next use compiles the extension again, minutes once)"
+                )
+            who = "another process" if holders is None else f"process {', '.join(map(str, holders))}"
+            say(
+                f"transformers-quanto: {who} is compiling optimum-quanto's extension {ext.name} (lock {lock}); "
+                "its first use waits for that build (if none is running, delete the lock)"
+            )
+        elif getattr(ext, "_lib", None) is None and not any(build.glob("*.so")):
+            say(
+                f"transformers-quanto: optimum-quanto compiles its extension {ext.name} on first use, in {build} "
+                "(minutes, once per install)"
+            )
+
+
 def make_quanto() -> LayerImplementation:
+    check_quanto_build()
     return LayerImplementation(BACKENDS["quanto"])
 
 

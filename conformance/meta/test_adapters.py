@@ -55,3 +55,34 @@ def test_the_transformers_adapter_attends_as_transformers_sdpa_does(new):
     # rounds as the spec does; on a GPU its fused kernels do not)
     ((q_in, k_in, v_in), _), *others = spy.call_args_list
     assert not others and q_in.dtype == k_in.dtype == v_in.dtype == torch.float16
+
+
+def test_the_quanto_adapter_names_a_stale_build_lock_and_says_when_it_compiles(tmp_path, monkeypatch):
+    import os
+    from types import SimpleNamespace
+
+    from conformance.impls import transformers_quantized as tq
+
+    ext = SimpleNamespace(name="quanto_cpp", build_directory=str(tmp_path), _lib=None)
+    monkeypatch.setattr(tq, "quanto_extensions", lambda: [ext])
+    said = []
+    tq.check_quanto_build(say=said.append)  # nothing built yet: the first use compiles
+    assert len(said) == 1 and f"compiles its extension quanto_cpp on first use, in {tmp_path}" in said[0]
+    lock = tmp_path / "lock"
+    held = os.open(lock, os.O_CREAT | os.O_EXCL)  # as torch's FileBaton holds it while it builds
+    try:
+        said.clear()
+        tq.check_quanto_build(say=said.append)
+        assert len(said) == 1 and f"process {os.getpid()} is compiling" in said[0] and str(lock) in said[0]
+    finally:
+        os.close(held)
+    with pytest.raises(ValueError) as error:  # the build was interrupted: its lock outlived it
+        loader.load("transformers-quanto")
+    message = str(error.value)
+    assert "\n" not in message and "'transformers-quanto'" in message
+    assert f"stale build lock {lock}" in message and "delete that file" in message
+    lock.unlink()
+    (tmp_path / "quanto_cpp.so").write_bytes(b"")
+    said.clear()
+    tq.check_quanto_build(say=said.append)  # built: nothing to say
+    assert said == [] and loader.load("transformers-quanto").name == "transformers-quanto"
