@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import math
+import os
 import re
+import signal
+import threading
+from contextlib import contextmanager
 
 from packaging.requirements import Requirement
 
@@ -82,9 +87,81 @@ def available_names() -> list[str]:
     return sorted(_entry_points())
 
 
+#: Seconds an implementation's import and factory get (`load`); the environment variable overrides it.
+LOAD_TIMEOUT_S = 300.0
+LOAD_TIMEOUT_ENV = "PNMIX_LOAD_TIMEOUT_S"
+
+
+class _LoadTimeout(BaseException):
+    """Raised into a load past its time budget (a BaseException: a plug-in's `except Exception` keeps it not)."""
+
+
+def load_timeout_s() -> float | None:
+    """The time budget of loading an implementation: PNMIX_LOAD_TIMEOUT_S (0: none) or LOAD_TIMEOUT_S;
+    ValueError naming the variable for a value that is no number of seconds."""
+    text = os.environ.get(LOAD_TIMEOUT_ENV)
+    if text is None:
+        return LOAD_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{LOAD_TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 (0: no time limit)")
+    return value or None
+
+
+@contextmanager
+def _time_budget(seconds: float | None):
+    """Interrupt the block after `seconds` (SIGALRM; only in the main thread of a POSIX process, elsewhere
+    the block runs unbounded), then put back the handler and any timer that were in place."""
+    main = threading.current_thread() is threading.main_thread()
+    if seconds is None or not hasattr(signal, "setitimer") or not main:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _LoadTimeout(_where(frame))
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    earlier = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if earlier[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *earlier)
+
+
+def _where(frame) -> str:
+    """'file:line in function' of the innermost frame outside this module and the import machinery: what a
+    load was waiting on."""
+    while frame is not None and (
+        frame.f_code.co_filename == __file__ or frame.f_code.co_filename.startswith("<frozen importlib")
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
 def load(name: str) -> object:
     """The implementation object named `name`; ValueError, one line naming the module, the factory and
-    the cause, if it is unknown, cannot be imported, its factory raises or returns no implementation."""
+    the cause, if it is unknown, cannot be imported, its factory raises or returns no implementation, or
+    its import and factory take longer than `load_timeout_s` (naming where it was waiting)."""
+    budget = load_timeout_s()
+    try:
+        with _time_budget(budget):
+            return _load(name)
+    except _LoadTimeout as late:
+        raise ValueError(
+            f"implementation {name!r}: loading did not finish within {budget:g} s (its import and factory); it was "
+            f"waiting in {late}; fix the plug-in, or give it more time with {LOAD_TIMEOUT_ENV}=SECONDS"
+        ) from None
+
+
+def _load(name: str) -> object:
     if ":" in name:
         obj, factory, origin = _import(name), name, name
     else:

@@ -62,6 +62,20 @@ def returns_42():
     return 42
 
 
+def sleeps():
+    import time
+
+    time.sleep(30)  # a factory that never finishes: waiting on a lock, a download, a build
+
+
+def sleeps_and_keeps_going():
+    try:
+        sleeps()
+    except Exception:  # a plug-in that swallows errors does not swallow the time budget
+        pass
+    return ReferenceImplementation()
+
+
 #: An implementation module that raises on import (written to a temporary folder on sys.path).
 BROKEN_MODULE = 'raise RuntimeError("cannot start")\n\ndef make():\n    pass\n'
 
@@ -183,3 +197,25 @@ def test_two_implementations_under_one_name_are_refused_naming_both_origins():
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and len(said) == 1, said[-30:]
     assert "--impl reference.contract.implementation:make is named 'reference', as is reference" in said[0]
     assert "reference = reference.contract.implementation:make (pnmix" in said[0] and "must be unique" in said[0]
+
+
+@pytest.mark.parametrize("factory", ["sleeps", "sleeps_and_keeps_going"])
+def test_a_load_past_its_time_budget_is_stopped_naming_where_it_waited(monkeypatch, factory):
+    import time
+
+    monkeypatch.setenv(loader.LOAD_TIMEOUT_ENV, "0.5")
+    start = time.monotonic()
+    with pytest.raises(ValueError) as err:
+        loader.load(f"{HERE}:{factory}")
+    message = str(err.value)
+    assert time.monotonic() - start < 10 and "\n" not in message
+    assert message.startswith(f"implementation '{HERE}:{factory}': loading did not finish within 0.5 s")
+    assert f"waiting in {__file__}:" in message and "in sleeps" in message and "PNMIX_LOAD_TIMEOUT_S" in message
+    monkeypatch.setenv(loader.LOAD_TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match=r"^PNMIX_LOAD_TIMEOUT_S='soon': expected a number of seconds >= 0"):
+        loader.load("reference")
+    monkeypatch.delenv(loader.LOAD_TIMEOUT_ENV)
+    assert loader.load("reference").name == "reference"  # within the default budget, no timer left behind
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

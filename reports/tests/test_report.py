@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.efficiency import memory as bench_memory
 from benchmarks.efficiency.architectures import ARCHITECTURES
-from reference import PNMixConfig, bit_widths
-from reports import cli, files, steps
+from reference import PNMixConfig, bit_widths, records
+from reports import cli, currency, files, steps
 from reports.sections import conformance as conformance_section
 from reports.sections import summary as summary_section
 from reports.tests import synthetic, test_files, test_inputs
@@ -93,16 +93,16 @@ def test_quick_report_numbers_match_their_sources(quick):
     fig6b = {int(r["batch"]): r for r in table_after(md, "### Fig. 6b")}
     assert fig6b[20]["FP16"] == f"{bench_memory.point(arch, 'FP16', 20, 8192).peak_gib:.2f}"
     assert fig6b[128]["FP16"].endswith("OOM")
-    # committed results that record no code fingerprint are history, not compared
+    # committed measurements without canaries, and other results without a code fingerprint, are history
     assert "The fidelity analyses were not run here (--quick)" in md
     history = {r["file"].strip("`"): r for r in table_after(md, "## 10. History")}
-    committed = [
-        p
-        for p in (ROOT / "benchmarks" / "results").rglob("*.json")
-        if "code" not in json.loads(p.read_text()) and "benchmarks" not in json.loads(p.read_text())
-    ]
-    for p in committed:
-        assert history[p.relative_to(ROOT).as_posix()]["why not current"].startswith("records no code fingerprint")
+    for p in (ROOT / "benchmarks" / "results").rglob("*.json"):
+        data = json.loads(p.read_text())
+        why = history.get(p.relative_to(ROOT).as_posix(), {}).get("why not current", "")
+        if records.kind_of(data) in currency.BEHAVIOUR_KINDS and "behaviour" not in data:
+            assert why == currency.NO_CANARIES, p
+        elif "code" not in data and "benchmarks" not in data:
+            assert why.startswith("records no code fingerprint"), p
     # benchmark suites: run on the CPU (tiny harness), the plug-in beside the built-ins, labelled as such
     ran = {r["step"]: r for r in table_after(md, "### What ran here")}
     assert ran["benchmark suites"]["status"] == "ok" and f"--impl {PLUGIN}" in ran["benchmark suites"]["command"]
@@ -174,10 +174,12 @@ def test_bad_arguments_are_named(argv, says, capsys):
     [
         ("returns_none", "its factory returned None (NoneType), not an implementation: it lacks name,"),
         ("broken_factory", "its factory raised RuntimeError: no device"),
+        ("sleeps", "loading did not finish within 3 s (its import and factory); it was waiting in "),
     ],
 )
 def test_an_implementation_that_does_not_load_stops_the_run_at_once(tmp_path, monkeypatch, capsys, factory, says):
     monkeypatch.setattr(steps, "run_all", lambda *a, **k: pytest.fail("a load failure must stop it before any step"))
+    monkeypatch.setenv("PNMIX_LOAD_TIMEOUT_S", "3")  # a factory that never ends is stopped at its budget
     impl = f"conformance.meta.test_loader:{factory}"
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--out-dir", str(tmp_path), "--name", "r", "--impl", impl, "--no-benchmarks", "--fidelity", "off"])
