@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -130,6 +131,14 @@ def parser() -> argparse.ArgumentParser:
         help="run the fidelity analyses on SmolLM2-135M: full (~21 min on 2 CPU cores), smoke (~1 min), off "
         "(default: smoke, --quick: off)",
     )
+    p.add_argument(
+        "--step-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the time budget of every step (default: each step's own, reports.steps.BUDGETS_S; 0: no limit); a "
+        "step past it is stopped, its status naming what it was waiting on",
+    )
     return p
 
 
@@ -141,6 +150,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Giv
             f"--name must be a plain folder name of at most {NAME_MAX} characters: letters, digits and . _ + = @ , - "
             f"(no path separator, space or control character; not starting with '.' or '-'), got {name!r}"
         )
+    budget = args.step_budget
+    if budget is not None and (not math.isfinite(budget) or budget < 0):
+        p.error(f"--step-budget must be a number of seconds >= 0 (0: no limit), got {budget}")
     known = set(loader.available_names())
     for flag, names in (("--impl", args.impl), ("--only", args.only)):
         for impl in names:
@@ -203,7 +215,7 @@ def plan(args: argparse.Namespace, data: Path) -> list[steps.Step | steps.Outcom
     mode = args.fidelity or ("off" if args.quick else "smoke")
     if mode != "off":
         todo.append(steps.fidelity_step(mode, data))
-    return todo
+    return steps.with_budget(todo, args.step_budget)
 
 
 def this_run_sources(outcomes: list[steps.Outcome], staging: Path, final: Path) -> list[inputs.Source]:

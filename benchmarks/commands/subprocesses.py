@@ -36,6 +36,7 @@ class Ended:
     seconds: float
     timed_out: bool
     tail: tuple[str, ...]
+    waiting_on: str = ""  # past its budget: its last line before it was interrupted (what it was waiting on)
 
 
 def _preexec():
@@ -156,12 +157,13 @@ def run(
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
+        timed_out, waiting_on = False, ""
         try:
             while True:
                 left = None if timeout_s is None else timeout_s - (time.monotonic() - start)
                 if left is not None and left <= 0:
                     timed_out = True
+                    waiting_on = next((t.strip() for t in reversed(tail) if t.strip()), "")
                     _interrupt(proc, grace_s)
                     break
                 try:
@@ -179,4 +181,4 @@ def run(
     finally:
         if sink is not None:
             sink.close()
-    return Ended(exit_code, round(time.monotonic() - start, 1), timed_out, tuple(tail))
+    return Ended(exit_code, round(time.monotonic() - start, 1), timed_out, tuple(tail), waiting_on)

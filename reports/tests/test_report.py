@@ -161,6 +161,8 @@ def test_a_bad_input_fails_at_once_naming_the_file(tmp_path, monkeypatch, capsys
         (["--impl", "kivi", "--no-conformance"], "contradict"),
         (["--only", "nonesuch"], "--only 'nonesuch'"),
         (["--impl", "kivi", "--only", "fp16"], "give one of them"),
+        (["--step-budget", "-1"], "--step-budget must be a number of seconds >= 0 (0: no limit), got -1.0"),
+        (["--step-budget", "nan"], "--step-budget must be a number of seconds >= 0 (0: no limit), got nan"),
     ],
 )
 def test_bad_arguments_are_named(argv, says, capsys):
@@ -419,3 +421,29 @@ def test_a_planted_link_in_the_out_dir_is_not_said_removed(tmp_path, capsys):
     (tmp_path / "out" / ".r.x.tmp").symlink_to(tmp_path / "target")
     assert cli.main(["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", *NOTHING_RUN]) == 0
     assert "removed" not in capsys.readouterr().err and (tmp_path / "out" / ".r.x.tmp").is_symlink()
+
+
+def test_a_step_past_its_time_budget_is_stopped_naming_what_it_waited_on(tmp_path, capsys):
+    import sys
+    import time
+
+    from tqdm import tqdm
+
+    code = "import time; print('waiting on the build lock /x/lock', flush=True); time.sleep(60)"
+    step = steps.Step("slow", (sys.executable, "-c", code), tmp_path / "slow", 1.0)
+    start = time.monotonic()
+    with tqdm(disable=True) as bar:
+        outcome = steps.run(step, bar, 0.2)
+    assert time.monotonic() - start < 20  # its budget, then the grace it gets to end
+    assert outcome.status.startswith("failed: stopped at its time budget of 1 s, still running `python -c ")
+    assert "what it was waiting on: 'waiting on the build lock /x/lock' (no result file; see the log)" in outcome.status
+
+
+def test_every_step_has_a_time_budget_and_step_budget_sets_them(tmp_path):
+    args = cli.parser().parse_args(["--fidelity", "smoke"])
+    planned = [s for s in cli.plan(args, tmp_path) if isinstance(s, steps.Step)]
+    assert planned and all(s.budget_s and s.budget_s > 0 for s in planned)
+    args = cli.parser().parse_args(["--fidelity", "smoke", "--step-budget", "90"])
+    assert {s.budget_s for s in cli.plan(args, tmp_path) if isinstance(s, steps.Step)} == {90.0}
+    args = cli.parser().parse_args(["--step-budget", "0"])
+    assert {s.budget_s for s in cli.plan(args, tmp_path) if isinstance(s, steps.Step)} == {None}
