@@ -1,13 +1,25 @@
 """Which results measured the code of this tree: those go to the comparison; the others, to History.
 
-A result records the code it measured (`reference.records.code_fingerprint`: every file's sha256, what
-each file does as the digests of its definitions, and the commit). A result is current while every
-definition it measured is in this tree (in any file: comments, docstrings, layout and moves change
-nothing; `changed_files`), or, for a result that records bytes only, while every file is unchanged; it
-belongs to history otherwise, labelled with its commit and the files that changed.
-A result that records no code (written before results carried it) cannot be shown to be current,
-so it is history too. A conformance or benchmark file with several implementations or points is
-split: each part goes where its own code says.
+A result of a measurement tool (`BEHAVIOUR_KINDS`: fidelity, long outputs, equal bits, role calibration, task
+accuracy) records what decides it (`benchmarks.canaries.behaviour.record`): the canaries of the methods,
+implementations and pipeline it ran (the same code paths on fixed tiny workloads), its data's digests, the
+model's fingerprint and the versions of the libraries that change numerics. Such a result is current while
+its canaries reproduce here (each canary runs once per report) and its data files are unchanged: a refactor,
+a moved file or a reworded comment changes nothing, while a change of what a method or a step computes
+sends every result that ran it to History, naming the method or step. A measurement result without canaries
+is never current.
+
+Conformance, GPU-check and pytest-benchmark (timing) files keep the rule below: a timing measures the code
+that ran on the device it ran on, which a CPU canary cannot reproduce, and a conformance verdict covers the
+inputs its properties draw, which a fixed workload does not (a kernel timing could stay current while its
+compiled kernel is the same; nothing here digests the SASS yet, so timings follow the code). Such a result
+records the code it measured (`reference.records.code_fingerprint`: every file's sha256, what each file does
+as the digests of its definitions, and the commit). It is current while every definition it measured is in
+this tree (in any file: comments, docstrings, layout and moves change nothing; `changed_files`), or, for a
+result that records bytes only, while every file is unchanged; it belongs to history otherwise, labelled
+with its commit and the files that changed. A result that records no code (written before results carried
+it) cannot be shown to be current, so it is history too. A conformance or benchmark file with several
+implementations or points is split: each part goes where its own code says.
 """
 
 from __future__ import annotations
@@ -16,10 +28,14 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 
+from benchmarks.canaries import behaviour as canaries
 from reference import records
 from reports.inputs import BENCHMARK, Source
 
 NO_FINGERPRINT = "records no code fingerprint (written before results recorded the code they measured)"
+NO_CANARIES = "records no canaries (written before results recorded the behaviour they measured): remake it"
+#: The kinds judged by their canaries (`judge_behaviour`).
+BEHAVIOUR_KINDS = frozenset({"fidelity", "long-output", "equal-bits", "role-calibration", "task-accuracy"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +92,21 @@ def judge(codes: Sequence[dict | None], commit: str | None = None) -> Verdict:
     return Verdict(False, f"its code differs from this tree's: {shown}", commit)
 
 
+def judge_behaviour(data: dict) -> Verdict:
+    """A measurement result: current while every canary it recorded reproduces and its data files are
+    unchanged (`benchmarks.canaries.behaviour.moved`); never without canaries."""
+    code = data.get("code")
+    commit = code.get("commit") if isinstance(code, dict) else None
+    recorded = data.get("behaviour")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("canaries"), dict) or not recorded["canaries"]:
+        return Verdict(False, NO_CANARIES, commit)
+    moved = canaries.moved(recorded)
+    if not moved:
+        return Verdict(True, "", commit)
+    shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
+    return Verdict(False, f"its canaries moved: {shown}", commit)
+
+
 def _benchmark_commit(data: dict) -> str | None:
     info = data.get("commit_info") or {}
     return info.get("id")
@@ -116,6 +147,8 @@ def split_source(source: Source) -> list[tuple[Source, Verdict]]:
             return dataclasses.replace(source, data={**data, "benchmarks": kept})
 
         return _grouped(names, verdicts, part, source)
+    if source.kind in BEHAVIOUR_KINDS:
+        return [(source, judge_behaviour(data))]
     return [(source, judge([data.get("code")]))]
 
 

@@ -38,9 +38,10 @@ NUMERICS = ("torch", "transformers", "lm-eval")
 THREADS = 1
 
 
-def names_for(used: Iterable[str] = (), pipeline: str | None = None) -> list[str]:
+def names_for(used: Iterable[str] = (), pipeline: str | Iterable[str] = ()) -> list[str]:
     """The canaries of a result that used `used` (method names of the registry, or "impl:NAME" for a plug-in)
-    and the tool `pipeline`: each method's spec cache and its path through transformers on every layout."""
+    and the tools' pipelines `pipeline` (a name or several): each method's spec cache and its path through
+    transformers on every layout, each implementation, each pipeline."""
     out = []
     for name in dict.fromkeys(used):
         if name.startswith("impl:"):
@@ -49,10 +50,10 @@ def names_for(used: Iterable[str] = (), pipeline: str | None = None) -> list[str
             out += [f"method:{name}", *(f"hf:{layout}:{name}" for layout in workloads.LAYOUTS)]
         else:
             raise ValueError(f"no canary for {name!r}: a method of reference.methods or 'impl:NAME'")
-    if pipeline is not None:
-        if pipeline not in PIPELINES:
-            raise ValueError(f"no pipeline canary {pipeline!r}; pipelines with one: {sorted(PIPELINES)}")
-        out.append(f"pipeline:{pipeline}")
+    for name in [pipeline] if isinstance(pipeline, str) else pipeline:
+        if name not in PIPELINES:
+            raise ValueError(f"no pipeline canary {name!r}; pipelines with one: {sorted(PIPELINES)}")
+        out.append(f"pipeline:{name}")
     return out
 
 
@@ -130,7 +131,7 @@ def versions() -> dict[str, str]:
 
 
 def record(
-    used: Iterable[str] = (), pipeline: str | None = None, *, model_fingerprint=None, data: Iterable = ()
+    used: Iterable[str] = (), pipeline: str | Iterable[str] = (), *, model_fingerprint=None, data: Iterable = ()
 ) -> dict:
     """What decides a result (its `behaviour` field): {"canaries": {name: outcome}, "model_fingerprint",
     "data": {file: sha256}, "versions"}."""
