@@ -5,6 +5,11 @@ pytest-benchmark `extra_info`) carries the fields of `environment`: the device i
 on, the date (ISO 8601 UTC, seconds), the command, package versions and the machine. Files we
 write ourselves also carry a "kind" tag (`record`); pytest-benchmark files are told by their own
 keys (`kind_of`). Files are written atomically and never over an existing file unless asked to.
+
+A measurement tool's result also carries what decides it, under "behaviour" (the canaries of the methods,
+implementations and pipeline it ran, its data's digests, the model's fingerprint, the numerics libraries'
+versions: `benchmarks.canaries.behaviour.record`, given to `record` as a field); `reports.currency` keeps it
+current while those canaries reproduce. The code fingerprint (`loaded_code`) is recorded beside it.
 """
 
 from __future__ import annotations

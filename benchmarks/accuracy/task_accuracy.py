@@ -44,6 +44,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.accuracy import sweep as accuracy_sweep
+from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import interrupts, preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
@@ -382,16 +383,20 @@ def chance(result: dict, task: str) -> float:
     return sum(1 / len(s["arguments"]) for s in samples) / len(samples)
 
 
-def task_files(tasks: list[str]) -> dict[str, str]:
-    """sha256 of the data file of each suite task run (the documents are data, not code: recorded apart)."""
-
+def task_paths(tasks: list[str]) -> dict[str, Path]:
+    """The data file of each suite task run that has one."""
     out = {}
     for t in tasks:
         parsed = parse_task_name(t)
         path = None if parsed is None else DATA / data_file(parsed[0], parsed[1])
         if path is not None and path.is_file():
-            out[t] = file_digest(path)
+            out[t] = path
     return out
+
+
+def task_files(tasks: list[str]) -> dict[str, str]:
+    """sha256 of the data file of each suite task run (the documents are data, not code: recorded apart)."""
+    return {t: file_digest(path) for t, path in task_paths(tasks).items()}
 
 
 def markdown(data: dict) -> str:
@@ -513,6 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         task_files=task_files(tasks),
         lm_eval_version=__import__("lm_eval").__version__,
         seconds=round(time.monotonic() - start, 1),
+        behaviour=canaries.record(
+            [r.method for r in runs],
+            "task-accuracy",
+            model_fingerprint=source.fingerprint,
+            data=task_paths(tasks).values(),
+        ),
     )
     write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
     scores.path.unlink(missing_ok=True)  # the result holds them now

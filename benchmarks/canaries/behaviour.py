@@ -25,11 +25,12 @@ from benchmarks.canaries import methods, outcome, pipelines, workloads
 from reference import methods as registry
 from reference.records import ROOT, code_key, file_digest
 
-#: The tools' own pipelines with a canary; the other tools' results are decided by their methods' canaries.
+#: The tools' own pipelines, each with a canary.
 PIPELINES = {
     "fidelity": pipelines.fidelity,
     "equal-bits": pipelines.equal_bits,
     "long-output": pipelines.long_output,
+    "role-calibration": pipelines.role_calibration,
     "task-accuracy": pipelines.task_accuracy,
 }
 #: Libraries whose versions change numerics (recorded; the canaries say whether they did).
@@ -134,10 +135,15 @@ def record(
     used: Iterable[str] = (), pipeline: str | Iterable[str] = (), *, model_fingerprint=None, data: Iterable = ()
 ) -> dict:
     """What decides a result (its `behaviour` field): {"canaries": {name: outcome}, "model_fingerprint",
-    "data": {file: sha256}, "versions"}."""
+    "data": {file: sha256}, "versions"}. A canary that cannot run here is recorded as {"error": why}: the
+    result is kept (hours of measurement are not lost to it) and is never current."""
     files = {code_key(p.resolve() if hasattr(p, "resolve") else ROOT / str(p)): file_digest(p) for p in data}
+    canaries = {}
+    for name in names_for(used, pipeline):
+        result, error = _cached(name)
+        canaries[name] = copy.deepcopy(result) if result is not None else {"error": error}
     return {
-        "canaries": {n: run(n) for n in names_for(used, pipeline)},
+        "canaries": canaries,
         "model_fingerprint": model_fingerprint,
         "data": dict(sorted(files.items())),
         "versions": versions(),
@@ -149,6 +155,10 @@ def moved(behaviour: dict) -> list[str]:
     moved (with its parts that did), one that cannot run, a data file that changed or is missing."""
     out = []
     for name, recorded in sorted((behaviour.get("canaries") or {}).items()):
+        if not isinstance(recorded, dict) or "error" in recorded:
+            why = recorded.get("error") if isinstance(recorded, dict) else "no outcome"
+            out.append(f"{describe(name)}: did not run where the result was written ({why})")
+            continue
         result, error = _cached(name)
         if result is None:
             out.append(f"{describe(name)}: cannot run ({error})")

@@ -10,6 +10,7 @@
   Table 11) on seeded query and key traces.
 - `equal_bits()`: `benchmarks.fidelity.equal_bits` matching each channel design to its budgets and measuring
   what its cache gives back (`matched`, `stored_kv`, `attention_errors`) on the seeded workload.
+- `role_calibration()`: `benchmarks.fidelity.role_calibration.calibrate` and `allocations` on seeded captures.
 - `task_accuracy()`: the lm-eval model of `benchmarks.accuracy.lm_eval_model` (the FP16 method, so that
   the tool's own path is what this canary stands for: tokenising, shared contexts, scoring, greedy
   generation) on the tiny Llama saved with a character tokenizer, scoring fixed items and generating.
@@ -209,3 +210,33 @@ def equal_bits() -> dict:
             for key, value in zip(numbers, (bits, kl, mse), strict=True):
                 numbers[key].append(value)
     return outcome({"configurations": chosen}, numbers)
+
+
+#: The role-calibration canary's budgets (average key + value bits per element).
+ROLE_BUDGETS = (3.25, 3.5, 4.0)
+
+
+@torch.no_grad()
+def role_calibration() -> dict:
+    """`benchmarks.fidelity.role_calibration.calibrate` (per-tag distortion at each precision) on two requests
+    of seeded queries, keys, values and tags captured from one layer, then `allocations` at ROLE_BUDGETS."""
+    from benchmarks.fidelity import role_calibration as tool
+    from reference.tokens.config import TokenPrecisionConfig
+    from reference.tokens.roles import ALL_TAGS
+
+    config = TokenPrecisionConfig()
+    captured = []
+    for seed in (9, 10):
+        q, k, v = workloads.qkv(seed=seed, tokens=2 * config.group_size)
+        g = torch.Generator().manual_seed(seed)
+        tags = [ALL_TAGS[i] for i in torch.randint(0, 6, (k.shape[2],), generator=g).tolist()]
+        captured.append(([], tags, {0: (q[0], k[0], v[0], k.shape[-1] ** -0.5)}))  # [H, T, d] as captured
+    calibration = tool.calibrate(None, None, None, [0], config, captured=captured)
+    chosen = tool.allocations(calibration, ROLE_BUDGETS, config)
+    return outcome(
+        {"tags": calibration["tags"], "tokens": calibration["tokens"], "bits": [a["bits"] for a in chosen]},
+        {
+            "distortion": [x for row in calibration["distortion"] for x in row],
+            "average bits": [a["average_bits"] for a in chosen],
+        },
+    )

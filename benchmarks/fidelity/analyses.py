@@ -44,6 +44,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.fidelity.claims import DEFINITIONS, markdown
@@ -505,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
         definitions=DEFINITIONS,
         summary=summarize(per_prompt),
+        behaviour=canaries.record(
+            [methods.FP16, *methods.names(tag="fidelity")],
+            "fidelity",
+            model_fingerprint=source.fingerprint,
+            data=[DATA / "prompts.jsonl", DATA / "heldout.txt"],
+        ),
     )
     if e2e_prompts:
         heldout = (DATA / "heldout.txt").read_text()

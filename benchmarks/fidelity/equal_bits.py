@@ -47,6 +47,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
+from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.efficiency import memory
@@ -609,6 +610,12 @@ def main(argv: list[str] | None = None) -> int:
         model_fingerprint=source.fingerprint,
         chat_template=fmt.describe(),
         seconds=round(time.monotonic() - started, 1),
+        behaviour=canaries.record(
+            [n for design in METHODS for n in methods.names(design=design)],
+            ["equal-bits", "long-output", "role-calibration"],
+            model_fingerprint=source.fingerprint,
+            data=[conversations.DATA],
+        ),
         **out,
     )
     write_result(parser.prog, out_dir, "equal-bits", result, markdown(result))

@@ -34,6 +34,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
+from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
@@ -355,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         peak_rss_mib=peak_rss_mib(),
         summary=summarize(per_prompt, args.bins),
         per_prompt=rounded(per_prompt),
+        behaviour=canaries.record(
+            ["FP16", *names], "long-output", model_fingerprint=source.fingerprint, data=[DATA / "prompts.jsonl"]
+        ),
     )
     # compact: 8K positions x metrics x methods
     write_result(

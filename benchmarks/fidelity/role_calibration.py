@@ -25,12 +25,14 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
+from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.fidelity import conversations
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference.cli import positive_int
+from reference.methods import TOKENS, names
 from reference.records import record
 from reference.tokens.allocation import allocate
 from reference.tokens.config import TokenPrecisionConfig, precision_cost
@@ -212,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size,
         calibration=cal,
         allocations=allocations(cal, args.budgets, config),
+        behaviour=canaries.record(
+            names(precision=TOKENS), "role-calibration", model_fingerprint=source.fingerprint, data=[conversations.DATA]
+        ),
     )
     write_result(parser.prog, out, "role-calibration", result, render(result))
     return 0

@@ -1,5 +1,6 @@
-"""History: results of code that this tree no longer has (`reports.currency`), each labelled with its
-commit and what changed, with what it measured. None of them enters a comparison."""
+"""History: results whose behaviour this tree no longer reproduces, or of code that it no longer has
+(`reports.currency`), each labelled with its commit and what changed, with what it measured. None of them
+enters a comparison."""
 
 from __future__ import annotations
 
@@ -60,9 +61,11 @@ def render(history: Sequence[tuple[Source, Verdict]]) -> Section:
         return Section("History", "Every result read measured the code of this tree: there is no history.\n")
     rows = [[f"`{s.name}`", s.kind, _device(s), _date(s), (v.commit or "not recorded")[:12], v.why] for s, v in history]
     parts = [
-        "Results of code that differs from this tree's, or that do not record which code they measured. They "
-        "are kept (in the repository or where they were given) and shown here with their commit; no comparison "
-        "above uses them.\n",
+        "Measurements whose canaries this tree does not reproduce (the same code paths on fixed tiny "
+        "workloads: a method, an implementation or a tool's step that computes something else now, named), "
+        "or that record none; conformance and timing files of code that differs from this tree's, or that do "
+        "not record which code they measured. They are kept (in the repository or where they were given) and "
+        "shown here with their commit; no comparison above uses them.\n",
         table(rows, ["file", "kind", "device", "date", "commit", "why not current"], "each file as it records itself"),
     ]
     for s, v in history:

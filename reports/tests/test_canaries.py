@@ -97,6 +97,19 @@ def test_changed_data_and_a_canary_that_cannot_run_are_named(tmp_path):
     assert why.startswith("its canaries moved: no-such-method (spec cache): cannot run (ValueError")
 
 
+def test_a_canary_that_cannot_run_where_a_result_is_written_keeps_the_result_out_of_the_comparison(monkeypatch):
+    def broken(name):
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(behaviour.methods, "run", broken)
+    data = records.record("fidelity", "cpu", behaviour=behaviour.record([KIVI]))  # written all the same
+    assert data["behaviour"]["canaries"]["method:KIVI-2"] == {"error": "RuntimeError: no device"}
+    monkeypatch.undo()
+    behaviour._cached.cache_clear()
+    v = verdict(data)
+    assert not v.current and "KIVI-2 (spec cache): did not run where the result was written" in v.why
+
+
 def test_floats_agree_within_the_tolerance_and_not_beyond():
     a = [1.0, -2.0, 0.5]
     assert outcome.floats_agree(a, [1.0 + 1e-6, -2.0, 0.5])  # another summation order
@@ -208,3 +221,29 @@ def test_a_moved_file_a_moved_definition_and_edited_comments_keep_every_result_c
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     assert answer["root"] == str(tmp_path)  # the copy ran, not this checkout
     assert answer["moved"] == []
+
+
+#: Each measurement kind and the module of the tool that writes it.
+TOOLS = {
+    "fidelity": "benchmarks/fidelity/analyses.py",
+    "long-output": "benchmarks/fidelity/long_output.py",
+    "equal-bits": "benchmarks/fidelity/equal_bits.py",
+    "role-calibration": "benchmarks/fidelity/role_calibration.py",
+    "task-accuracy": "benchmarks/accuracy/task_accuracy.py",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(currency.BEHAVIOUR_KINDS))
+def test_every_measurement_tool_records_its_canaries(kind):
+    import ast
+
+    tree = ast.parse((records.ROOT / TOOLS[kind]).read_text())
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "record"
+        and node.args
+        and getattr(node.args[0], "value", None) == kind
+    ]
+    assert calls and all("behaviour" in {k.arg for k in call.keywords} for call in calls)

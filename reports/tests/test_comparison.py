@@ -142,7 +142,7 @@ def test_a_result_without_a_fingerprint_is_history_labelled_with_its_commit(tmp_
     now, old = currency.split([load(tmp_path, "b.json", bench)])
     assert now == [] and old[0][1].why == currency.NO_FINGERPRINT and old[0][1].commit == "1e80b0d6ef45aaaa"
     body = history.render(old).body
-    row = table_after(body, "Results of code that differs")[0]
+    row = table_after(body, "Measurements whose canaries")[0]
     assert row["commit"] == "1e80b0d6ef45" and row["kind"] == "pytest-benchmark"
     assert "| kernel" in body  # what it measured is still shown, under History
 
