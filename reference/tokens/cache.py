@@ -41,10 +41,12 @@ class TokenPrecisionCache:
         self.saliency_computations = 0
         self._shape: tuple[int, ...] | None = None
         self._t: dict[str, torch.Tensor] = {}  # every part of `components`, packed, and the class map
-        # Each store read back from its packed bytes, float32 [B, H_kv, rows, d]: new rows are unpacked and
-        # dequantized once, as they are stored (their codes never change), not at every read. 8 bytes per
-        # cached element more than the packed stores, derived state (`Derived`): `storage()` and the conformance
-        # suite judge the packed stores.
+        # Every token's key and value read back from its packed bytes, float32 [B, H_kv, T, d] in position order
+        # ("key", "value"), and the leftover's keys ("leftover_key", the queue of the next group): new rows are
+        # unpacked and dequantized once, as they are stored (their codes never change; a leftover key is read
+        # again when its group forms), so that a decode step costs what an exact cache's does plus the new
+        # tokens' work. 8 bytes per cached element more than the packed stores, derived state (`Derived`):
+        # `storage()` and the conformance suite judge the packed stores.
         self._read_back = Derived()
 
     # -- building ---------------------------------------------------------------------------
@@ -65,7 +67,7 @@ class TokenPrecisionCache:
                 self._t[p.name] = torch.empty(part_shape(p, b, h), dtype=p.dtype, device=k.device)
             self._t[CLASS_MAP] = torch.empty(0, dtype=torch.uint8, device=k.device)
             self._read_back = Derived(
-                {name: torch.empty(b, h, 0, d, device=k.device) for name in ("low_key", *PER_TOKEN)}
+                {name: torch.empty(b, h, 0, d, device=k.device) for name in ("key", "value", "leftover_key")}
             )
             if self.config.low_keys == "pairs":
                 self._t["pair_mask"] = packing.pack_mask(prefill_pair_mask(q, k, low))
@@ -111,40 +113,51 @@ class TokenPrecisionCache:
         cfg, t = self.config, self._t
         low_rows = (bits == cfg.low_bits).nonzero().flatten().to(k.device)
         high_rows = (bits == cfg.high_bits).nonzero().flatten().to(k.device)
-        low_keys = k[..., low_rows, :]
+        new_k, new_v = torch.empty(k.shape, device=k.device), torch.empty(v.shape, device=v.device)
+        low_keys, read = k[..., low_rows, :], []
         if self.length == 0:  # the prompt
             grouped = token_classes(cfg, bits).n_grouped
-            self._add_groups(low_keys[..., :grouped, :].float())
+            read.append(self._add_groups(low_keys[..., :grouped, :].float()))
             low_keys = low_keys[..., grouped:, :]
-        self._put("leftover_key", low_keys)
+        read.append(self._put("leftover_key", low_keys))
+        self._read_back["leftover_key"] = _cat(self._read_back["leftover_key"], read[-1])
+        new_k[..., low_rows, :] = torch.cat(read, dim=-2)
+        new_k[..., high_rows, :] = self._put("high_key", k[..., high_rows, :])
+        new_v[..., low_rows, :] = self._put("low_value", v[..., low_rows, :])
+        new_v[..., high_rows, :] = self._put("high_value", v[..., high_rows, :])
+        key = _cat(self._read_back["key"], new_k)  # a new tensor: what a checkpoint holds is never written
+        t[CLASS_MAP] = torch.cat([t[CLASS_MAP], bits.to(device=k.device, dtype=torch.uint8)])
         leftover = t["leftover_key_scale"].shape[2]
         if leftover >= cfg.group_size:
             grouped = leftover // cfg.group_size * cfg.group_size
-            queue = self._read("leftover_key")
-            self._add_groups(queue[..., :grouped, :])
+            formed = self._positions()["leftover_key"][:grouped]
+            key[..., formed.to(k.device), :] = self._add_groups(self._read_back["leftover_key"][..., :grouped, :])
             for part in ("leftover_key", "leftover_key_scale", "leftover_key_zero"):  # the rest keep their codes
                 t[part] = t[part][..., grouped:, :].clone()
             self._read_back["leftover_key"] = self._read_back["leftover_key"][..., grouped:, :].clone()
-        self._put("high_key", k[..., high_rows, :])
-        self._put("low_value", v[..., low_rows, :])
-        self._put("high_value", v[..., high_rows, :])
-        t[CLASS_MAP] = torch.cat([t[CLASS_MAP], bits.to(device=k.device, dtype=torch.uint8)])
+        self._read_back["key"], self._read_back["value"] = key, _cat(self._read_back["value"], new_v)
         self.length += k.shape[2]
 
-    def _put(self, name: str, x: torch.Tensor) -> None:
-        """Quantize x per token (groups of G channels) at the bits of store `name` and add it."""
+    def _put(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Quantize x per token (groups of G channels) at the bits of store `name`, add it, and return it as
+        read back from its packed bytes (float32). A store given no rows is left as it is."""
         cfg, t = self.config, self._t
+        if x.shape[-2] == 0:
+            return x.new_empty(x.shape, dtype=torch.float32)
         bits = getattr(cfg, PER_TOKEN[name])
         q = quant.quantize(x, bits, cfg.group_size, dim=-1, scale_dtype=cfg.scale_dtype, midpoint=False)
         parts = {name: packing.pack_fields(q.codes, bits, dim=-1), name + "_scale": q.scale, name + "_zero": q.zero}
         for part, value in parts.items():
             t[part] = _cat(t[part], value)
         stored = quant.Quantized(packing.unpack_fields(parts[name], bits, dim=-1), q.scale, q.zero)
-        self._read_back[name] = _cat(self._read_back[name], quant.dequantize(stored, cfg.group_size, -1))
+        return quant.dequantize(stored, cfg.group_size, -1)
 
-    def _add_groups(self, keys: torch.Tensor) -> None:
-        """Quantize whole groups of G low keys per channel (Eq. 2, or PN-Mix's pairs) onto the low key pages."""
+    def _add_groups(self, keys: torch.Tensor) -> torch.Tensor:
+        """Quantize whole groups of G low keys per channel (Eq. 2, or PN-Mix's pairs) onto the low key pages;
+        return them as read back from their packed bytes (float32)."""
         low, t = self.config.low_key_config, self._t
+        if keys.shape[-2] == 0:
+            return keys.new_empty(keys.shape, dtype=torch.float32)
         mask = self._channel_mask()
         q = quant.quantize_keys(
             keys, mask, low.b_high, low.b_low, low.group_size, low.scale_dtype, midpoint=low.one_bit == "midpoint"
@@ -158,8 +171,7 @@ class TokenPrecisionCache:
         ):
             t[name] = _cat(t[name], x)
         codes = packing.unpack_key_codes(key_low, key_high, mask, low.b_high, low.b_low)
-        read_back = quant.dequantize(quant.Quantized(codes, q.scale, q.zero), low.group_size, -2)
-        self._read_back["low_key"] = _cat(self._read_back["low_key"], read_back)
+        return quant.dequantize(quant.Quantized(codes, q.scale, q.zero), low.group_size, -2)
 
     def _channel_mask(self) -> torch.Tensor:
         """The low keys' b + 1-bit channels: bool [B, H_kv, d] (none for TriAxialKV)."""
@@ -167,10 +179,6 @@ class TokenPrecisionCache:
         if self.config.low_keys == "pairs":
             return channel_mask_from_pairs(packing.unpack_mask(self._t["pair_mask"], d // 2), self.config.pair_layout)
         return torch.zeros(b, h, d, dtype=torch.bool, device=self._device)
-
-    def _read(self, name: str) -> torch.Tensor:
-        """Store `name` read back from its packed bytes, float32 [B, H_kv, rows, d] (as it was stored)."""
-        return self._read_back[name]
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -192,12 +200,7 @@ class TokenPrecisionCache:
         """All cached keys and values, float32 [B, H_kv, T, d], every token at its position."""
         if self._shape is None:
             raise RuntimeError("dequantize before prefill")
-        b, h, _, d = self._shape
-        k = torch.empty(b, h, self.length, d, device=self._device)
-        v = torch.empty_like(k)
-        for name, rows in self._positions().items():
-            (k if name.endswith("key") else v)[..., rows, :] = self._read(name)
-        return k, v
+        return self._read_back["key"].clone(), self._read_back["value"].clone()
 
     def steps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The quantization step (the stored scale of its group) of every key and value element,
@@ -223,12 +226,12 @@ class TokenPrecisionCache:
             raise RuntimeError("attend before prefill")
         b, h, _, d = self._shape
         validation.check_query(q, b, h, d, self._dtype, self._device, self.length)
-        k, v = self.dequantize()
+        k, v = self._read_back["key"], self._read_back["value"]
         return attention_ref(q, k, v, scale=scale, causal=True, softcap=softcap)
 
     def leftover_keys(self) -> torch.Tensor:
         """The leftover low keys as stored (high bits, per token), float32 [B, H_kv, n_leftover, d]."""
-        return self._read("leftover_key")
+        return self._read_back["leftover_key"].clone()
 
     def attend_stepwise(
         self,
@@ -260,7 +263,7 @@ class TokenPrecisionCache:
         full = passed.numel() // g * g
         index = torch.arange(passed.numel(), device=passed.device)
         formed = torch.where(index < full, passed[(index // g * g + g - 1).clamp(max=max(full - 1, 0))], t_all)
-        k_hat, v_hat = self.dequantize()
+        k_hat, v_hat = self._read_back["key"], self._read_back["value"]
         logits = attention_logits_ref(q, k_hat, scale=scale, softcap=softcap)
         early = attention_logits_ref(q, held, scale=scale, softcap=softcap)
         position = torch.arange(t_all - n, t_all, device=q.device)
