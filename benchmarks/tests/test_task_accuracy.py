@@ -245,20 +245,32 @@ def test_a_context_past_the_models_positions_is_refused_naming_the_document(tiny
     assert "past max_length=256" in err and not list(tmp_path.glob("task-accuracy-*.json"))
 
 
-def test_a_pair_layout_the_model_cannot_tell_is_asked_for_and_reaches_every_run(tiny, tmp_path, monkeypatch, capsys):
+def test_a_pair_layout_the_model_cannot_tell_is_asked_for_and_one_it_contradicts_refused(tiny, monkeypatch, capsys):
+    import pnmix.hf
+    from benchmarks.models.source import resolve
+
+    p, config = task_accuracy.parser(), resolve(str(tiny)).config()
+    args = p.parse_args(["--model", str(tiny), "--pair-layout", "adjacent"])
+    with pytest.raises(SystemExit) as exit_:  # the tiny Llama's pairs are rotate_half's
+        task_accuracy.pair_layout(p, args, config)
+    said = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--pair-layout adjacent: this model's RoPE pairs are 'split'" in said
+    assert task_accuracy.pair_layout(p, p.parse_args(["--model", str(tiny)]), config) == "split"
+    monkeypatch.setattr(pnmix.hf, "detect_pair_layout", lambda config: None)  # a model whose layout cannot be told
+    with pytest.raises(SystemExit) as exit_:
+        task_accuracy.pair_layout(p, p.parse_args(["--model", str(tiny)]), config)
+    assert exit_.value.code == 2 and "--pair-layout: cannot tell the RoPE pair layout" in capsys.readouterr().err
+    assert task_accuracy.pair_layout(p, args, config) == "adjacent"
+
+
+@pytest.mark.long  # the sweep up to its first task: about 18 s on two CPU cores
+def test_a_pair_layout_given_to_the_sweep_reaches_every_run(tiny, tmp_path, monkeypatch):
     import pnmix.hf
 
     tiny_task(tmp_path)
     argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(tmp_path)]
-    argv += ["--runs", "PN-Mix @ 2.25", "Kitty", "--threads", "1"]
-    with pytest.raises(SystemExit) as exit_:  # the tiny Llama's pairs are rotate_half's
-        task_accuracy.main([*argv, "--pair-layout", "adjacent"])
-    said = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--pair-layout adjacent: this model's RoPE pairs are 'split'" in said
+    argv += ["--runs", "PN-Mix @ 2.25", "Kitty", "--threads", "1", "--pair-layout", "split"]
     monkeypatch.setattr(pnmix.hf, "detect_pair_layout", lambda config: None)  # a model whose layout cannot be told
-    with pytest.raises(SystemExit) as exit_:
-        task_accuracy.main(argv)
-    assert exit_.value.code == 2 and "--pair-layout: cannot tell the RoPE pair layout" in capsys.readouterr().err
     seen = {}
 
     def evaluate(tasks, limit, manager, shared):
@@ -268,5 +280,5 @@ def test_a_pair_layout_the_model_cannot_tell_is_asked_for_and_reaches_every_run(
         raise KeyboardInterrupt  # stop here: what the caches take is what is tested
 
     monkeypatch.setattr(task_accuracy, "evaluate", evaluate)
-    assert task_accuracy.main([*argv, "--pair-layout", "split"]) == 128 + 2
+    assert task_accuracy.main(argv) == 128 + 2
     assert seen and set(seen.values()) == {"split"} and {"PN-Mix @ 2.25", "Kitty"} <= set(seen)
