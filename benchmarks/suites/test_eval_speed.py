@@ -27,6 +27,7 @@ LENGTHS = (1024, 4096)
 DECODE, CANDIDATES, CANDIDATE_TOKENS, GENERATED = 64, 4, 4, 64
 OWN = "model's own"
 WORK = ("item", "generation")
+RUNS = (OWN, *methods.names())
 
 
 @pytest.fixture(scope="module")
@@ -62,46 +63,56 @@ def _item(model, hf, cache, ids: torch.Tensor, prompt: int) -> None:
         cache.roll_back(saved)
 
 
+def _run(method: str, work: str, length: int, ids: torch.Tensor, model, hf) -> float:
+    """Seconds (wall clock) of one item or one generation through `method`'s cache (or the model's own)."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        if method == OWN:
+            model.set_attn_implementation("sdpa")
+            if work == "item":
+                out = model(input_ids=ids[:, :length], use_cache=True)
+                cache = out.past_key_values
+                model(input_ids=ids[:, length : length + DECODE], past_key_values=cache, use_cache=True)
+                for c in range(CANDIDATES):  # a copy of the cache stands for the rollback
+                    start_c = length + DECODE + c * CANDIDATE_TOKENS
+                    model(input_ids=ids[:, start_c : start_c + CANDIDATE_TOKENS], past_key_values=cache, use_cache=True)
+                    cache.crop(-CANDIDATE_TOKENS)  # transformers 5: a negative count removes tokens
+            else:
+                model.generate(ids[:, :length], max_new_tokens=GENERATED, min_new_tokens=GENERATED, do_sample=False)
+            return time.perf_counter() - start
+        model.set_attn_implementation(hf.ATTENTION)
+        config = methods.config(method, pair_layout=hf.detect_pair_layout(model.config))
+        cache = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=work == "item")
+        if work == "item":
+            _item(model, hf, cache, ids, length)
+        else:
+            model.generate(
+                ids[:, :length],
+                max_new_tokens=GENERATED,
+                min_new_tokens=GENERATED,
+                do_sample=False,
+                past_key_values=cache,
+            )
+    return time.perf_counter() - start
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("work", WORK)
-@pytest.mark.parametrize("method", (OWN, *methods.names()))
+@pytest.mark.parametrize("method", RUNS)
 def test_evaluation_speed(method, work, length, smollm2, benchmark):
     source, model, hf = smollm2
     ids = _ids(model, length + DECODE + CANDIDATES * CANDIDATE_TOKENS)
-
-    def run():
-        with torch.no_grad():
-            if method == OWN:
-                model.set_attn_implementation("sdpa")
-                if work == "item":
-                    out = model(input_ids=ids[:, :length], use_cache=True)
-                    cache = out.past_key_values
-                    model(input_ids=ids[:, length : length + DECODE], past_key_values=cache, use_cache=True)
-                    for c in range(CANDIDATES):  # a copy of the cache stands for the rollback
-                        start = length + DECODE + c * CANDIDATE_TOKENS
-                        model(input_ids=ids[:, start : start + CANDIDATE_TOKENS], past_key_values=cache, use_cache=True)
-                        cache.crop(-CANDIDATE_TOKENS)  # transformers 5: a negative count removes tokens
-                else:
-                    model.generate(ids[:, :length], max_new_tokens=GENERATED, min_new_tokens=GENERATED, do_sample=False)
-                return
-            model.set_attn_implementation(hf.ATTENTION)
-            config = methods.config(method, pair_layout=hf.detect_pair_layout(model.config))
-            cache = hf.PNMixHFCache(model.config, config, backend="reference", stepwise=work == "item")
-            if work == "item":
-                _item(model, hf, cache, ids, length)
-            else:
-                model.generate(
-                    ids[:, :length],
-                    max_new_tokens=GENERATED,
-                    min_new_tokens=GENERATED,
-                    do_sample=False,
-                    past_key_values=cache,
-                )
-
-    start = time.perf_counter()
-    benchmark.pedantic(run, rounds=1, iterations=1)
-    seconds = time.perf_counter() - start
+    # FP16 through the same path runs right beside each method, in alternating order, so that a ratio
+    # compares two runs seconds apart on one machine state: a machine whose speed drifts over the suite's
+    # tens of minutes (another process, the clock) moves both alike.
+    fp16_first = (RUNS.index(method) + WORK.index(work) + LENGTHS.index(length)) % 2 == 0
+    fp16 = [_run(methods.FP16, work, length, ids, model, hf)] if fp16_first and method != methods.FP16 else []
+    seconds = []
+    benchmark.pedantic(lambda: seconds.append(_run(method, work, length, ids, model, hf)), rounds=1, iterations=1)
+    if not fp16_first and method != methods.FP16:
+        fp16.append(_run(methods.FP16, work, length, ids, model, hf))
+    fp16_seconds = seconds[0] if method == methods.FP16 else fp16[0]
     benchmark.group = f"eval-speed {work} {length}"
     benchmark.extra_info.update(
         {
@@ -114,8 +125,10 @@ def test_evaluation_speed(method, work, length, smollm2, benchmark):
             "work": work,
             "length": length,
             "threads": 1,
-            "seconds": round(seconds, 3),
-            "timing": "wall clock, one CPU thread",
+            "seconds": round(seconds[0], 3),
+            "fp16_seconds": round(fp16_seconds, 3),
+            "ratio_to_fp16": round(seconds[0] / fp16_seconds, 4),
+            "timing": "wall clock, one CPU thread; FP16 through the same path timed beside it in the same test",
             "code": records.loaded_code(),
         }
     )

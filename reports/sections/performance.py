@@ -310,14 +310,19 @@ def _eval_speed(rows: list[dict]) -> tuple[str, None]:
             mine = next((r for r in rows if (r["method"], r["work"], r["length"]) == (m, work, length)), None)
             fp16 = next((r for r in rows if (r["method"], r["work"], r["length"]) == (FP16, work, length)), None)
             seconds = None if mine is None else mine["seconds"]
-            x = ratio(seconds, None if fp16 is None else fp16["seconds"])
+            if mine is not None and "fp16_seconds" in mine:  # FP16 timed beside it, in the same test
+                x = ratio(seconds, mine["fp16_seconds"])
+            else:
+                x = ratio(seconds, None if fp16 is None else fp16["seconds"])
             row.append("-" if seconds is None else f"{seconds:.3g} s ({fmt(x, '.2f')}x)")
         table_rows.append(row)
     heads = ["method", *(f"{work}, {length} tokens" for work, length in points)]
     intro = (
         "Evaluation speed through each method's cache (the path of the accuracy, long-output and fidelity "
         f"results), one CPU thread; in brackets the ratio to FP16 through the same path (target: within "
-        f'{EVAL_SPEED_TARGET}x); "model\'s own" is the model with its own attention and cache, for scale. '
+        f"{EVAL_SPEED_TARGET}x; FP16 timed beside each method in the same test where the file has it, so that "
+        'a machine whose speed drifts over the run moves both alike); "model\'s own" is the model with its own '
+        "attention and cache, for scale. "
         "An item: the prompt, a decode section, four candidates scored from a checkpoint "
         "(`benchmarks/suites/test_eval_speed.py`).\n\n"
     )

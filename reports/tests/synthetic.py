@@ -175,8 +175,9 @@ def gpu_benchmarks() -> dict:
     }
 
 
-def eval_speed_benchmarks() -> dict:
-    """A CPU evaluation-speed run: an item at 1024 tokens per method, FP16 through the path the baseline."""
+def eval_speed_benchmarks(beside: dict[str, float] | None = None) -> dict:
+    """A CPU evaluation-speed run: an item at 1024 tokens per method, FP16 through the path the baseline;
+    `beside`: FP16's seconds timed beside each method in its own test (files written since that was kept)."""
     seconds = {"FP16": 8.0, "PN-Mix": 8.8, "KIVI-2": 10.4}
     benches = [
         _bench(
@@ -185,6 +186,7 @@ def eval_speed_benchmarks() -> dict:
                 **_info("eval-speed", m, work="item", length=1024, threads=1, seconds=s),
                 "device": "cpu (x86_64)",
                 "timing": "wall clock, one CPU thread",
+                **({} if beside is None else {"fp16_seconds": beside[m]}),
             },
         )
         for m, s in seconds.items()

@@ -99,6 +99,13 @@ def test_evaluation_speed_is_shown_against_fp16_through_the_same_path_and_is_no_
     assert {c.status for c in s.claims} == {NOT_MEASURED}
 
 
+def test_evaluation_speed_compares_each_method_with_the_fp16_run_timed_beside_it(tmp_path):
+    beside = {"FP16": 8.0, "PN-Mix": 11.0, "KIVI-2": 8.0}  # the machine was slower while PN-Mix's pair ran
+    s = performance.render([load(tmp_path, "speed.json", synthetic.eval_speed_benchmarks(beside))])
+    rows = {r["method"]: r["item, 1024 tokens"] for r in table_after(s.body, "Evaluation speed through")}
+    assert rows == {"FP16": "8 s (1.00x)", "PN-Mix": "8.8 s (0.80x)", "KIVI-2": "10.4 s (1.30x)"}
+
+
 def test_gpu_check_says_how_each_step_ended_and_brings_its_benchmark_file(tmp_path):
     synthetic.write(tmp_path, "gpu-check-GPU-1.json", synthetic.gpu_check("bench-GPU-1.json"))
     synthetic.write(tmp_path, "bench-GPU-1.json", synthetic.gpu_benchmarks())
