@@ -444,7 +444,7 @@ class PNMixCache:
         return _PageWork(
             pages,
             torch.where(channel, cfg.b_high, cfg.b_low).to(torch.int32),
-            spec_packing.salient_channel_index(channel).to(torch.int32).contiguous(),
+            spec_packing.salient_channel_index(channel, lay.n_high_channels).to(torch.int32).contiguous(),
             scratch,
             torch.tensor([n, -n, n], dtype=torch.int32, device=self._device),
         )
@@ -566,6 +566,7 @@ class PNMixCache:
         cfg, n, r = self.config, k.shape[2], self._rows
         g, midpoint = cfg.group_size, cfg.one_bit == "midpoint"
         w_lo, w_hi = cfg.b_low, cfg.b_high - cfg.b_low  # bits, so bytes per 8 tokens
+        n_high = self.cache_layout.n_high_channels
         chosen = self.cache_layout.selection.for_groups(k, cfg)  # Kitty: each page's channels from its keys
         if chosen is not None:
             r["mask"].grow(chosen.shape[2]).copy_(chosen)
@@ -576,7 +577,8 @@ class PNMixCache:
         for a, b, channel in self._spans(first, n // g):
             a, b = a - first * g, b - first * g
             bits = torch.where(channel, cfg.b_high, cfg.b_low).to(torch.int32)
-            index = spec_packing.salient_channel_index(channel).to(torch.int32).contiguous()
+            # The count is the layout's (no read of the mask back to the host: a page flush never waits on the device).
+            index = spec_packing.salient_channel_index(channel, n_high).to(torch.int32).contiguous()
             kp, sp, zp = k[:, :, a:b], scale[:, :, a // g : b // g], zero[:, :, a // g : b // g]
             group_params(kp, g, "tokens", bits, sp, zp, midpoint)
             encode_pack(kp, g, "tokens", bits, sp, zp, low[:, :, a * w_lo // 8 : b * w_lo // 8], field_bits=cfg.b_low)

@@ -14,6 +14,7 @@ from pnmix.cache import FLAG_BYTES, WATCHED
 from pnmix.hf import ATTENTION, PNMixHFCache
 from pnmix.tests.counting import counting
 from reference import PNMixConfig
+from reference.methods import METHODS
 
 pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
 DEV = _runtime.kernel_device()
@@ -74,6 +75,27 @@ def tensors(seed, t, heads=2, dtype=torch.float16):
 def prefilled(check_finite=True, prompt=PROMPT, dtype=torch.float16):
     q, k, v = tensors(0, prompt, 4, dtype), tensors(1, prompt, dtype=dtype), tensors(2, prompt, dtype=dtype)
     return PNMixCache.from_prefill(q, k, v, SMALL, max_cache_len=40, check_finite=check_finite)
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", "Kitty", "KIVI-2"])
+@pytest.mark.parametrize("capacity", [40, None], ids=["preallocated", "dynamic"])
+def test_decode_steps_that_flush_a_page_never_wait_on_the_device(monkeypatch, method, capacity):
+    """A one-token step that completes a page (quantizes, packs and indexes the high plane's channels) reads
+    nothing back from the device: the salient channels' count is the layout's (`CacheLayout.n_high_channels`),
+    not read from the mask (`reference.equations.packing.salient_channel_index`); Kitty's per-page selection
+    too."""
+    cfg = METHODS[method](group_size=8, residual_length=8, n_sink=4)
+    q, k, v = tensors(0, PROMPT, 4), tensors(1, PROMPT), tensors(2, PROMPT)
+    cache = PNMixCache.from_prefill(q, k, v, cfg, max_cache_len=capacity)
+    flushes = 0
+    for step in range(9):
+        quantized = cache.layout[1]
+        with counting(monkeypatch) as append:
+            cache.append(tensors(10 + step, 1), tensors(30 + step, 1))
+        flushes += cache.layout[1] > quantized
+        assert not append.syncs, f"step {step} (quantized {quantized} -> {cache.layout[1]}): {dict(append.syncs)}"
+    assert flushes == 1
+    cache.check()
 
 
 def poisoned(t: torch.Tensor, value: float) -> torch.Tensor:

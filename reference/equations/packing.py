@@ -101,15 +101,22 @@ def unpack_fields(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return codes.flatten(dim, dim + 1).to(torch.uint8)
 
 
-def salient_channel_index(channel_mask: torch.Tensor) -> torch.Tensor:
+def salient_channel_index(channel_mask: torch.Tensor, count: int | None = None) -> torch.Tensor:
     """Indices of the salient channels of each [..., d] mask row, ascending: [..., n_salient].
 
-    Every row must have the same number of salient channels (PN-Mix selects a fixed count).
+    Every row must have the same number of salient channels (PN-Mix selects a fixed count). Without
+    `count` it is read from the mask and the rows are checked to agree, which waits for the mask's device
+    (two reads of device data); with `count`, the number the caller knows on the host (a cache's
+    `CacheLayout.n_high_channels`: its own selection made the mask), nothing is read back and the rows
+    are trusted to hold that many.
     """
-    counts = channel_mask.sum(dim=-1)
-    if counts.numel() and not bool((counts == counts.flatten()[0]).all()):
-        raise ValueError("every channel_mask row must have the same number of salient channels")
-    n = int(counts.flatten()[0]) if counts.numel() else 0
+    if count is not None:
+        n = count
+    else:
+        counts = channel_mask.sum(dim=-1)
+        if counts.numel() and not bool((counts == counts.flatten()[0]).all()):
+            raise ValueError("every channel_mask row must have the same number of salient channels")
+        n = int(counts.flatten()[0]) if counts.numel() else 0
     # A stable sort puts the True entries first, each group in ascending channel order.
     order = torch.sort((~channel_mask).to(torch.uint8), dim=-1, stable=True).indices
     return order[..., :n]
