@@ -9,7 +9,9 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
+import time
 from contextlib import contextmanager
 
 from packaging.requirements import Requirement
@@ -111,20 +113,36 @@ def load_timeout_s() -> float | None:
     return value or None
 
 
+#: Seconds into a load after which it is said, once, on stderr, that it is still running and where.
+LOAD_NOTICE_S = 30.0
+
+
 @contextmanager
-def _time_budget(seconds: float | None):
+def _time_budget(seconds: float | None, name: str):
     """Interrupt the block after `seconds` (SIGALRM; only in the main thread of a POSIX process, elsewhere
-    the block runs unbounded), then put back the handler and any timer that were in place."""
+    the block runs unbounded), saying on stderr after LOAD_NOTICE_S that it is still running and where;
+    then put back the handler and any timer that were in place."""
     main = threading.current_thread() is threading.main_thread()
     if seconds is None or not hasattr(signal, "setitimer") or not main:
         yield
         return
+    start = time.monotonic()
 
     def expire(signum, frame):
+        left = seconds - (time.monotonic() - start)
+        if left > 0.01:  # the notice: the load goes on until its budget
+            print(
+                f"loading implementation {name!r}: still running after {time.monotonic() - start:.0f} s, in "
+                f"{_where(frame)} (stopped at {seconds:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            signal.setitimer(signal.ITIMER_REAL, left)
+            return
         raise _LoadTimeout(_where(frame))
 
     previous = signal.signal(signal.SIGALRM, expire)
-    earlier = signal.setitimer(signal.ITIMER_REAL, seconds)
+    earlier = signal.setitimer(signal.ITIMER_REAL, min(seconds, LOAD_NOTICE_S))
     try:
         yield
     finally:
@@ -152,7 +170,7 @@ def load(name: str) -> object:
     its import and factory take longer than `load_timeout_s` (naming where it was waiting)."""
     budget = load_timeout_s()
     try:
-        with _time_budget(budget):
+        with _time_budget(budget, name):
             return _load(name)
     except _LoadTimeout as late:
         raise ValueError(

@@ -200,7 +200,7 @@ def test_two_implementations_under_one_name_are_refused_naming_both_origins():
 
 
 @pytest.mark.parametrize("factory", ["sleeps", "sleeps_and_keeps_going"])
-def test_a_load_past_its_time_budget_is_stopped_naming_where_it_waited(monkeypatch, factory):
+def test_a_load_past_its_time_budget_is_stopped_naming_where_it_waited(monkeypatch, capsys, factory):
     import time
 
     monkeypatch.setenv(loader.LOAD_TIMEOUT_ENV, "0.5")
@@ -211,6 +211,12 @@ def test_a_load_past_its_time_budget_is_stopped_naming_where_it_waited(monkeypat
     assert time.monotonic() - start < 10 and "\n" not in message
     assert message.startswith(f"implementation '{HERE}:{factory}': loading did not finish within 0.5 s")
     assert f"waiting in {__file__}:" in message and "in sleeps" in message and "PNMIX_LOAD_TIMEOUT_S" in message
+    monkeypatch.setattr(loader, "LOAD_NOTICE_S", 0.2)  # a long load says it is still running, and where
+    with pytest.raises(ValueError, match=r"loading did not finish within 0\.5 s"):
+        loader.load(f"{HERE}:{factory}")
+    said = capsys.readouterr().err
+    assert f"loading implementation '{HERE}:{factory}': still running after 0 s, in {__file__}:" in said
+    assert "(stopped at 0.5 s)" in said and said.count("still running") == 1
     monkeypatch.setenv(loader.LOAD_TIMEOUT_ENV, "soon")
     with pytest.raises(ValueError, match=r"^PNMIX_LOAD_TIMEOUT_S='soon': expected a number of seconds >= 0"):
         loader.load("reference")
