@@ -30,8 +30,10 @@ model_args:
 Everything that can be checked before the weights load is checked first (`check`), each refusal
 one line naming the argument: the method or implementation, the overrides and their types, the
 model path and its file as it will load (`benchmarks.commands.preflight.model_problem`: a GGUF's header and
-tensor index, a folder's config.json), the allocation and budget, the chat template file, and, from
-the model's config alone, its RoPE pair layout, head_dim and context against the configuration and
+tensor index, a folder's config.json, tokenizer files and safetensors headers), the allocation and budget,
+the chat template file, and, from the model's config alone (`check_source`: a causal LM with rotary
+position embedding), its RoPE pair layout (model_args pair_layout where the model's code does not tell it;
+every cache then takes it), head_dim and context against the configuration and
 the implementation's claims.
 
 Semantics. A context may hold `DECODE_MARK`; the mark is no text (it is removed before
