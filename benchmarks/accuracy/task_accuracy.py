@@ -25,9 +25,10 @@ gathers them and writes the one result.
 The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
 every document's outcome per run and task, so that the report pairs each method with FP16 on the same
 items (exact McNemar) and gives Wilson intervals (`benchmarks.accuracy.stats`). Bad arguments (an
-unknown task, a run that does not exist, a task longer than the model's context, a model file that
-cannot load, an `--out` that cannot be written) are refused in one line before the model loads
-(`benchmarks.commands.preflight`).
+unknown task, a hub task whose data is not cached while the hub is off or out of reach, a run that does
+not exist, a task longer than the model's context, a model file that cannot load, a model without RoPE
+or whose RoPE pair layout its code does not tell and --pair-layout does not give, an `--out` that cannot
+be written) are refused in one line before the model loads (`benchmarks.commands.preflight`).
 """
 
 from __future__ import annotations
