@@ -17,17 +17,35 @@ from tabulate import tabulate
 SOURCE = "Source: "
 #: What ends a line for markdown or for `str.splitlines` (which the report's own markdown tools use).
 _BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-#: An `&` that does not start a character reference: escaping leaves those alone, so escaping twice is harmless.
-_AMPERSAND = re.compile(r"&(?!(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});)")
+#: A code span (CommonMark: a run of backticks closed by a run of the same length): markdown shows what is
+#: inside as written and reads no HTML there, so escaping leaves it alone.
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
+#: A `<` not already escaped: the one character that can start HTML (a tag, a comment) in a line of markdown.
+_OPEN = re.compile(r"(?<!\\)<")
+#: Characters that HTML reads as markup (the summary of `details` is HTML, where backslashes do nothing).
+_HTML = re.compile(r"&(?!(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});)|<|>")
 
 
 def escape(text: object) -> str:
-    """`text` made safe to place in a line of markdown: control characters and line breaks become one
-    space (a name cannot start a table row or a heading), and `&`, `<` and `>` become character
-    references (no HTML of a result file reaches the page). Inside backticks those references show
-    as written, which is the price of a page no input can inject into."""
+    """`text` made safe to place in a line of markdown, by markdown's own rules: control characters and
+    line breaks become one space (a name cannot start a table row or a heading), a `<` outside code spans is
+    backslash-escaped (no HTML of a result file reaches the page), and so is a `>` that starts the text
+    (no block quote). Code spans are left as written: markdown reads no HTML there. Idempotent."""
     text = _BREAKS.sub(" ", str(text))
-    return _AMPERSAND.sub("&amp;", text).replace("<", "&lt;").replace(">", "&gt;")
+    out, at = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        out += [_OPEN.sub("\\<", text[at : span.start()]), span.group(0)]
+        at = span.end()
+    out.append(_OPEN.sub("\\<", text[at:]))
+    text = "".join(out)
+    return "\\" + text if text.startswith(">") else text
+
+
+def escape_html(text: object) -> str:
+    """`text` made safe inside an HTML element of the page (where backslash escapes do nothing): line breaks
+    become one space, `<`, `>` and an `&` that starts no character reference become character references."""
+    names = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+    return _HTML.sub(lambda m: names[m.group(0)[0]], _BREAKS.sub(" ", str(text)))
 
 
 def cell(value: object) -> object:
@@ -141,7 +159,7 @@ def demote(md: str, levels: int) -> str:
 
 def details(summary: str, body: str) -> str:
     """A collapsed block (GitHub renders markdown inside when blank lines surround it)."""
-    return f"<details><summary>{escape(summary)}</summary>\n\n{body}\n</details>\n"
+    return f"<details><summary>{escape_html(summary)}</summary>\n\n{body}\n</details>\n"
 
 
 def figure(name: str, caption: str) -> str:

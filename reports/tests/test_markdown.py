@@ -1,8 +1,20 @@
 """Tables always carry a source line; embedded markdown gets one under each of its tables."""
 
+import re
+
 import pytest
 
-from reports.markdown import Citations, Claim, demote, details, escape, figure, sources_under_tables, table
+from reports.markdown import (
+    Citations,
+    Claim,
+    demote,
+    details,
+    escape,
+    escape_html,
+    figure,
+    sources_under_tables,
+    table,
+)
 from reports.tests.mdtables import tables, tables_without_source
 
 
@@ -38,25 +50,33 @@ def test_every_cell_header_and_source_is_escaped_so_no_input_adds_rows_or_html()
     md = table([[HOSTILE, 1.5], ["plain", 2]], [HOSTILE, "x"], f"measured, {HOSTILE}")
     ((_, rows),) = tables(md)
     assert len(rows) == 2 and len(md.splitlines()) == 6  # header, rule, two rows, blank, source
-    assert (
-        "<script>" not in md and "\x1b" not in md and not any(line.startswith("| injected") for line in md.splitlines())
-    )
+    assert not re.search(r"(?<!\\)<", md), "an unescaped < could start HTML"
+    assert "\x1b" not in md and not any(line.startswith("| injected") for line in md.splitlines())
     assert rows[0]["x"] == "1.5" and rows[1]["x"] == "2"
     cell = rows[0][next(iter(rows[0]))]
-    assert cell == "a \\| injected \\| row \\| &lt;script&gt;alert(1)&lt;/script&gt; &amp; b\\|c  [31m"
+    assert cell == "a \\| injected \\| row \\| \\<script>alert(1)\\</script> & b\\|c  [31m"
 
 
 def test_escape_is_idempotent_and_leaves_markdown_of_the_sections_alone():
     once = escape(HOSTILE)
-    assert escape(once) == once and "\n" not in once and "<" not in once
+    assert escape(once) == once and "\n" not in once and not re.search(r"(?<!\\)<", once)
     assert escape("**confirmed**, `pytest -k a` [F1]") == "**confirmed**, `pytest -k a` [F1]"
-    assert escape("K &amp; V: 3 &lt; 4 & 5 > 2") == "K &amp; V: 3 &lt; 4 &amp; 5 &gt; 2"
+    assert escape("K &amp; V: 3 &lt; 4 & 5 > 2") == "K &amp; V: 3 &lt; 4 & 5 > 2"
+
+
+def test_escape_follows_markdown_rules_not_html_entities():
+    # Our own prose and commands read as written in the markdown source: no character references.
+    assert escape("PN-Mix -> KIVI: <q_i, k_i>") == "PN-Mix -> KIVI: \\<q_i, k_i>"
+    assert escape("`pytest -k 'a<b' > out.txt` then <b>") == "`pytest -k 'a<b' > out.txt` then \\<b>"
+    assert escape("> not a quote") == "\\> not a quote"
+    assert escape_html("<b> & &amp;") == "&lt;b&gt; &amp; &amp;"
 
 
 def test_details_figures_and_legends_escape_their_text():
     assert "<script>" not in details(HOSTILE, "body") and details("a", "b").startswith("<details><summary>a</summary>")
     fig = figure("f.png", f"caption [x](y) *z* {HOSTILE}")
-    assert fig.count("\n") == 3 and "<script>" not in fig and "](f.png)" in fig and "\\[x\\](y)" in fig
+    unescaped = re.compile(r"(?<!\\)<")
+    assert fig.count("\n") == 3 and not unescaped.search(fig) and "](f.png)" in fig and "\\[x\\](y)" in fig
     cite = Citations("R")
     cite.cite(HOSTILE)
-    assert "<script>" not in cite.legend() and len(cite.legend().splitlines()) == 3
+    assert not unescaped.search(cite.legend()) and len(cite.legend().splitlines()) == 3

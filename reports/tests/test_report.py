@@ -350,10 +350,17 @@ def test_text_of_the_inputs_cannot_add_rows_html_or_formulas_to_the_report(tmp_p
     assert cli.main([*out, *argv]) == 0
     md = (tmp_path / "out" / "r" / "REPORT.md").read_text()
     assert md.count("injected") > 50  # the text is shown, escaped
-    for raw in ("<script>", "<b>", "\x1b", "\r"):
+    for raw in ("\x1b", "\r"):
         assert raw not in md, raw
+    html = [line for line in md.splitlines() for tag in re.findall(r"(?<!\\)<(?:script|b)>", _outside_code(line))]
+    assert not html, html[:3]  # a tag of the inputs reaches the page only backslash-escaped (markdown's rule)
     assert not [line for line in md.splitlines() if line.startswith(("| injected", "<script", "$\\frac"))]
     assert tables(md) and tables_without_source(md) == []  # every row has its table's columns
+
+
+def _outside_code(line: str) -> str:
+    """A line of markdown without its code spans (markdown reads no HTML inside them)."""
+    return re.sub(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)", "", line)
 
 
 def _counting_loads(monkeypatch) -> list[str]:
