@@ -128,8 +128,22 @@ def machine() -> dict[str, str]:
         "memory": f"{mem:.1f} GiB" if mem else "unknown",
         "gpu": device_name("cuda") if torch.cuda.is_available() else "none (torch.cuda.is_available() is False)",
         "cuda": torch.version.cuda or "none (CPU build of torch)",
-        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "unset"),
+        "TRITON_INTERPRET": triton_mode(),
     }
+
+
+def triton_mode() -> str:
+    """TRITON_INTERPRET as set, and how Triton kernels run under it: unset without CUDA means the
+    interpreter too (`pnmix._runtime` sets it to 1 before any kernel is defined)."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is None:
+        how = (
+            "compiled kernels (CUDA)"
+            if torch.cuda.is_available()
+            else "Triton kernels run on the interpreter (no CUDA)"
+        )
+        return f"unset: {how}"
+    return f"{value}: " + ("Triton kernels run on the interpreter" if value not in ("", "0") else "compiled kernels")
 
 
 def command_line() -> str:

@@ -91,7 +91,7 @@ def test_environment_names_the_device_used_and_dates_in_one_format():
     assert env["command"] == "python -m x --smoke"
     assert {"python", "torch", "triton", "transformers"} <= set(env["versions"])
     assert set(env["machine"]) == {"platform", "cpu", "memory", "gpu", "cuda", "TRITON_INTERPRET"}
-    assert env["machine"]["TRITON_INTERPRET"] == os.environ.get("TRITON_INTERPRET", "unset")
+    assert env["machine"]["TRITON_INTERPRET"].startswith(os.environ.get("TRITON_INTERPRET", "unset") + ":")
 
 
 def test_a_cuda_device_is_named_by_its_gpu(monkeypatch):
@@ -177,3 +177,21 @@ def test_a_record_carries_the_modules_the_process_loaded():
     assert "reference/records.py" not in records.code_fingerprint("reference")["files"]
     assert not any("/tests/" in f for f in code["files"])
     assert records.record("fidelity", "cpu", code={"files": {"x": "y"}})["code"] == {"files": {"x": "y"}}
+
+
+@pytest.mark.parametrize(
+    "value, cuda, says",
+    [
+        (None, False, "unset: Triton kernels run on the interpreter"),
+        (None, True, "unset: compiled"),
+        ("1", False, "1: Triton kernels run on the interpreter"),
+        ("0", True, "0: compiled"),
+    ],
+)
+def test_the_machine_record_says_whether_triton_kernels_ran_on_the_interpreter(monkeypatch, value, cuda, says):
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    monkeypatch.setattr(records.torch.cuda, "is_available", lambda: cuda)
+    assert records.triton_mode().startswith(says)
