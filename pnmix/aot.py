@@ -8,11 +8,13 @@ attention and dequantize run on CPU tensors while `pnmix._runtime.recording` kee
 Each distinct launch is specialized as Triton's JIT would on a GPU and compiled to a cubin with
 the ptxas that ships in the triton wheel. Per kernel: registers, local memory (spills), shared
 memory against the target's per-block maximum, warps, stages. For the decode kernel, per GPU of
-`pnmix.gpus`, two static upper bounds on the fraction of HBM bandwidth it can reach, and which
-binds (the lower): the issue bound (bytes of cache per tile / warp-instructions per tile x chip
-issue rate / HBM bandwidth) and the memory bound (programs per SM, from the compiled registers,
-shared memory and warps, x stages x bytes per tile in flight, against DRAM latency x bandwidth
-per SM: Little's law); then the targets at the default configuration, each PASS or FAIL.
+`pnmix.gpus`, static upper bounds on the fraction of HBM bandwidth it can reach, and which binds
+(the lowest): the issue bound (bytes of cache per tile / warp-instructions per tile x chip issue
+rate / HBM bandwidth), the pipe bound (the same for the main loop's instructions of each execution
+pipe at its own rate, `pnmix.gpus.PIPES`: the lowest pipe is printed with its name) and the memory
+bound (programs per SM, from the compiled registers, shared memory and warps, x stages x bytes per
+tile in flight, against DRAM latency x bandwidth per SM: Little's law); then the targets at the
+default configuration, each PASS or FAIL.
 
 Exit status 1 when a kernel does not compile, exceeds shared memory or spills (and, with
 --require-targets, when a target is not met); 2 on bad arguments; 3 when the toolchain (ptxas,
@@ -41,10 +43,13 @@ from pnmix.cache import PNMixCache
 from pnmix.gpus import (
     ARCHS,
     GPUS,
+    PIPES,
     REQUIRED_CEILING,
     REQUIRED_MEMORY_BOUND,
     issue_bound,
     memory_bound,
+    pipe_bound,
+    pipe_counts,
     programs_per_sm,
     smem_limit,
 )
@@ -151,8 +156,8 @@ _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 
-def main_loop_instructions(sass: str) -> int | None:
-    """SASS instructions of the largest loop body (a label up to the branch back to it)."""
+def main_loop_body(sass: str) -> list[str] | None:
+    """SASS instructions of the largest loop body (a label up to the branch back to it), in order."""
     labels, body = {}, []
     for line in sass.splitlines():
         if m := _LABEL.match(line):
@@ -162,8 +167,29 @@ def main_loop_instructions(sass: str) -> int | None:
     loops = []
     for i, ins in enumerate(body):
         if (m := _BRANCH.search(ins)) and m.group(1) in labels and labels[m.group(1)] < i:  # not the exit trap
-            loops.append(i + 1 - labels[m.group(1)])
-    return max(loops) if loops else None
+            loops.append((i + 1 - labels[m.group(1)], labels[m.group(1)], i + 1))
+    if not loops:
+        return None
+    _, first, end = max(loops)
+    return body[first:end]
+
+
+def main_loop_instructions(sass: str) -> int | None:
+    """SASS instructions of the largest loop body (a label up to the branch back to it)."""
+    body = main_loop_body(sass)
+    return len(body) if body is not None else None
+
+
+_PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
+
+
+def opcodes(instructions: list[str]) -> dict[str, int]:
+    """How many of each opcode (without predicate and modifiers: "IMAD" for "@P0 IMAD.MOV.U32 R1, RZ, RZ, R2")."""
+    counts: dict[str, int] = {}
+    for ins in instructions:
+        op = _PREDICATE.sub("", ins.strip()).split(" ", 1)[0].split(".", 1)[0]
+        counts[op] = counts.get(op, 0) + 1
+    return counts
 
 
 def toolchain() -> dict[str, str] | str:
@@ -204,7 +230,8 @@ def _inspect(index: int) -> dict:
         "shared_bytes": int(compiled.metadata.shared),
         "smem_limit": smem_limit(arch),
         "instructions": sum(1 for line in sass.splitlines() if _INSTRUCTION.match(line)),
-        "loop_instructions": main_loop_instructions(sass),
+        "loop_instructions": len(body) if (body := main_loop_body(sass)) is not None else None,
+        "loop_opcodes": opcodes(body) if body is not None else None,
     }
 
 
@@ -266,8 +293,10 @@ def run(scope: str, jobs: int) -> dict:
 def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
     """The decode kernel of one configuration on one arch: both bounds for each GPU of that arch.
 
-    bounds[gpu]: issue (None when the main loop was not found), memory, ceiling (the lower of the two) and binds
-    (which one is lower: "issue" or "memory")."""
+    bounds[gpu]: issue (None when the main loop was not found), pipe (the lowest bound of the pipes of
+    `pnmix.gpus.PIPES`, each at its own rate; None without the loop's opcodes) and pipe_name (which pipe), memory,
+    ceiling (the lowest of the three) and binds (which one is lowest: "issue", the pipe's name, or "memory").
+    pipes: the loop's warp-instructions per tile on each pipe."""
     entry = asdict(case) | {"arch": arch, "tile_bytes": nbytes, "warps": row["warps"], "stages": row["stages"]}
     if "error" in row:
         return entry
@@ -280,15 +309,27 @@ def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
     }
     per_tile = row["loop_instructions"] * row["warps"] if row.get("loop_instructions") else None
     entry["warp_instructions_per_tile"] = per_tile
+    ops = row.get("loop_opcodes")
+    pipes = {name: n * row["warps"] for name, n in pipe_counts(ops).items()} if ops and per_tile else None
+    entry["pipes"] = pipes
     entry["bounds"] = {}
     for gpu in (g for g in GPUS if g.arch == arch):
         memory = memory_bound(gpu, programs, row["stages"], nbytes)
         issue = issue_bound(gpu, nbytes, per_tile) if per_tile else None
-        binds = "issue" if issue is not None and issue < memory else "memory"
+        by_pipe = {p.name: pipe_bound(gpu, nbytes, pipes[p.name], p) for p in PIPES if pipes and p.name in pipes}
+        pipe_name = min(by_pipe, key=by_pipe.get) if by_pipe else None
+        candidates = {"memory": memory}
+        if issue is not None:
+            candidates["issue"] = issue
+        if pipe_name is not None:
+            candidates[pipe_name] = by_pipe[pipe_name]
+        binds = min(candidates, key=candidates.get)
         entry["bounds"][gpu.name] = {
             "issue": None if issue is None else round(issue, 4),
+            "pipe": None if pipe_name is None else round(by_pipe[pipe_name], 4),
+            "pipe_name": pipe_name,
             "memory": round(memory, 4),
-            "ceiling": round(min(memory, issue if issue is not None else memory), 4),
+            "ceiling": round(candidates[binds], 4),
             "binds": binds,
             "needed_in_flight_per_sm": round(gpu.bytes_in_flight_per_sm),
         }
@@ -330,6 +371,9 @@ ASSUMPTIONS = """\
 Both bounds are upper bounds on the fraction of HBM bandwidth (datasheet), not predictions.
 issue: one warp-instruction per clock per scheduler (4 per SM) at boost clock, every cycle (enough
   warps resident and ready), the main loop's SASS count per tile, nothing else in the kernel.
+pipe: the same for the loop's instructions of each pipe at that pipe's rate per SM (pnmix.gpus.PIPES:
+  fma = fp32 + IMAD, 2 warp-instr/clock on sm_80, 4 on sm_90; imad 2; alu (integer, bit, compare,
+  select, move) 2; xu (conversions, MUFU) 0.5; shfl 1); the lowest pipe is printed with its name.
 memory: programs/SM from the compiled registers (allocated per warp in units of 256), shared
   memory (+1 KB per block), warps and block slots, as the occupancy calculator; the grid fills
   every SM that much; every load of a tile issued before the first is used, `stages` tiles of
@@ -372,6 +416,7 @@ def render(result: dict) -> str:
         "in flight B/SM",
         "needed B/SM",
         "issue",
+        "pipe",
         "memory",
         "binds",
         "ceiling",
@@ -391,6 +436,7 @@ def render(result: dict) -> str:
             round(e.get("in_flight_per_sm", 0)),
             b["needed_in_flight_per_sm"],
             _pct(b["issue"]),
+            "-" if b.get("pipe") is None else f"{_pct(b['pipe'])} {b['pipe_name']}",
             _pct(b["memory"]),
             b["binds"],
             _pct(b["ceiling"]),
@@ -403,7 +449,7 @@ def render(result: dict) -> str:
         f"{len(kernels)} distinct kernels compiled for {', '.join(f'sm_{a}' for a in result['archs'])}",
         tabulate(table, head, tablefmt="github"),
         "",
-        "Decode kernel: static bounds per GPU (fraction of HBM bandwidth); the lower one binds",
+        "Decode kernel: static bounds per GPU (fraction of HBM bandwidth); the lowest one binds",
         tabulate(bound_rows, bound_head, tablefmt="github"),
         ASSUMPTIONS,
         "",

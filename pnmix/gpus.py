@@ -118,6 +118,93 @@ REQUIRED_MEMORY_BOUND = 0.90
 REQUIRED_CEILING = {"A100-SXM4-40GB": 0.30, "H100-SXM": 0.25}
 
 
+class Pipe(NamedTuple):
+    """An execution pipe of an SM: the SASS opcodes it runs and its throughput, results (thread-operations) per
+    clock per SM by compute capability; a warp-instruction is 32 results."""
+
+    name: str
+    lanes: dict[int, int]
+    opcodes: frozenset[str]
+
+
+#: Where the pipes' rates and opcodes come from.
+PIPE_SOURCE = (
+    "CUDA C++ Programming Guide, Arithmetic Instructions, throughput of native arithmetic instructions (operations "
+    "per clock per multiprocessor): 32-bit floating-point add, multiply, multiply-add 64 (8.0) and 128 (9.0); 32-bit "
+    "integer add, multiply, multiply-add, shift, compare, min, max, bitwise operations 64 (8.0, 9.0); type "
+    "conversions (other than 8/16-bit integer to 32-bit integer) and 32-bit reciprocal, log2, exp2 16; warp shuffle "
+    "32. Nsight Compute Kernel Profiling Guide, pipelines: fma runs FP32 arithmetic and the integer multiplies "
+    "(IMAD, IMUL: on the fmaheavy half only, so half of the fp32 rate on sm_90); alu runs the other integer, bit, "
+    "compare, select and move instructions and, from Ampere on, the packed FP32-to-FP16 conversion (F2FP); xu the "
+    "other conversions and the transcendentals (MUFU)."
+)
+#: The pipes the gate counts besides issue (one warp-instruction per clock per scheduler, 4 per SM): each bounds
+#: the loop at its own rate. Not counted: fp16 arithmetic (HADD2, HFMA2: 256 results per clock on 8.0 and 9.0, the
+#: issue rate), loads and stores, tensor cores, uniform-datapath instructions (U*).
+PIPES = (
+    Pipe(
+        "fma",
+        {80: 64, 90: 128},
+        frozenset({"FFMA", "FADD", "FMUL", "FFMA32I", "FADD32I", "FMUL32I", "IMAD", "IMUL", "IMAD32I", "IMUL32I"}),
+    ),
+    Pipe("imad", {80: 64, 90: 64}, frozenset({"IMAD", "IMUL", "IMAD32I", "IMUL32I"})),
+    Pipe(
+        "alu",
+        {80: 64, 90: 64},
+        frozenset(
+            {
+                "IADD3",
+                "IADD",
+                "IADD32I",
+                "VIADD",
+                "LOP3",
+                "LOP",
+                "LOP32I",
+                "SHF",
+                "SHL",
+                "SHR",
+                "ISETP",
+                "IMNMX",
+                "VIMNMX",
+                "IABS",
+                "SEL",
+                "FSEL",
+                "FSETP",
+                "FMNMX",
+                "PRMT",
+                "LEA",
+                "BMSK",
+                "SGXT",
+                "PLOP3",
+                "P2R",
+                "R2P",
+                "MOV",
+                "MOV32I",
+                "F2FP",
+                "I2FP",
+                "F2IP",
+            }
+        ),
+    ),
+    Pipe("xu", {80: 16, 90: 16}, frozenset({"MUFU", "I2F", "F2I", "F2F", "I2I", "FRND", "POPC", "FLO", "BREV"})),
+    Pipe("shfl", {80: 32, 90: 32}, frozenset({"SHFL"})),
+)
+
+
+def pipe_counts(opcodes: dict[str, int]) -> dict[str, int]:
+    """Instructions of each pipe of `PIPES` among SASS opcode counts (opcode without its modifiers: "IMAD" for
+    IMAD.MOV.U32); pipes with none are left out."""
+    counts = {p.name: sum(n for op, n in opcodes.items() if op in p.opcodes) for p in PIPES}
+    return {name: n for name, n in counts.items() if n}
+
+
+def pipe_bound(gpu: GPU, bytes_per_tile: float, warp_instructions_per_tile: float, pipe: Pipe) -> float:
+    """Fraction of HBM bandwidth reachable when one pipe is the only limit: as `issue_bound`, at the pipe's rate
+    (its results per clock per SM / 32 warp-instructions) instead of 4 per SM (may exceed 1)."""
+    rate = gpu.sms * pipe.lanes[gpu.arch] / 32 * gpu.boost_ghz * 1e9
+    return bytes_per_tile / warp_instructions_per_tile * rate / (gpu.hbm_gbps * 1e9)
+
+
 def smem_limit(arch: int) -> int:
     """The smallest per-block shared memory of the GPUs of this compute capability."""
     return min(g.smem_per_block for g in GPUS if g.arch == arch)

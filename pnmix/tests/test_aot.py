@@ -13,11 +13,14 @@ import pytest
 from pnmix import aot
 from pnmix.gpus import (
     GPUS,
+    PIPES,
     REQUIRED_CEILING,
     REQUIRED_MEMORY_BOUND,
     SM_LIMITS,
     issue_bound,
     memory_bound,
+    pipe_bound,
+    pipe_counts,
     programs_per_sm,
 )
 
@@ -65,8 +68,13 @@ def test_the_gate_prints_both_bounds_and_every_target(gate):
         gpus = {g.name for g in GPUS if g.arch == e["arch"]}
         assert set(e["bounds"]) == gpus, e
         for gpu, b in e["bounds"].items():
-            assert b["ceiling"] == min(b["issue"], b["memory"]) and 0 < b["memory"] <= 1, (gpu, b)
-            assert b["binds"] == ("issue" if b["issue"] < b["memory"] else "memory"), (gpu, b)
+            bounds = {"issue": b["issue"], b["pipe_name"]: b["pipe"], "memory": b["memory"]}
+            assert b["ceiling"] == min(bounds.values()) and 0 < b["memory"] <= 1, (gpu, b)
+            assert bounds[b["binds"]] == b["ceiling"], (gpu, b)
+            assert b["pipe_name"] in {p.name for p in PIPES} and b["pipe"] is not None, (gpu, b)
+        # imad is a part of fma (the integer multiplies): every other pipe counts distinct instructions
+        assert e["pipes"]["imad"] <= e["pipes"]["fma"], e
+        assert sum(n for p, n in e["pipes"].items() if p != "imad") <= e["warp_instructions_per_tile"], e
         assert e["in_flight_per_sm"] == e["programs_per_sm"] * e["stages"] * e["tile_bytes"] > 0, e
     # each default case x GPU: the memory target, and the ceiling target where one is set
     per_case = len(GPUS) + len(REQUIRED_CEILING)
@@ -74,7 +82,7 @@ def test_the_gate_prints_both_bounds_and_every_target(gate):
     assert result["below_target"] == [c["text"] for c in result["targets"] if not c["passed"]]
     for c in result["targets"]:
         assert f"{'PASS' if c['passed'] else 'FAIL'} target: {c['text']}" in proc.stdout
-    for column in ("programs/SM", "in flight B/SM", "needed B/SM", "issue", "memory", "binds", "ceiling"):
+    for column in ("programs/SM", "in flight B/SM", "needed B/SM", "issue", "pipe", "memory", "binds", "ceiling"):
         assert f" {column} " in proc.stdout
 
 
@@ -125,6 +133,63 @@ def test_the_main_loop_is_the_largest_backward_branch_and_not_the_exit_trap():
     assert aot.main_loop_instructions(SASS) == 4
     assert aot.main_loop_instructions(SASS.split(".L_x_1:")[0]) == 3
     assert aot.main_loop_instructions("        /*0000*/    EXIT ;") is None
+
+
+def test_opcodes_are_counted_without_predicates_and_modifiers_in_the_main_loop_only():
+    body = aot.main_loop_body(SASS)
+    assert body is not None and len(body) == 4 and body[0].startswith("HMMA")
+    assert aot.opcodes(body) == {"HMMA": 1, "LOP3": 1, "SHF": 1, "BRA": 1}
+    assert aot.opcodes(["@!P0 IMAD.MOV.U32 R1, RZ, RZ, R2", "@PT FFMA R1, R2, R3, R4", "I2F.F16 R1, R2"]) == {
+        "IMAD": 1,
+        "FFMA": 1,
+        "I2F": 1,
+    }
+    assert pipe_counts({"HMMA": 1, "LOP3": 2, "SHF": 1, "BRA": 1, "IMAD": 3, "FFMA": 4, "F2F": 1}) == {
+        "fma": 7,
+        "imad": 3,
+        "alu": 3,
+        "xu": 1,
+    }
+
+
+def _pipes_entry(arch, ops, loop):
+    row = _row(arch, loop=loop, stages=2) | {"loop_opcodes": ops}
+    return aot.decode_entry(aot.Case(aot.DEFAULT_METHOD, "float16", 128, 4), arch, row, 4608)
+
+
+def test_each_pipe_bounds_the_loop_at_its_own_rate_and_the_lowest_binds():
+    a100, h100, _ = GPUS
+    fma = next(p for p in PIPES if p.name == "fma")
+    # fp32 at half the issue rate on sm_80 (64 results per clock per SM), the full rate on sm_90 (128)
+    assert pipe_bound(a100, 4608, 1000, fma) == pytest.approx(issue_bound(a100, 4608, 1000) / 2)
+    assert pipe_bound(h100, 4608, 1000, fma) == pytest.approx(issue_bound(h100, 4608, 1000))
+    # a loop of 1,000 instructions per warp, 600 of them FFMA: fp32 binds on sm_80 (600 x 2 > 1,000 issue slots)
+    ops = {"FFMA": 600, "LOP3": 100, "HMMA": 300}
+    a = _pipes_entry(80, ops, 1000)["bounds"]["A100-SXM4-40GB"]
+    assert a["pipe_name"] == "fma" and a["binds"] == "fma" and a["ceiling"] == a["pipe"]
+    assert a["pipe"] == pytest.approx(a["issue"] * 1000 / (600 * 2), abs=1e-4)
+    # ... not on sm_90, where fp32 issues at full rate: issue binds there
+    h = _pipes_entry(90, ops, 1000)["bounds"]["H100-SXM"]
+    assert h["binds"] == "issue" and h["ceiling"] == h["issue"] and h["pipe"] >= h["issue"]
+    # IMAD at half rate on both, sharing fma with fp32 on sm_80: 300 IMAD + 300 FFMA bind on sm_80 only as fma
+    ops = {"IMAD": 300, "FFMA": 300, "HMMA": 400}
+    assert _pipes_entry(80, ops, 1000)["bounds"]["A100-SXM4-40GB"]["pipe_name"] == "fma"
+    h = _pipes_entry(90, ops, 1000)["bounds"]["H100-SXM"]
+    assert h["pipe_name"] == "fma" and h["pipe"] == pytest.approx(h["issue"] * 1000 / 600, abs=1e-4)
+    ops = {"IMAD": 600, "HMMA": 400}
+    h = _pipes_entry(90, ops, 1000)["bounds"]["H100-SXM"]
+    assert h["binds"] == "imad" and h["pipe"] == pytest.approx(h["issue"] * 1000 / 1200, abs=1e-4)
+    # conversions at 16 results per clock (1/8 of issue): 130 of 1,000 bind
+    e = _pipes_entry(80, {"I2F": 130, "NOP": 870}, 1000)
+    assert e["pipes"] == {"xu": 520} and e["bounds"]["A100-SXM4-40GB"]["binds"] == "xu"
+    # integer and bit operations at half rate on both: 501 of 1,000 bind
+    assert _pipes_entry(90, {"LOP3": 301, "SHF": 200, "NOP": 499}, 1000)["bounds"]["H200"]["binds"] == "alu"
+    assert _pipes_entry(90, {"LOP3": 300, "SHF": 199, "NOP": 501}, 1000)["bounds"]["H200"]["binds"] == "issue"
+    text = aot.render(
+        {"archs": [80], "kernels": [], "decode": [_pipes_entry(80, {"FFMA": 600, "NOP": 400}, 1000)], "failures": []}
+        | {"targets": []}
+    )
+    assert " fma |" in text and "| fma " in text
 
 
 def test_the_issue_bound_is_bytes_per_warp_instruction_times_the_issue_rate_over_bandwidth():
