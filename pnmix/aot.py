@@ -20,7 +20,7 @@ Exit status 1 when a kernel does not compile, exceeds shared memory or spills (a
 --require-targets, when a target is not met); 2 on bad arguments; 3 when the toolchain (ptxas,
 cuobjdump, nvdisasm) is absent. --default compiles the default configuration (both dtypes, GQA 4
 and 8), --all every method x dtype x head_dim (the default); the wall times measured on 2 cores
-are in README.md.
+are in docs/gpu-gate.md.
 """
 
 from __future__ import annotations

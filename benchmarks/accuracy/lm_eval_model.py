@@ -74,7 +74,7 @@ have as a chat's last user message. Every continuation or generated token takes 
 TriAxialKV's tag for generated text (current / text / answer, `reference.tokens.roles.GENERATED`).
 A tag the calibration never saw gets the high bits. The allocation is read as the file gives it:
 `benchmarks.fidelity.role_calibration` calibrates TriAxialKV's store, and role-aware PN-Mix keeps
-TriAxialKV's per-tag budget (README, "Methods compared"); its group size must be the configuration's.
+TriAxialKV's per-tag budget (docs/methods.md); its group size must be the configuration's.
 """
 
 from __future__ import annotations
