@@ -127,10 +127,9 @@ def _headroom(top, DOT: tl.constexpr):
 
 
 @triton.jit
-def _dot_wide(a, scale, b, top, DOT: tl.constexpr):
-    """`_dot_f32` of a * scale[None, :], whose entries may pass float16's range (|a * scale| <= top): see
-    `_headroom`."""
-    e = _headroom(top, DOT)
+def _dot_wide(a, scale, b, e, DOT: tl.constexpr):
+    """`_dot_f32` of a * scale[None, :], whose entries may pass float16's range, divided by the headroom
+    exponent e (`_headroom` of a bound on |a * scale|) and the product multiplied back."""
     return _dot_f32(a * scale[None, :] * (1.0 / e), b, DOT) * e
 
 
@@ -149,20 +148,101 @@ def _scaled_queries(q_ptr, q_rows, row_ok, cols, d, qk_scale):
 
 
 @triton.jit
-def _key_chunk(q, first, klo, ks, kz, group, t, d, q_top, KC: tl.constexpr, B_LO: tl.constexpr, DOT: tl.constexpr):
-    """The low plane's logits over KC channels from `first` on (q: their scaled queries).
+def _key_chunk(
+    q,
+    q_dot,
+    first,
+    klo,
+    ks,
+    kz,
+    group,
+    t,
+    d,
+    e,
+    q_top,
+    qk_scale,
+    KC: tl.constexpr,
+    B_LO: tl.constexpr,
+    EXACT_LO: tl.constexpr,
+    TILE_E: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """The low plane's logits over KC channels from `first` on (q: their scaled queries; q_dot: the same
+    queries as given, in DOT; e: the split's headroom exponent of the low plane, `_split_exponents`, or with
+    TILE_E the tile's own, from q_top and its scales).
 
     Scale and zero fold into the operands, q.k = (q * s).code + q.z per channel; each byte of codes is
     read once per field it holds (the repeats hit L1), 16 bytes of adjacent channels at a time, and
     shifted down per token: no register shuffles. The scales are read as q's tile (`_rows`); the zeros,
-    read so too, made the default kernel spill on sm_90, and stay a vector."""
+    read so too, made the default kernel spill on sm_90, and stay a vector.
+
+    EXACT_LO (1-bit codes, scales stored in q's dtype): the product is exact instead, the queries as given
+    against where(bit, s, 0) in DOT, one MMA (a product of two DOT numbers is exact in the float32
+    accumulator, and the scale is not rounded), with the softmax scale applied to the float32 logits as in
+    the dense loops: no q * s operand, no hi + lo split, no headroom (the products are far inside float32)."""
     c = first + tl.arange(0, KC)
-    s_k = _rows(ks + group * d + c, c < d, q)
     z_k = _vector(kz + group * d + first, d - first, KC)
     codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
-    e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
-    logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT) * e
+    if EXACT_LO:
+        s_c = tl.load(ks + group * d + c, mask=c < d, other=0.0).to(DOT)
+        logits = tl.dot(q_dot, tl.where(codes != 0, s_c[:, None], 0.0).to(DOT)) * qk_scale
+    else:
+        s_k = _rows(ks + group * d + c, c < d, q)
+        if TILE_E:
+            e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
+        logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT) * e
     return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
+
+
+@triton.jit
+def _split_exponents(
+    ks,
+    vs,
+    channel,
+    cols,
+    col_ok,
+    hcol_ok,
+    d,
+    lo,
+    hi,
+    v_hi,
+    q_top,
+    n_boost,
+    G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    B_LO: tl.constexpr,
+    HAS_HIGH: tl.constexpr,
+    PAGE_RANKS: tl.constexpr,
+    EXACT_LO: tl.constexpr,
+    FAST: tl.constexpr,
+    V_HEADROOM: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """The headroom exponents (`_headroom`) of the fast path's three scaled dots over this split's tiles [lo, hi):
+    the key low plane (q * s), the high plane (q * s * 2**B_LO) and the values (p * s, p <= 1), each from the
+    largest bound of any tile of the split. `_headroom` grows with its bound, so each is the largest of the
+    exponents the tiles would have had alone: 1 wherever every tile's is 1 (bit for bit the results of an
+    exponent per tile), and a power of two above 1 only where some tile's bound passes 2**14. Read once per
+    split, before its loop, instead of reduced from each tile: the key scales of the split's groups (only those
+    of the high channels when the low plane is an exact product), and the value scales only when they can pass
+    float16 (V_HEADROOM: stored wider than float16; float16 scales times p <= 1 stay within 65504). With
+    per-page rank tables (Kitty) the keys' exponents stay per tile (1 here): inverting every page's ranks
+    before the loop and two more live values in it made the d = 256 kernel spill on sm_90."""
+    top_lo = q_top * 0.0
+    top_hi = q_top * 0.0
+    top_v = q_top * 0.0
+    if FAST and DOT == tl.float16 and not PAGE_RANKS:
+        for g in range(lo // G, tl.cdiv(hi, G)):
+            if not EXACT_LO:
+                s_k = tl.load(ks + g * d + cols, mask=col_ok, other=0.0).to(tl.float32)
+                top_lo = tl.maximum(top_lo, tl.max(s_k, axis=0))
+            if HAS_HIGH:
+                s_hi = tl.load(ks + g * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
+                top_hi = tl.maximum(top_hi, tl.max(s_hi, axis=0))
+    if V_HEADROOM:
+        for start in range(lo, v_hi, BLOCK_N):
+            top_v = tl.maximum(top_v, tl.max(_vector(vs + start, v_hi - start, BLOCK_N), axis=0))
+    return _headroom(q_top * top_lo, DOT), _headroom(q_top * top_hi, DOT), _headroom(top_v, DOT)
 
 
 @triton.jit
@@ -278,6 +358,8 @@ def _split_kernel(
     B_V: tl.constexpr,
     SLIDING: tl.constexpr,
     DOT: tl.constexpr,
+    EXACT_LO: tl.constexpr,
+    V_HEADROOM: tl.constexpr,
     KEY_CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -330,6 +412,13 @@ def _split_kernel(
     if KEY_CHUNKS == 2:
         q1 = _scaled_queries(q_ptr, q_rows, row_ok, KC + tl.arange(0, KC), d, qk_scale)
         q_top = tl.maximum(q_top, tl.max(tl.max(tl.abs(q1), axis=1), axis=0))
+        if EXACT_LO:  # the chunks' queries as given
+            qd0 = _scaled_queries(q_ptr, q_rows, row_ok, tl.arange(0, KC), d, 1.0).to(DOT)
+            qd1 = _scaled_queries(q_ptr, q_rows, row_ok, KC + tl.arange(0, KC), d, 1.0).to(DOT)
+        else:
+            qd0, qd1 = q_dot, q_dot
+    else:
+        qd0, qd1 = q_dot, q_dot
     n_sink = tl.load(counts_ptr)
     n_q = tl.load(counts_ptr + 1)
     length = n_sink + n_q + tl.load(counts_ptr + 2)
@@ -374,17 +463,47 @@ def _split_kernel(
         if FAST:
             if HAS_HIGH:  # one selection for every tile: its queries are read once, not per tile
                 q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
+        split_channel = channel
     else:
         slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table
+        split_channel = hcol  # unused: the keys take an exponent per tile with per-page ranks
     lo, hi = _chunk(split, n_splits, n_q, BLOCK_N)
+    v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
+    if FAST or V_HEADROOM:  # the headroom exponents of the split's scaled dots, once before its loop
+        e_lo, e_hi, e_v = _split_exponents(
+            ks,
+            vs,
+            split_channel,
+            cols,
+            col_ok,
+            hcol_ok,
+            d,
+            lo,
+            hi,
+            v_hi,
+            q_top,
+            n_boost,
+            G,
+            BLOCK_N,
+            B_LO,
+            HAS_HIGH,
+            PAGE_RANKS,
+            EXACT_LO,
+            FAST,
+            V_HEADROOM,
+            DOT,
+        )
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
         group = start // G
-        v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
         if FAST:
-            logits = _key_chunk(q0, 0, klo, ks, kz, group, t, d, q_top, KC, B_LO, DOT)
+            logits = _key_chunk(
+                q0, qd0, 0, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT
+            )
             if KEY_CHUNKS == 2:
-                logits += _key_chunk(q1, KC, klo, ks, kz, group, t, d, q_top, KC, B_LO, DOT)
+                logits += _key_chunk(
+                    q1, qd1, KC, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT
+                )
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
                     rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
@@ -392,7 +511,11 @@ def _split_kernel(
                     q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
                 s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
-                logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), q_top * tl.max(s_hi, axis=0), DOT)
+                if PAGE_RANKS:  # the tile's own exponent (see _split_exponents)
+                    e_page = _headroom(q_top * tl.max(s_hi, axis=0), DOT)
+                    logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), e_page, DOT)
+                else:
+                    logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), e_hi, DOT)
         else:
             pos = tl.where(t < hi, t, -1)
             k = _load_tile(
@@ -437,7 +560,10 @@ def _split_kernel(
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
-            pv = _dot_wide(p, s_v, _code_to(codes, DOT), tl.max(s_v, axis=0), DOT)  # p <= 1
+            if V_HEADROOM:
+                pv = _dot_wide(p, s_v, _code_to(codes, DOT), e_v, DOT)
+            else:  # p <= 1 times a scale of float16 (or of DOT's range) is within DOT's range
+                pv = _dot_f32(p * s_v[None, :], _code_to(codes, DOT), DOT)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
@@ -693,6 +819,8 @@ def decode_attention(
     value_group = cfg.value_group(d)
     has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
     v_fields = v_quant and value_group == block_d and len(bit_planes(cfg.value_bits)) == 1
+    # The low plane as an exact product needs 1-bit codes and scales that DOT holds exactly (q's dtype).
+    exact_lo = cfg.b_low == 1 and r["key_scale"].dtype == q.dtype
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
     _runtime.launch(
         _split_kernel,
@@ -747,6 +875,8 @@ def decode_attention(
         B_V=cfg.value_bits if v_quant else 8,
         SLIDING=cfg.value_residual == "sliding",
         DOT=dot,
+        EXACT_LO=exact_lo,
+        V_HEADROOM=v_fields and dot is tl.float16 and vs.dtype != torch.float16,
         KEY_CHUNKS=2 if block_d >= 256 else 1,
         BLOCK_M=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=block_n,

@@ -4,6 +4,8 @@ Exact things (scales, zeros, packed bytes, codes, dequantized values) are compar
 torch.equal; attention uses the suite's measured-tolerance policy.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -148,6 +150,65 @@ def test_decode_attention_fast_path_matches_the_spec(
     of vector loads, scale and zero folded into the operands, field-major value columns."""
     cfg = R.PNMixConfig(b_high=b_high, b_low=b_low, value_bits=value_bits, group_size=16, residual_length=16, n_sink=5)
     check_decode_attention(cfg, d, batch, n_kv, n_rep, length, t_new, splits, dtype)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_fast_path_with_scales_of_every_dtype(scale_dtype, dtype):
+    """The 1-bit low plane is an exact product (queries as given times where(bit, s, 0), one dot) when the
+    scales are stored in the queries' dtype, and q * s as hi + lo otherwise; float32 value scales take the
+    values' headroom (p * s may pass float16's range), float16 and bfloat16 ones need none."""
+    cfg = R.PNMixConfig(group_size=16, residual_length=16, n_sink=5, scale_dtype=scale_dtype)
+    check_decode_attention(cfg, 16, 2, 2, 3, 133, 2, 2, dtype)
+
+
+@pytest.mark.parametrize(
+    ("case", "scale_dtype"),
+    [
+        ("keys", torch.float16),
+        ("keys", torch.float32),
+        ("values", torch.float32),
+        ("one channel", torch.float16),
+        ("one channel", torch.float32),
+    ],
+)
+@pytest.mark.parametrize("big_group", [0, 2])
+def test_one_headroom_exponent_per_split_keeps_huge_groups_finite_and_the_rest_accurate(case, scale_dtype, big_group):
+    """One split over four key groups of which one is huge, so that the split's headroom exponents
+    (`_split_exponents`, the largest of its tiles') are above 1 for every tile, the ordinary ones too, whichever
+    group is the huge one (the first tile, or a later one). keys: keys of up to 5e4 and queries of up to ~16,
+    whose q * s (the high plane's, and with float32 scales the low plane's) pass float16's range without the
+    exponent; values: 1-bit "ends" values of up to 6e4 under float32 scales (s up to 1.2e5: p * s passes it,
+    p = 1 at the largest logit, which the group's keys hold); one channel: keys and values of up to 3e4 in a
+    channel where the new query is 0, so the logits stay ordinary and every tile's share of the output counts.
+    Attention must be finite and within the low-precision error."""
+    one_bit = "ends" if case == "values" else "midpoint"
+    cfg = R.PNMixConfig(group_size=16, residual_length=16, n_sink=2, scale_dtype=scale_dtype, one_bit=one_bit)
+    if case == "values":
+        cfg = dataclasses.replace(cfg, value_bits=1)
+    length, d = 2 + 4 * 16 + 9, 16
+    q = data((1, 2, length, d), torch.float16, 5, 1.0)
+    k, v = data((1, 1, length, d), torch.float16, 6), data((1, 1, length, d), torch.float16, 7)
+    rows = slice(2 + 16 * big_group, 2 + 16 * (big_group + 1))
+    new_q = data((1, 2, 1, d), torch.float16, 8, 4.0 if case == "keys" else 1.0)
+    if case == "keys":
+        k[:, :, rows] = (k[:, :, rows].float() * 2e4).clamp(-5e4, 5e4).half()
+    elif case == "values":
+        k[:, :, rows] *= 4
+        v[:, :, rows] = (v[:, :, rows].float() * 2e4).clamp(-6e4, 6e4).half()
+    else:
+        k[:, :, rows, 3] = (k[:, :, rows, 3].float() * 1e4).clamp(-3e4, 3e4).half()
+        v[:, :, rows, 3] = (v[:, :, rows, 3].float() * 1e4).clamp(-3e4, 3e4).half()
+        new_q[..., 3] = 0
+    cache = PNMixCache.from_prefill(q, k, v, cfg)
+    out = cache.attend(new_q, num_splits=1).cpu()
+    k_hat, v_hat = R.ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), cfg).dequantize()
+    oracle = R.attention_ref(new_q.cpu().double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = R.attention_ref(new_q.cpu(), k_hat.half(), v_hat.half(), causal=True, upcast=True)
+    assert out.isfinite().all()
+    err, bound = (out.double() - oracle).abs().max().item(), attention_bound(oracle, low, torch.float16)
+    print(f"max err {err:.3g}, bound {bound:.3g}")
+    assert err <= bound
 
 
 @pytest.mark.parametrize("method", ["PN-Mix", "Kitty"])

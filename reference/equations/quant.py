@@ -16,6 +16,18 @@ Numerics, fixed here so that every implementation reproduces the codes bit for b
    gives code 0 everywhere, so such a group reconstructs to its stored zero: exactly its
    value when the group is constant and the value is representable in the storage dtype;
 6. reconstruction is x_hat = s * q + z in float32.
+
+Scale and zero are stored in the configuration's `scale_dtype` (float16 by default), not in the
+model's dtype. Decided 2026-12-02 with these numbers: the Triton decode kernel computes a 1-bit low
+plane as an exact product (queries times where(bit, s, 0), one MMA: a product of two numbers of one
+16-bit dtype is exact in float32) only when the scales have the queries' dtype, so bfloat16 scales
+would give bfloat16 models that path too: its main loop 2,022 -> 1,693 instructions per warp per
+64-token tile on sm_80 (`python -m pnmix.aot --default`, triton 3.7.1, no GPU), issue bound 22.3 ->
+26.7 % of HBM on A100, 17.6 -> 21.0 % H100, 12.3 -> 14.7 % H200. Not the default: it changes the
+numerics of every existing bfloat16 result (on `conformance.strategies.REALISTIC` in bfloat16, 64 %
+of the dequantized keys and 62 % of the values differ), and bfloat16 keeps 8 significant bits of a
+scale and a zero where float16 keeps 11. A bfloat16 model gets the exact path by asking for
+`scale_dtype=torch.bfloat16`.
 """
 
 from __future__ import annotations
