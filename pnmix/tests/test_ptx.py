@@ -1,0 +1,48 @@
+"""The inline-PTX unpack (`pnmix.kernels.ptx`) executed by an exact emulation of its instructions, against the
+plain unpack, for every plane width and shift and every byte in every position of the word."""
+
+from __future__ import annotations
+
+import pytest
+
+from pnmix.kernels import ptx
+
+
+def test_the_emulated_instructions_follow_the_ptx_isa():
+    # prmt, default mode: byte i of d from nibble i of the selector over {b, a} (a = bytes 0-3, b = bytes 4-7)
+    assert ptx._prmt(0x33221100, 0x77665544, 0x3210) == 0x33221100
+    assert ptx._prmt(0x33221100, 0x77665544, 0x7654) == 0x77665544
+    assert ptx._prmt(0x33221100, 0x77665544, 0x4140) == 0x44114400
+    assert ptx._prmt(0x000080FF, 0, 0xA292) == 0x0000FF00  # nibbles 9, A: the signs of bytes 1 (0x80) and 2 (0)
+    # f16x2: 1024 + 3 and 1024 + 1 minus 1024 in both halves; 2049 is not a float16: 1024 + 1025 rounds to even
+    assert ptx._sub_f16x2(0x64016403, 0x64006400) == 0x3C004200  # 1.0 (high), 3.0 (low)
+    assert ptx.float16_halves([ptx._sub_f16x2(0x68006800, 0xBC00BC00)]) == [2048.0, 2048.0]
+    assert ptx.emulate("shr.b32 $1, $2, 4;\nmov.b32 $0, $1;", 0xF0, outputs=2) == [0xF, 0xF]
+    with pytest.raises(ValueError, match="not emulated"):
+        ptx.emulate("cvt.rn.f16.u32 $0, $1;", 1, outputs=1)
+    with pytest.raises(ValueError, match="neither a register"):
+        ptx.emulate("and.b32 $0, w, 1;", 1, outputs=1)
+
+
+@pytest.mark.parametrize(("width", "shift"), [(w, s) for w in ptx.WIDTHS for s in range(0, 8, w)], ids=lambda v: str(v))
+def test_the_ptx_unpack_gives_every_code_of_every_field_exactly(width, shift):
+    text = ptx.unpack4_f16(shift, width)
+    mask = (1 << width) - 1
+    for first in range(256):  # every byte value in every position of the word
+        packed = [(first + 67 * i) % 256 for i in range(4)]
+        word = int.from_bytes(bytes(packed), "little")
+        got = ptx.float16_halves(ptx.emulate(text, word))
+        assert got == [float((b >> shift) & mask) for b in packed], (width, shift, packed)
+
+
+@pytest.mark.parametrize(("width", "shift"), [(3, 0), (2, 1), (2, 8), (4, 6), (1, 8), (8, 1)])
+def test_a_shift_that_is_not_a_field_of_a_byte_is_refused(width, shift):
+    with pytest.raises(ValueError, match="not one of a packed byte's fields"):
+        ptx.unpack4_f16(shift, width)
+
+
+def test_six_instructions_per_four_codes_besides_two_constants():
+    ops = [line.split()[0] for line in ptx.unpack4_f16(2, 2).splitlines() if line.split()[0][0].isalpha()]
+    assert sorted(ops) == sorted(
+        ["shr.b32", "and.b32", "prmt.b32", "prmt.b32", "sub.f16x2", "sub.f16x2"] + ["mov.b32"] * 2
+    )
