@@ -114,6 +114,10 @@ class Task:
     #: The gold candidate is the one right answer (not one of several the context holds), so the task
     #: has a generation variant: the answer produced and compared with it exactly.
     generative: bool = True
+    #: Why the gold answer can be found from the question alone, without the context ("" when it cannot):
+    #: such a task says nothing about a cache, so the report leaves it out of pooled accuracy and verdicts
+    #: (`benchmarks/tests/test_question_only.py` measures it: FP16 given the question alone).
+    answer_in_question: str = ""
 
     @property
     def chance(self) -> float:
@@ -195,6 +199,7 @@ TASKS = (
         PYDOC_LICENCE,
         5,
         long_output=True,
+        answer_in_question="the answer restates the step's two operands up to '=': the sum needs no context",
     ),
     Task(
         "lo_count",
@@ -207,6 +212,18 @@ TASKS = (
     ),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
+#: What starts the question of a task whose text after DECODE_MARK holds a passage before it.
+QUESTION = "Question:"
+
+
+def question_of(context: str) -> str:
+    """The question a document asks, without the context it is about: the text after DECODE_MARK from
+    its last "Question:" on (the whole text after the mark where it has none: the question alone)."""
+    after = context.rpartition(DECODE_MARK)[2]
+    at = after.rfind(QUESTION)
+    return after[at:] if at >= 0 else after
+
+
 BY_NAME = {t.name: t for t in TASKS}
 GENERATIVE = tuple(t.name for t in TASKS if t.generative)
 #: The generation variants' name part, stop strings and token limit (`benchmarks.tasks.generate`): an

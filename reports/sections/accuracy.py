@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from benchmarks import tasks as tasks_suite
 from benchmarks.accuracy.stats import accuracy, items_to_resolve, paired, paired_interval, resolves
 from reference import paper
 from reports import figures
@@ -53,16 +54,28 @@ def pooled(run: dict, tasks: Sequence[str]) -> list[bool]:
     return [bool(o) for t in tasks for o in run["results"][t]["correct"]]
 
 
+def answer_in_question(task: str) -> str:
+    """Why `task`'s answer can be found from its question alone ("" if it cannot), by the suite's current
+    definition of the task (`benchmarks.tasks.Task.answer_in_question`); "" for a task not of the suite."""
+    parsed = tasks_suite.parse_task_name(task)
+    return "" if parsed is None else tasks_suite.BY_NAME[parsed[0]].answer_in_question
+
+
+def usable(data: dict, task: dict) -> str:
+    """ "yes", or why `task` is left out of the pooled accuracy and the verdicts."""
+    if answer_in_question(task["name"]):
+        return "no: answer in the question"
+    a = accuracy(_fp16(data)["results"][task["name"]]["correct"])
+    return (
+        "yes" if a.value >= task["chance"] + INFORMATIVE_MARGIN and a.low > task["chance"] else "no: FP16 near chance"
+    )
+
+
 def informative(data: dict) -> list[str]:
-    """Tasks where FP16 is clearly above chance: by INFORMATIVE_MARGIN, and its Wilson interval above
-    chance (the others are reported, not used in the pooled accuracy or the verdicts)."""
-    fp16 = _fp16(data)
-    out = []
-    for t in data["tasks"]:
-        a = accuracy(fp16["results"][t["name"]]["correct"])
-        if a.value >= t["chance"] + INFORMATIVE_MARGIN and a.low > t["chance"]:
-            out.append(t["name"])
-    return out
+    """Tasks whose answer needs the context and where FP16 is clearly above chance: by INFORMATIVE_MARGIN,
+    and its Wilson interval above chance (the others are reported, not used in the pooled accuracy or the
+    verdicts)."""
+    return [t["name"] for t in data["tasks"] if usable(data, t) == "yes"]
 
 
 def _fp16(data: dict) -> dict:
@@ -106,7 +119,7 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
             t["name"],
             t["items"],
             f"{t['chance']:.2f}",
-            "yes" if t["name"] in useful else "no: FP16 near chance",
+            usable(data, t),
             *(_cell(run, base, t["name"]) for run in data["runs"]),
         ]
         for t in data["tasks"]
@@ -327,7 +340,9 @@ def render(sources: Sequence[Source]) -> Section:
         "tasks, scored by log-likelihood among candidates) through lm-evaluation-harness with each cache "
         "(`pnmix-lm-eval`), PN-Mix and KIVI at the configuration of their family nearest each key-bit budget, "
         "other methods at their own bits. A task where FP16 is within "
-        f"{INFORMATIVE_MARGIN:.0%} of chance is reported but left out of the pooled accuracy and the verdicts.\n"
+        f"{INFORMATIVE_MARGIN:.0%} of chance, or whose answer can be found from the question alone (a task of the "
+        "suite that says so: `benchmarks.tasks.Task.answer_in_question`, measured by FP16 given the question "
+        "alone), is reported but left out of the pooled accuracy and the verdicts.\n"
     )
     return Section(
         "Task accuracy (Table 2, Fig. 3, Table 8)", cites.legend() + "\n" + intro + "\n".join(parts), figs, claims

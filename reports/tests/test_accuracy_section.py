@@ -125,3 +125,22 @@ def test_table8_needs_a_difference_beyond_chance(tmp_path):
     keys["results"]["a_1k"]["correct"] = [0] * 10 + [1] * 30  # 10 lost, 4 gained against values only: p 0.18
     claims = claims_of(tmp_path, data)
     assert claims["Table 8"].status == INCONCLUSIVE and "no difference beyond chance" in claims["Table 8"].evidence
+
+
+def renamed(data: dict, old: str, new: str) -> dict:
+    for t in data["tasks"]:
+        t["name"] = new if t["name"] == old else t["name"]
+    for r in data["runs"]:
+        r["results"] = {new if k == old else k: v for k, v in r["results"].items()}
+    return data
+
+
+def test_a_task_whose_answer_is_in_its_question_is_left_out_of_the_verdicts(tmp_path):
+    data = renamed(synthetic.task_accuracy(), "a_1k", "pnmix_lo_arith_1k")  # FP16 well above chance on it
+    assert section.answer_in_question("pnmix_lo_arith_1k") and not section.answer_in_question("pnmix_passkey_1k")
+    assert section.informative(data) == []
+    body = section.render([load(tmp_path, data)]).body
+    tasks = {r["task"]: r for r in table_after(body, "Every task")}
+    assert tasks["pnmix_lo_arith_1k"]["informative"] == "no: answer in the question"
+    kept = renamed(synthetic.task_accuracy(), "a_1k", "pnmix_passkey_1k")
+    assert section.informative(kept) == ["pnmix_passkey_1k"]
