@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+import pnmix._runtime  # noqa: F401  (first: it decides TRITON_INTERPRET before anything imports triton)
 from reference.records import device_name, versions
 
 # ci: small and reproducible (derandomized) for two CPU cores, where seven implementations

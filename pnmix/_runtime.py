@@ -1,9 +1,12 @@
 """Where Triton kernels run: compiled on CUDA, under the Triton interpreter on the CPU, or not at
 all while `pnmix.aot` records launches to compile them ahead of time for a GPU target.
 
-TRITON_INTERPRET must be set before `triton.jit` decorates a kernel, so this module is
-imported before any kernel module. Without CUDA it sets TRITON_INTERPRET=1 unless the user
-set it; with CUDA it leaves the setting to the user (default: compiled).
+TRITON_INTERPRET must be set before `triton.jit` decorates a kernel, and triton decorates its own
+library functions (`tl.min`, ...) when it is first imported, so this module is imported before
+triton itself: before any kernel module, and by the test suite's conftest before any plug-in (a
+plug-in that imports transformers can import triton through torch.compile). Without CUDA it sets
+TRITON_INTERPRET=1 unless the user set it; with CUDA it leaves the setting to the user (default:
+compiled).
 """
 
 from __future__ import annotations

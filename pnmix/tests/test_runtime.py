@@ -23,3 +23,37 @@ def test_interpreter_is_chosen_without_cuda():
 
 def test_an_explicit_setting_is_respected():
     assert run({"TRITON_INTERPRET": "0"}).split() == ["0", "False"]
+
+
+#: A plug-in that imports triton while it loads (as one that imports transformers can, through
+#: torch.compile), and a test that reads how triton's own library functions were decorated.
+PLUGIN = """
+import triton.language
+from conformance.impls.template import TemplateImplementation
+
+
+def make():
+    return TemplateImplementation()
+"""
+PROBE = """
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def test_triton_library_functions_run_on_the_interpreter():
+    assert isinstance(tl.standard.min, InterpretedFunction), type(tl.standard.min)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without CUDA only")
+def test_a_plugin_that_imports_triton_while_it_loads_leaves_the_kernels_on_the_interpreter(tmp_path):
+    (tmp_path / "triton_first.py").write_text(PLUGIN)
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root, env.get("PYTHONPATH", "")])
+    # the probe lives outside the repository, so the project's conftest comes in as a plug-in
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "--rootdir", root, "-c"]
+    argv += [os.path.join(root, "pyproject.toml"), "--impl", "triton_first:make", str(tmp_path / "test_probe.py")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
