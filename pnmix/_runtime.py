@@ -12,6 +12,7 @@ compiled).
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -21,6 +22,26 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _late_interpreter() -> str | None:
+    """Why the interpreter cannot run this process's kernels: triton was imported (its library decorated
+    compiled-only) before TRITON_INTERPRET was set, e.g. by `import transformers` ahead of `import pnmix`."""
+    if not INTERPRETED or "triton.language" not in sys.modules:
+        return None
+    from triton.runtime.interpreter import InterpretedFunction  # deferred: only where triton is imported already
+
+    if isinstance(sys.modules["triton.language"].standard.min, InterpretedFunction):
+        return None
+    return (
+        "triton was imported before TRITON_INTERPRET=1 was set, so its library runs compiled-only and the "
+        "Triton interpreter cannot run PN-Mix's kernels in this process: import pnmix before anything that "
+        "imports triton (transformers, torch.compile), or set TRITON_INTERPRET=1 in the environment"
+    )
+
+
+#: Said when a kernel is first given a tensor, not at import: most uses of pnmix never run a Triton kernel.
+LATE_INTERPRETER = _late_interpreter()
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,8 @@ def kernel_device() -> torch.device:
 
 def check_device(name: str, t: torch.Tensor) -> None:
     """Kernels read tensors on `kernel_device()` only; say so instead of failing inside Triton."""
+    if LATE_INTERPRETER is not None and _recorder is None:
+        raise RuntimeError(LATE_INTERPRETER)
     expected = kernel_device()
     if t.device.type != expected.type:
         mode = "the Triton interpreter (TRITON_INTERPRET=1)" if INTERPRETED else "compiled Triton (CUDA)"

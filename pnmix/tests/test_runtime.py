@@ -57,3 +57,21 @@ def test_a_plugin_that_imports_triton_while_it_loads_leaves_the_kernels_on_the_i
     argv += [os.path.join(root, "pyproject.toml"), "--impl", "triton_first:make", str(tmp_path / "test_probe.py")]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=root, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+LATE = (
+    "import warnings, torch, triton.language, pnmix\n"
+    "cache = pnmix.PNMixCache(pnmix.PNMixConfig())\n"
+    "q, k = torch.zeros(1, 2, 40, 16, dtype=torch.float16), torch.zeros(1, 1, 40, 16, dtype=torch.float16)\n"
+    "try:\n"
+    "    cache.prefill(q, k, k)\n"
+    "except RuntimeError as e:\n"
+    "    print('refused:', e)\n"
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without CUDA only")
+def test_triton_imported_before_pnmix_is_named_not_a_failure_inside_a_kernel():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", LATE], env=env, capture_output=True, text=True, timeout=300)
+    assert "refused: triton was imported before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout + done.stderr
