@@ -87,9 +87,11 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in VERSIONED:
+def versions(distributions: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The installed version of each distribution ("not installed" where absent): VERSIONED and Python's
+    own by default, or those given."""
+    out = {"python": platform.python_version()} if distributions is None else {}
+    for dist in VERSIONED if distributions is None else distributions:
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

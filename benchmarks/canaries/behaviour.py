@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import importlib.metadata
 import os
 from collections.abc import Iterable
 
@@ -24,6 +23,7 @@ import torch
 from benchmarks.canaries import methods, outcome, pipelines, workloads
 from reference import methods as registry
 from reference.records import ROOT, code_key, file_digest
+from reference.records import versions as _versions
 
 #: The tools' own pipelines, each with a canary.
 PIPELINES = {
@@ -122,13 +122,7 @@ def run(name: str) -> dict:
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for dist in NUMERICS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+    return _versions(NUMERICS)
 
 
 def record(
