@@ -87,6 +87,18 @@ def _label(s: Source) -> str:
     return f"{'smoke' if is_smoke(s) else 'full'} run of {s.data.get('date_utc', '?')}"
 
 
+def _smoke_title(sources: Sequence[Source]) -> str:
+    """What the figure's title adds where a measured curve is a smoke run: on the plot itself, how
+    many prompts it ran and that it checks the harness, not the claim."""
+    smoke = [s for s in sources if is_smoke(s)]
+    if not smoke:
+        return ""
+    prompts = sorted({s.data.get("prompts") for s in smoke} - {None})
+    counted = " or ".join(map(str, prompts)) + f" prompt{'s' * (prompts != [1])}, " if prompts else ""
+    which = "every measured curve is" if len(smoke) == len(sources) else f"{len(smoke)} measured curve(s) are"
+    return f"\n{which} a smoke run ({counted}a harness check, not the claim)"
+
+
 def _fig5(sources: Sequence[Source]) -> bytes | None:
     def draw(ax):
         x = [int(p) for p in SHARES]
@@ -107,7 +119,7 @@ def _fig5(sources: Sequence[Source]) -> bytes | None:
             xlabel="top r% of pairs",
             ylabel="share of decode-time importance (%)",
             xticks=x,
-            title="Fig. 5: cumulative importance share (median)",
+            title="Fig. 5: cumulative importance share (median)" + _smoke_title(sources),
         )
 
     return figures.png(draw, size=(6.4, 4.8))

@@ -240,3 +240,19 @@ def test_log_axes_print_plain_tick_labels():
     assert (
         figures.plain_tick(32768) == "32K" and figures.plain_tick(0.5) == "0.5" and figures.plain_tick(1000) == "1000"
     )
+
+
+def test_fig5_says_on_the_plot_when_its_curve_is_a_smoke_run(drawn, tmp_path):
+    import json
+
+    full = inputs.load(COMMITTED_FIDELITY, "committed")
+    data = json.loads(COMMITTED_FIDELITY.read_text())
+    data.update(command=data["command"] + " --smoke", prompts=1)
+    smoke = inputs.load(synthetic.write(tmp_path, "smoke.json", data), "--input")
+    fidelity.render([full])
+    fidelity.render([smoke])
+    full_fig, smoke_fig = (f for f in drawn if f.axes[0].get_title().startswith("Fig. 5"))
+    full_text = " ".join(t.get_text() for t in full_fig.findobj(lambda a: hasattr(a, "get_text")))
+    smoke_title = smoke_fig.axes[0].get_title()
+    assert "smoke" not in full_fig.axes[0].get_title() and "harness check" not in full_text
+    assert "smoke run (1 prompt, a harness check, not the claim)" in smoke_title
