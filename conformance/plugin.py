@@ -187,13 +187,25 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         if tally.run == 0:
             pytest.skip(f"no example fits its claims: {tally.reasons()}")
         return None  # every drawn case lay outside the claims; the examples that fit passed
-    except pytest.skip.Exception:
+    except pytest.skip.Exception as skipped:
+        _without_example_notes(skipped)
         raise
     except BaseException:
         tally.run += 0 if drawn else 1
         raise
     tally.run += 0 if drawn else 1
     return result
+
+
+def _without_example_notes(skipped: BaseException) -> None:
+    """A skip raised inside an example (a configuration the implementation does not claim) keeps its
+    reason alone: hypothesis notes an explicit example that raised as 'Failing explicit example', and
+    `harness.fitted` the fitted case, though nothing failed."""
+    notes = getattr(skipped, "__notes__", None)
+    if notes:
+        notes[:] = [n for n in notes if not n.startswith((*_HYPOTHESIS_REPORT, harness.FITTED_NOTE))]
+        if not notes:
+            del skipped.__notes__
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

@@ -180,3 +180,37 @@ def test_distinct_failures_each_with_its_shrunk_fitted_example_and_a_bare_skip_r
     assert all(e.config.b_high == e.config.b_low and e.config.value_residual == "sliding" for e in examples)
     # shrunk: the smallest case of each fault
     assert sorted((e.kv_heads, e.prompt) for e in examples) == [(1, 20), (2, 1)]
+
+
+SKIPPED_IN_AN_EXAMPLE = """
+import pytest
+import torch
+from hypothesis import example, given
+
+from conformance import strategies as cs
+from conformance.harness import fitted
+
+
+@pytest.fixture(scope="session")
+def device():
+    return torch.device("cpu")
+
+
+@given(case=cs.cases())
+@example(case=cs.WORKLOAD)
+def test_unclaimed(impl, device, case):
+    fitted(impl, case, device)
+    pytest.skip(f"{impl.name} does not claim this")
+"""
+
+
+def test_a_skip_inside_an_explicit_example_prints_its_reason_not_a_failing_example(tmp_path):
+    (tmp_path / "test_unclaimed.py").write_text(textwrap.dedent(SKIPPED_IN_AN_EXAMPLE))
+    cmd = [sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-q", "-rs"]
+    cmd += ["--rootdir", str(tmp_path), "test_unclaimed.py", "--impl", "kivi", "--no-conformance-json"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PNMIX_IMPL", None)
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "kivi does not claim this" in result.stdout
+    assert "explicit example" not in result.stdout and "Fitted to the claims" not in result.stdout, result.stdout
