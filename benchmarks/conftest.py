@@ -255,6 +255,8 @@ def record(request, benchmark, gpu_session, implementations):
             "check_finite": check_finite,
             **figures,
         }
+        if plugin is not None:  # a plug-in's rows carry its own name, not the import path it was given by
+            info["method"] = info["implementation"]
         benchmark.group = f"{suite} ({scale.name})"
         benchmark.extra_info.update(info)
         return info

@@ -24,6 +24,7 @@ import re
 import shlex
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -204,11 +205,12 @@ def command_line(argv: list[str]) -> str:
     return " ".join([prog, *map(shlex.quote, argv)])
 
 
-def plan(args: argparse.Namespace, data: Path) -> list[steps.Step | steps.Outcome]:
+def plan(args: argparse.Namespace, data: Path, given: Sequence[Given] = ()) -> list[steps.Step | steps.Outcome]:
+    """The steps to run; an implementation in `given` is named by its own name (its step, its folder)."""
     todo: list[steps.Step | steps.Outcome] = []
     impls = implementations(args)
     if not args.no_conformance:
-        todo += steps.conformance_steps(impls, data, args.hypothesis_profile)
+        todo += steps.conformance_steps(impls, data, args.hypothesis_profile, {g.given: g.name for g in given})
     if not args.no_benchmarks:
         # the built-in methods are benchmarked anyway; other implementations are timed beside them
         todo.append(steps.benchmark_step(data, [n for n in impls if n not in steps.ALL_IMPLS]))
@@ -415,7 +417,7 @@ def run(argv: list[str] | None = None) -> int:
         why = str(err) if err.errno is None else f"{err.filename}: {err.strerror}"
         return fail(f"cannot write the report in {args.out_dir} ({why})")
     try:
-        outcomes = steps.run_all(plan(args, staging / "data"))
+        outcomes = steps.run_all(plan(args, staging / "data", impls))
         sources = unique(this_run_sources(outcomes, staging, final) + given)
         text, figs = render_report(name, command, git, started, outcomes, sources, args, impls)
         # the steps ran in the staging folder and their files record it; readers know it by its final name

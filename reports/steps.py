@@ -15,7 +15,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -64,21 +64,26 @@ class Outcome:
     log: Path | None = None
 
 
-def conformance_steps(impls: Sequence[str], data: Path, profile: str) -> list[Step]:
+def conformance_steps(
+    impls: Sequence[str], data: Path, profile: str, names: Mapping[str, str] | None = None
+) -> list[Step]:
     """The plain-PyTorch implementations (specs, adapters) in one pytest process, each Triton one in
-    its own (progress, isolation)."""
+    its own (progress, isolation). `names`: the name each implementation given by an import path or
+    plug-in name reports (`cli.Given`), which names its step and folder, as its results name it."""
+    names = names or {}
     quick = [n for n in impls if n in QUICK_IMPLS]
     groups = ([quick] if quick else []) + [[n] for n in impls if n not in QUICK_IMPLS]
     steps = []
     for group in groups:
-        label = "pytorch" if group is quick else re.sub(r"[^A-Za-z0-9._-]+", "-", group[0])  # an import path has ':'
+        own = [names.get(n, n) for n in group]
+        label = "pytorch" if group is quick else re.sub(r"[^A-Za-z0-9._-]+", "-", own[0])  # an import path has ':'
         folder = data / f"conformance-{label}"
         argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
         argv += [a for n in group for a in ("--impl", n)]
         argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-q"]
         argv += ["--conformance-json", display_path(folder / "conformance.json")]
         budget = BUDGETS_S["conformance-pytorch" if group is quick else "conformance-triton"]
-        steps.append(Step(f"conformance: {', '.join(group)}", tuple(argv), folder, budget))
+        steps.append(Step(f"conformance: {', '.join(own)}", tuple(argv), folder, budget))
     return steps
 
 

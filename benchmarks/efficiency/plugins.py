@@ -127,10 +127,17 @@ def skip_reason(plugin: Plugin, **point) -> str | None:
 
 
 def describe(method: str, plugin: Plugin | None) -> dict:
-    """implementation, implementation_version and implementation_origin of a point's results."""
+    """implementation (its own `name`, as the conformance results and the report name it),
+    implementation_version and implementation_origin of a point's results; a plug-in's also
+    implementation_given, the name it was given by (a plug-in name or an import path)."""
     if plugin is not None:
-        name, version, origin = plugin.name, plugin.version, plugin.origin
-    elif method == FP16:
+        return {
+            "implementation": str(plugin.impl.name),
+            "implementation_version": plugin.version,
+            "implementation_origin": plugin.origin,
+            "implementation_given": plugin.name,
+        }
+    if method == FP16:
         import transformers
 
         name, origin = FP16_IMPLEMENTATION, "transformers.StaticCache read by torch scaled_dot_product_attention"

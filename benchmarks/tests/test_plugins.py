@@ -118,7 +118,12 @@ def test_the_code_of_a_point_is_the_implementations_and_the_harness():
 def test_a_plugin_is_described_by_its_name_version_and_origin():
     name = f"{THIRD_PARTY}:make"
     described = plugins.describe(name, plugins.load([name])[name])
-    assert described == {"implementation": name, "implementation_version": "0.1.0", "implementation_origin": name}
+    assert described == {
+        "implementation": "thirdparty-kivi",  # its own name, as its conformance results name it
+        "implementation_version": "0.1.0",
+        "implementation_origin": name,
+        "implementation_given": name,
+    }
     triton = plugins.describe("PN-Mix", None)
     assert triton["implementation"] == "triton" and triton["implementation_origin"].startswith("triton = pnmix.")
 
@@ -277,12 +282,15 @@ def test_a_plugin_is_timed_beside_the_builtins_and_skipped_where_it_claims_less(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     infos = [b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]]
     by = {(i["suite"], i["method"]): i for i in infos if i.get("step", 10) == 10}
+    # rows name a plug-in by its own name, as its conformance results do; the import path is what was given
+    names = {make: "thirdparty-kivi", cuda: "thirdparty-kivi-cuda", bf16: "thirdparty-kivi-bf16"}
     for suite in ("kernel", "fig7-latency", "fig6c-throughput"):
-        mine, pnmix = by[suite, make], by[suite, "PN-Mix"]
+        mine, pnmix = by[suite, names[make]], by[suite, "PN-Mix"]
         coordinates = ("device", "model", "batch", "prompt", "context", "generation", "samples")
         assert all(mine.get(k) == pnmix.get(k) for k in coordinates)  # the same workload, beside PN-Mix
-        assert mine["implementation"] == make and mine["implementation_version"] == "0.1.0"
-        assert mine["implementation_origin"] == make and pnmix["implementation"] == "triton"
+        assert mine["implementation"] == names[make] and mine["implementation_version"] == "0.1.0"
+        assert mine["implementation_given"] == make and mine["implementation_origin"] == make
+        assert pnmix["implementation"] == "triton"
         assert any(f.endswith("reports/tests/thirdparty.py") for f in mine["code"]["files"])
         assert mine["code"]["digest"] != pnmix["code"]["digest"]
         # PN-Mix's configuration by its KIVI preset: uniform keys at PN-Mix's low bits
@@ -290,11 +298,12 @@ def test_a_plugin_is_timed_beside_the_builtins_and_skipped_where_it_claims_less(
         assert mine["method_config"]["b_high"] == mine["method_config"]["b_low"] == pnmix["method_config"]["b_low"]
         assert mine["check_finite"] is None
         assert by[suite, "FP16"]["implementation"] == plugins.FP16_IMPLEMENTATION
-    assert by["kernel", make]["bytes_from"] == "the cache's storage()" and by["kernel", make]["gbps"] > 0
-    assert by["fig7-latency", make]["step_ms"] > 0 and by["fig6c-throughput", make]["tokens_per_s"] > 0
+    kernel, bf16_name = by["kernel", names[make]], names[bf16]
+    assert kernel["bytes_from"] == "the cache's storage()" and kernel["gbps"] > 0
+    assert by["fig7-latency", names[make]]["step_ms"] > 0 and by["fig6c-throughput", names[make]]["tokens_per_s"] > 0
     # bfloat16 only: the model's points run (its dtype), the kernel point (float16) skips
-    assert {m for _, m in by if m == bf16} and ("kernel", bf16) not in by and ("fig7-latency", bf16) in by
-    assert all(i["method"] != cuda for i in infos)
+    assert ("kernel", bf16_name) not in by and ("fig7-latency", bf16_name) in by
+    assert all(i["method"] not in (cuda, names[cuda]) and i["implementation"] != make for i in infos)
     reasons = re.findall(r"SKIPPED \[(\d+)\] \S+ (\S+) does not claim what this point needs: (.*)", proc.stdout)
     # cuda only: every tiny point (one kernel, two Fig. 7, one Fig. 6c) skips on the CPU
     assert sorted(reasons) == [("1", bf16, "dtype float16"), ("4", cuda, "device cpu")], proc.stdout[-3000:]

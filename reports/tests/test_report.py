@@ -454,3 +454,11 @@ def test_every_step_has_a_time_budget_and_step_budget_sets_them(tmp_path):
     assert {s.budget_s for s in cli.plan(args, tmp_path) if isinstance(s, steps.Step)} == {90.0}
     args = cli.parser().parse_args(["--step-budget", "0"])
     assert {s.budget_s for s in cli.plan(args, tmp_path) if isinstance(s, steps.Step)} == {None}
+
+
+def test_a_given_implementation_is_named_by_its_own_name_in_its_step(tmp_path):
+    given = "reports.tests.thirdparty:make"
+    args = cli.parser().parse_args(["--only", given, "--no-benchmarks", "--fidelity", "off"])
+    (step,) = cli.plan(args, tmp_path, [cli.loaded(given)])
+    assert step.name == "conformance: thirdparty-kivi" and step.folder.name == "conformance-thirdparty-kivi"
+    assert step.argv[step.argv.index("--impl") + 1] == given  # the command runs what was given
