@@ -65,7 +65,7 @@ def usable(data: dict, task: dict) -> str:
     """ "yes", or why `task` is left out of the pooled accuracy and the verdicts."""
     if answer_in_question(task["name"]):
         return "no: answer in the question"
-    a = accuracy(_fp16(data)["results"][task["name"]]["correct"])
+    a = accuracy(fp16_run(data)["results"][task["name"]]["correct"])
     return (
         "yes" if a.value >= task["chance"] + INFORMATIVE_MARGIN and a.low > task["chance"] else "no: FP16 near chance"
     )
@@ -78,8 +78,19 @@ def informative(data: dict) -> list[str]:
     return [t["name"] for t in data["tasks"] if usable(data, t) == "yes"]
 
 
-def _fp16(data: dict) -> dict:
+def fp16_run(data: dict) -> dict:
+    """The result's FP16 run, the baseline of every paired difference."""
     return next(r for r in data["runs"] if r["role"] == "baseline")
+
+
+def pooled_cell(run: dict, base: dict, tasks: Sequence[str]) -> str:
+    """A run's accuracy pooled over `tasks` [95% Wilson] and, for a run other than FP16, its paired difference
+    from FP16 on the same items with the exact McNemar p: the pooled accuracy as every table shows it."""
+    mine = pooled(run, tasks)
+    a, d = accuracy(mine), paired(mine, pooled(base, tasks))
+    return f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + (
+        "" if run is base else f", {d.difference:+.3f}, p {d.p_value:.2g}"
+    )
 
 
 def _cell(run: dict, base: dict, task: str) -> str:
@@ -101,18 +112,12 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         f"measured on {data['device']}, {data['date_utc']}, command `{data['command']}`, model {data['model']} "
         f"(fingerprint {data.get('model_fingerprint', 'not recorded')}), file `{source.name}`"
     )
-    base = _fp16(data)
+    base = fp16_run(data)
     names = [t["name"] for t in data["tasks"]]
     useful = informative(data)
     rows = []
     for run in data["runs"]:
-        every = pooled(run, useful) if useful else []
-        overall = "-"
-        if every:
-            a, d = accuracy(every), paired(every, pooled(base, useful))
-            overall = f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + (
-                "" if run is base else f", {d.difference:+.3f}, p {d.p_value:.2g}"
-            )
+        overall = pooled_cell(run, base, useful) if useful and pooled(run, useful) else "-"
         rows.append([run["label"], _bits(run.get("key_bits")), _bits(run.get("value_bits")), overall])
     tasks_rows = [
         [
@@ -155,7 +160,7 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
 
 
 def _figure(data: dict, useful: list[str]) -> bytes | None:
-    base = pooled(_fp16(data), useful)
+    base = pooled(fp16_run(data), useful)
 
     def draw(ax):
         for family in ("PN-Mix", "KIVI"):
@@ -230,7 +235,7 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
 
 
 def _view_claims(data: dict, useful: list[str], where: str, cite: str) -> list[Claim]:
-    base = pooled(_fp16(data), useful)
+    base = pooled(fp16_run(data), useful)
     by_label = {r["label"]: r for r in data["runs"]}
     out = []
     main = next((r for r in data["runs"] if r["role"] == "budget" and r["label"] == f"PN-Mix @ {SUB_BUDGET:g}"), None)

@@ -18,6 +18,7 @@ from conformance.strategies import REALISTIC, describe
 from reference import PNMixConfig
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
+from reports.sections import by_method
 from reports.sections import conformance as matrix
 from reports.sections.measured import is_fp16
 
@@ -167,6 +168,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         "same run (lower is faster), at the largest context measured on a GPU; CPU timings are not shown here "
         "(they predict nothing about a GPU).\n",
     ]
+    parts.append(by_method.render(sources))
     if history:
         parts.append(
             f"{history} result file(s) measured code that differs from this tree's; they are left out of every "

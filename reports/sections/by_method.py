@@ -1,0 +1,342 @@
+"""Page 1's answer to "which method, at which budget": one row per method of the registry at its own
+configuration, and one per other configuration a current task-accuracy result ran of it (a family's
+configuration nearest a key-bit budget), each cell citing where it comes from.
+
+- bits / element: computed by the storage accounting for the conformance suite's realistic workload
+  (`conformance.strategies.REALISTIC`, the workload of the per-implementation table above it): every byte
+  the cache holds x 8 / the keys and values it caches (`reference.channels.storage.storage_model`; the
+  per-token methods by `reference.tokens.config.bits_per_element`, from every token low to every token
+  high, since their allocation sets the share);
+- attention error: measured by the conformance runs, where an implementation of the method's design ran
+  this very configuration on that workload;
+- task accuracy: pooled over the informative tasks, per view (choosing among candidates, producing the
+  answer), with the task-accuracy section's own functions (`reports.sections.accuracy`);
+- long-output drift: mean KL(FP16 || method) over the first and the last quarter of the output positions
+  of each full long-output run (`benchmarks.fidelity.long_output.quarter_means`);
+- decode speed: the decode-attention time against FP16 SDPA's where a GPU ran the kernel benchmark of the
+  method's built-in implementation (`reports.sections.summary.speed_rows`).
+
+Only the results it is given feed it: the report gives it the current ones (`reports.currency`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from benchmarks.efficiency.plugins import BUILTIN_IMPLEMENTATIONS
+from benchmarks.fidelity import long_output
+from conformance.strategies import REALISTIC, compact, describe
+from reference import PNMixConfig, methods
+from reference.channels.layout import CacheLayout
+from reference.channels.storage import storage_model
+from reference.tokens.config import TokenPrecisionConfig, bits_per_element
+from reports.inputs import Source, benchmarks, of_kind
+from reports.markdown import Citations, escape, table
+from reports.provenance import computed, measured
+from reports.sections import accuracy as acc
+from reports.sections import summary
+from reports.sections.measured import is_fp16
+
+HEADING = "### Which method, at which budget"
+
+
+@dataclasses.dataclass
+class Row:
+    """A method at one configuration, and the task-accuracy runs of it: (source, run, other model_args)."""
+
+    method: str
+    config: PNMixConfig | TokenPrecisionConfig
+    budgets: set = dataclasses.field(default_factory=set)
+    runs: list = dataclasses.field(default_factory=list)
+
+    @property
+    def own(self) -> bool:
+        """At the registry's configuration of its method (what the other tools measure)."""
+        return self.config == methods.config(self.method)
+
+
+def value(text: str) -> object:
+    """One model_args value as lm-eval types it (`lm_eval.utils.handle_arg_string`): a bool, None, an int, a
+    number, else the text."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    named = {"true": True, "false": False, "none": None}
+    if text.lower() in named:
+        return named[text.lower()]
+    if text.lstrip("+-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def model_args(text: str) -> dict:
+    """lm-eval's --model_args string as names and values ("method=PN-Mix,b_high=2": a name and an int)."""
+    return {k: value(v) for k, _, v in (part.partition("=") for part in text.split(",") if part)}
+
+
+def run_config(run: dict) -> tuple[str, PNMixConfig | TokenPrecisionConfig, dict] | None:
+    """The method and configuration a task-accuracy run ran: the registry's, with the configuration fields its
+    model_args set (a dtype by its name, as `benchmarks.accuracy.sweep.Run.model_args` writes it), and its
+    other model_args (a per-token method's budget); None for a run that is no registry method (an
+    implementation given by name). ValueError or TypeError where the configuration refuses a value."""
+    args = model_args(run.get("model_args", ""))
+    name = args.pop("method", None)
+    if name not in methods.REGISTRY:
+        return None
+    default = methods.config(name)
+    fields = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)}
+    given = {
+        k: getattr(torch, v) if isinstance(fields[k], torch.dtype) and isinstance(v, str) else v
+        for k, v in args.items()
+        if k in fields
+    }
+    return name, methods.config(name, **given), {k: v for k, v in args.items() if k not in fields}
+
+
+def rows_of(sources: Sequence[Source]) -> tuple[list[Row], list[str]]:
+    """A row per registry method at its own configuration, then one per other configuration of it that a
+    task-accuracy result ran (the sweep's budgets; Table 8's runs are no method and stay in section 8); and
+    the runs whose configuration this tree cannot build, with why."""
+    rows = {(name, repr(methods.config(name))): Row(name, methods.config(name)) for name in methods.REGISTRY}
+    unread = []
+    for s in sources:
+        for run in s.data["runs"]:
+            try:
+                ran = run_config(run) if run["role"] != "table 8" else None
+            except (ValueError, TypeError, AttributeError) as why:  # a value this tree's configurations refuse
+                unread.append(f"{run['label']} of `{s.name}` ({why})")
+                continue
+            if ran is None:
+                continue
+            name, config, options = ran
+            row = rows.setdefault((name, repr(config)), Row(name, config))
+            row.runs.append((s, run, options))
+            if run.get("budget") is not None:
+                row.budgets.add(run["budget"])
+    order = list(methods.REGISTRY)
+    ordered = sorted(rows.values(), key=lambda r: (order.index(r.method), not r.own, -min(r.budgets, default=0)))
+    return ordered, unread
+
+
+def label(row: Row) -> str:
+    budgets = ", ".join(f"{b:g}" for b in sorted(row.budgets, reverse=True))
+    if row.own:
+        return row.method + (f" (the sweep's choice at {budgets} key bits)" if budgets else "")
+    at = f" @ {budgets} key bits" if budgets else ""
+    described = summary.as_run(compact(row.config))
+    return f"{row.method}{at}: {compact(row.config) if described == '-' else described}"
+
+
+# -- bits ------------------------------------------------------------------------------------------
+
+
+def bits(config: PNMixConfig | TokenPrecisionConfig) -> str:
+    """Bits per element as stored on the realistic workload, keys and values apart (module doc)."""
+    w = REALISTIC
+    if isinstance(config, TokenPrecisionConfig):
+        ends = [
+            bits_per_element(config, w.head_dim, torch.full((w.total,), b), w.kv_heads)
+            for b in (config.low_bits, config.high_bits)
+        ]
+        low, high = config.low_bits, config.high_bits
+        return f"{ends[0].average:.2f}-{ends[1].average:.2f} (every token at {low} to {high} bits)"
+    parts = storage_model(config, w.batch, w.kv_heads, w.head_dim, w.total, w.dtype).as_dict()
+    stream = {c.name: c.stream for c in CacheLayout(config, w.batch, w.kv_heads, w.head_dim, w.dtype).components}
+    elements = w.total * w.batch * w.kv_heads * w.head_dim
+    side = {s: 8 * sum(n for k, n in parts.items() if stream[k] == s) / elements for s in ("keys", "values")}
+    return f"{8 * sum(parts.values()) / (2 * elements):.2f} (K {side['keys']:.2f}, V {side['values']:.2f})"
+
+
+BITS_SOURCE = computed(
+    "reference.channels.storage.storage_model (per-token methods: reference.tokens.config.bits_per_element) on "
+    f"the conformance suite's realistic workload, {describe(REALISTIC)}, every byte held"
+)
+
+
+# -- attention error -------------------------------------------------------------------------------
+
+
+def workload_config(description: str | None) -> PNMixConfig | None:
+    """The configuration a conformance run recorded for its realistic workload ('..., PNMixConfig(b_high=1)'),
+    None when it cannot be read back whole."""
+    if not description or "PNMixConfig(" not in description:
+        return None
+    try:
+        call = ast.parse(description[description.index("PNMixConfig(") :], mode="eval").body
+        return PNMixConfig(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    except (SyntaxError, ValueError, TypeError):
+        return None
+
+
+def errors(conformance: Sequence[Source]) -> list[tuple[Source, dict, PNMixConfig]]:
+    """(source, record, configuration) of every realistic-workload attention error of the conformance runs."""
+    out = []
+    for s in conformance:
+        for r in s.data["results"]:
+            m = r.get("measured") or {}
+            config = workload_config(m.get("realistic_workload"))
+            if isinstance(m.get(summary.ERROR), (int, float)) and config is not None:
+                out.append((s, r, config))
+    return out
+
+
+def _error(row: Row, measured_errors, cites: Citations) -> str:
+    design = methods.design(methods.method(row.method).design)
+    ours = {design.spec, design.triton} - {None}
+    of_design = [(s, r, c) for s, r, c in measured_errors if r["implementation"] in ours]
+    same = [(s, r) for s, r, c in of_design if c == row.config]
+    if same:
+        s, r = max(same, key=lambda p: p[1]["measured"][summary.ERROR])
+        impls = ", ".join(sorted({r2["implementation"] for _, r2 in same}))
+        return f"{r['measured'][summary.ERROR]:.3g} (largest of {impls}) {cites.cite(_conformance(s))}"
+    if of_design:
+        ran = "; ".join(sorted({summary.as_run(compact(c)) for _, _, c in of_design}))
+        return f"-: its design's implementations ran the workload as {ran}, not this configuration"
+    return "-: no current conformance result of its design measured the realistic workload"
+
+
+def _conformance(s: Source) -> str:
+    d = s.data
+    return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, "conformance run")
+
+
+# -- task accuracy ---------------------------------------------------------------------------------
+
+
+def views(sources: Sequence[Source]) -> list[str]:
+    """The views the current task-accuracy results hold informative tasks of, in `accuracy.VIEWS` order."""
+    held = {v for s in sources for v in acc.views(s.data, acc.informative(s.data))}
+    return [v for v in acc.VIEWS.values() if v in held]
+
+
+def _accuracy(row: Row, view: str, cites: Citations) -> str:
+    cells = []
+    for s, run, options in row.runs:
+        tasks = acc.views(s.data, acc.informative(s.data)).get(view)
+        if not tasks:
+            continue
+        base = acc.fp16_run(s.data)
+        given = f" ({', '.join(f'{k} {v}' for k, v in options.items())})" if options else ""
+        cells.append(
+            f"{s.data['model'].split(' (')[0]}{given}: {acc.pooled_cell(run, base, tasks)} {cites.cite(_task(s))}"
+        )
+    return "; ".join(cells) or "-: no current task-accuracy result ran this configuration on tasks of this view"
+
+
+def _task(s: Source) -> str:
+    d = s.data
+    return measured(d["device"], d["date_utc"], d["command"], s.name, f"task accuracy, model {d['model']}")
+
+
+# -- long outputs and speed ------------------------------------------------------------------------
+
+
+def _drift(row: Row, runs: Sequence[Source], cites: Citations) -> str:
+    if is_fp16(row.method):
+        return "-: the reference the drift is measured from"
+    if not row.own:
+        return "-: the long-output runs measure each method at its own configuration only"
+    cells = []
+    for s in runs:
+        kl = (s.data["summary"]["methods"].get(row.method) or {}).get("kl")
+        if kl:
+            q = long_output.quarter_means(kl)
+            cells.append(
+                f"{s.data['model'].split(' (')[0]}: KL {q[0]:.3g} -> {q[-1]:.3g} over "
+                f"{s.data['summary']['positions']} positions {cites.cite(_long(s))}"
+            )
+    return "; ".join(cells) or "-: no current full long-output run of it"
+
+
+def _long(s: Source) -> str:
+    d = s.data
+    return measured(d.get("device", "?"), d.get("date_utc", "?"), d.get("command"), s.name, "long outputs")
+
+
+def method_speeds(sources: Sequence[Source]) -> dict[str, list[tuple[dict, float]]]:
+    """method -> its kernel points against FP16's (`summary.speed_rows`), the built-in implementation's only:
+    a plug-in timed at a method's points is an implementation, in the table above."""
+    entries = [
+        {**e, "implementation": e["method"]}
+        for e in benchmarks(sources, summary.SPEED_SUITE, "full")
+        if is_fp16(e["method"]) or e.get("implementation") in (None, BUILTIN_IMPLEMENTATIONS.get(e["method"]))
+    ]
+    return summary.speed_rows(entries)
+
+
+def _speed(row: Row, speeds, cites: Citations) -> str:
+    if is_fp16(row.method):
+        return "-: the reference the speed is measured against"
+    if not row.own:
+        return "-: the kernel benchmark times each method at its own configuration only"
+    points = speeds.get(row.method)
+    if not points:
+        return "-: no current GPU kernel benchmark of it"
+    e = max(points, key=lambda p: (p[0]["context"], -p[0]["batch"]))[0]
+    return f"{summary._speed(points)} {cites.cite(_bench(e))}"
+
+
+def _bench(e: dict) -> str:
+    return measured(e["device"], e.get("date_utc", "?"), e.get("command"), e["source"].name, "kernel benchmark")
+
+
+def render(sources: Sequence[Source]) -> str:
+    """The table, its notes and its sources, from `sources` (the current results)."""
+    cites = Citations("S")
+    tasks = of_kind(sources, "task-accuracy")
+    long = [s for s in of_kind(sources, "long-output") if "--smoke" not in s.data.get("command", "")]
+    measured_errors = errors(of_kind(sources, "conformance"))
+    speeds = method_speeds(sources)
+    shown = views(tasks) or ["task accuracy"]
+    rows = []
+    table_rows, unread = rows_of(tasks)
+    for row in table_rows:
+        bits_cell = f"{bits(row.config)} {cites.cite(BITS_SOURCE)}"
+        rows.append(
+            [
+                label(row),
+                bits_cell,
+                _error(row, measured_errors, cites),
+                *(_accuracy(row, v, cites) for v in shown),
+                _drift(row, long, cites),
+                _speed(row, speeds, cites),
+            ]
+        )
+    headers = [
+        "method",
+        "bits / element",
+        "attention error",
+        *(f"accuracy, {v}" for v in shown),
+        "long-output drift",
+        "decode speed",
+    ]
+    notes = (
+        "One row per method of the registry (`reference.methods.REGISTRY`) at its own configuration, and one per "
+        "other configuration of it that a current task-accuracy result ran (its family's configuration nearest "
+        "a key-bit budget, the paper's counting). bits / element: computed, every byte held x 8 / the keys and "
+        "values cached, on the realistic workload of the table above; a per-token method from every token low "
+        "to every token high (its allocation sets the share). attention error: as in the table above, from the "
+        "spec or Triton implementation of the method's design where it ran this very configuration. accuracy: "
+        "pooled over the informative tasks of each view (section 8's rule) [95% Wilson], then the paired "
+        "difference from FP16 on the same items with the exact McNemar p; one entry per model. long-output "
+        "drift: mean KL(FP16 || method), nats, over the first -> the last quarter of the output positions "
+        "(teacher-forced FP16 output). decode speed: as in the table above, the method's built-in "
+        "implementation. '-': no current result has it, and why. Results listed under History feed no cell.\n"
+    )
+    if unread:
+        notes += f"Left out, their configuration not buildable by this tree's registry: {'; '.join(unread)}.\n"
+    return "\n".join(
+        [
+            HEADING + "\n",
+            table(rows, headers, "each cell cites its source: the labels below"),
+            escape(notes.rstrip()) + "\n",
+            cites.legend("Sources of the table by method"),
+        ]
+    )
