@@ -417,7 +417,10 @@ def run(argv: list[str] | None = None) -> int:
         why = str(err) if err.errno is None else f"{err.filename}: {err.strerror}"
         return fail(f"cannot write the report in {args.out_dir} ({why})")
     try:
-        outcomes = steps.run_all(plan(args, staging / "data", impls))
+        todo = plan(args, staging / "data", impls)
+        # each step weighs what it took in the newest earlier report here (else a default by its kind)
+        outcomes = steps.run_all(todo, steps.weights(todo, steps.recorded_times(args.out_dir)))
+        steps.record_times(todo, outcomes, staging / "data")
         sources = unique(this_run_sources(outcomes, staging, final) + given)
         text, figs = render_report(name, command, git, started, outcomes, sources, args, impls)
         # the steps ran in the staging folder and their files record it; readers know it by its final name

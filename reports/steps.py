@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
+import math
 import os
 import re
 import sys
@@ -22,6 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.commands import subprocesses
 from conformance.loader import builtins
+from reports import progress
 from reports.provenance import ROOT, display_path
 
 ALL_IMPLS = tuple(builtins())
@@ -40,6 +43,12 @@ BUDGETS_S = {
     "fidelity-smoke": 1200.0,
     "fidelity-full": 3600.0,
 }
+#: Seconds a step of each kind is expected to take when no earlier report recorded one (its budget is
+#: about three times that): the progress bar's weights.
+DEFAULT_S = {kind: budget / 3 for kind, budget in BUDGETS_S.items()}
+#: In a report's data folder: each step's name, kind, seconds and status, one JSON object a line (not
+#: *.json: a report's data folder given as --input holds result files only).
+STEP_TIMES = "step-times.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,7 @@ class Step:
     argv: tuple[str, ...]  # run from the repository root; argv[0] is the Python interpreter
     folder: Path  # the step's results (*.json) and log land here
     budget_s: float | None = None  # interrupted past it (None: no limit)
+    kind: str | None = None  # its key in BUDGETS_S and DEFAULT_S
 
     @property
     def command(self) -> str:
@@ -80,10 +90,10 @@ def conformance_steps(
         folder = data / f"conformance-{label}"
         argv = [sys.executable, "-m", "pytest", "conformance", "--ignore=conformance/meta"]
         argv += [a for n in group for a in ("--impl", n)]
-        argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-q"]
+        argv += ["--hypothesis-profile", profile, "-p", "no:cacheprovider", "-p", "reports.progress", "-q"]
         argv += ["--conformance-json", display_path(folder / "conformance.json")]
-        budget = BUDGETS_S["conformance-pytorch" if group is quick else "conformance-triton"]
-        steps.append(Step(f"conformance: {', '.join(own)}", tuple(argv), folder, budget))
+        kind = "conformance-pytorch" if group is quick else "conformance-triton"
+        steps.append(Step(f"conformance: {', '.join(own)}", tuple(argv), folder, BUDGETS_S[kind], kind))
     return steps
 
 
@@ -93,8 +103,9 @@ def benchmark_step(data: Path, impls: Sequence[str] = ()) -> Step | Outcome:
     folder = data / "benchmarks"
     argv = [sys.executable, "-m", "pytest", "benchmarks/suites"]
     argv += [a for n in impls for a in ("--impl", n)]
-    argv += ["--benchmark-json", display_path(folder / "benchmarks.json"), "-p", "no:cacheprovider", "-q"]
-    step = Step("benchmark suites", tuple(argv), folder, BUDGETS_S["benchmarks"])
+    argv += ["--benchmark-json", display_path(folder / "benchmarks.json"), "-p", "no:cacheprovider"]
+    argv += ["-p", "reports.progress", "-q"]
+    step = Step("benchmark suites", tuple(argv), folder, BUDGETS_S["benchmarks"], "benchmarks")
     if not suites.is_dir():
         return Outcome(step.name, step.command, "not available: benchmarks/suites does not exist here", 0.0, ())
     return step
@@ -112,7 +123,7 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
         "--out",
         display_path(folder),
     )
-    step = Step(f"fidelity ({mode})", argv, folder, BUDGETS_S.get(f"fidelity-{mode}"))
+    step = Step(f"fidelity ({mode})", argv, folder, BUDGETS_S.get(f"fidelity-{mode}"), f"fidelity-{mode}")
     if importlib.util.find_spec(MODEL_PACKAGE) is None:
         return Outcome(
             step.name,
@@ -125,21 +136,33 @@ def fidelity_step(mode: str, data: Path) -> Step | Outcome:
     return step
 
 
-def run(step: Step, bar: tqdm, refresh_s: float) -> Outcome:
+def run(step: Step, bar: tqdm, refresh_s: float, weight: float = 0.0) -> Outcome:
     """Run one step to completion (`benchmarks.commands.subprocesses.run`); its status says whether it
-    produced results and how it exited."""
+    produced results and how it exited. While it runs, the bar shows its last output line and, for a
+    pytest step, its tests done (`reports.progress`), advancing by that share of its `weight`."""
     step.folder.mkdir(parents=True, exist_ok=True)
     log = step.folder / "log.txt"
+    counts = step.folder / ".progress"
+    counts.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    env[progress.ENV] = str(counts)
+    start, advanced = bar.n, [0.0]
+
+    def poll(line: str) -> None:
+        done = progress.read(counts)
+        if done is not None:
+            line = f"{done[0]}/{done[1]} tests; {line}"
+            share = weight * done[0] / done[1]
+            if share > advanced[0]:
+                bar.update(share - advanced[0])
+                advanced[0] = share
+        bar.set_postfix_str(line, refresh=True)
+
     ended = subprocesses.run(
-        step.argv,
-        log=log,
-        poll_s=refresh_s,
-        on_poll=lambda line: bar.set_postfix_str(line, refresh=True),
-        cwd=ROOT,
-        env=env,
-        timeout_s=step.budget_s,
+        step.argv, log=log, poll_s=refresh_s, on_poll=poll, cwd=ROOT, env=env, timeout_s=step.budget_s
     )
+    counts.unlink(missing_ok=True)
+    bar.n = start  # run_all advances the bar by the step's whole weight
     outputs = tuple(sorted(step.folder.glob("*.json")))
     code = ended.exit_code
     if ended.timed_out:
@@ -169,16 +192,74 @@ def with_budget(todo: Sequence[Step | Outcome], seconds: float | None) -> list[S
     return [dataclasses.replace(s, budget_s=budget) if isinstance(s, Step) else s for s in todo]
 
 
-def run_all(steps: Sequence[Step | Outcome]) -> list[Outcome]:
-    """Run the steps in order with a progress bar on stderr; pre-decided outcomes pass through."""
+def recorded_times(out_dir: Path) -> list[dict]:
+    """The step times the newest earlier report in `out_dir` recorded (`STEP_TIMES`; staging folders,
+    hidden, are not reports yet); empty where none did. Lines that do not read are left out."""
+    found = [p for p in Path(out_dir).glob(f"[!.]*/data/{STEP_TIMES}") if p.is_file()]
+    if not found:
+        return []
+    rows = []
+    for line in max(found, key=lambda p: p.stat().st_mtime).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        seconds = row.get("seconds") if isinstance(row, dict) else None
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
+            rows.append(row)
+    return rows
+
+
+def weights(todo: Sequence[Step | Outcome], last: Sequence[dict] = ()) -> list[float]:
+    """Seconds each step is expected to take: the same step's time in the last run (`recorded_times`),
+    else the mean of that run's steps of its kind, else `DEFAULT_S`; 0 for an outcome decided already."""
+    by_name = {r.get("name"): float(r["seconds"]) for r in last}
+    by_kind: dict[str, list[float]] = {}
+    for r in last:
+        by_kind.setdefault(r.get("kind"), []).append(float(r["seconds"]))
+    out = []
+    for step in todo:
+        if not isinstance(step, Step):
+            out.append(0.0)
+        elif step.name in by_name:
+            out.append(by_name[step.name])
+        elif by_kind.get(step.kind):
+            out.append(sum(by_kind[step.kind]) / len(by_kind[step.kind]))
+        else:
+            out.append(DEFAULT_S.get(step.kind or "", 60.0))
+    return out
+
+
+def record_times(todo: Sequence[Step | Outcome], outcomes: Sequence[Outcome], data: Path) -> None:
+    """Write each step's time into the report's data folder (`STEP_TIMES`): the next run's weights."""
+    kinds = {s.name: s.kind for s in todo if isinstance(s, Step)}
+    rows = [
+        {"name": o.name, "kind": kinds[o.name], "seconds": round(o.seconds, 1), "status": o.status}
+        for o in outcomes
+        if o.name in kinds
+    ]
+    data.mkdir(parents=True, exist_ok=True)
+    (data / STEP_TIMES).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+#: The bar: the share of the expected seconds done, and tqdm's estimate of what is left from that share.
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+
+
+def run_all(steps: Sequence[Step | Outcome], expected_s: Sequence[float] | None = None) -> list[Outcome]:
+    """Run the steps in order with a progress bar on stderr; pre-decided outcomes pass through. The bar
+    weighs each step by `expected_s` (`weights`; by default `DEFAULT_S`), so that its estimate of
+    the time left is of what is left, not an average over steps of unlike length."""
     outcomes = []
+    expected = list(expected_s) if expected_s is not None else weights(steps)
     refresh_s = 1.0 if sys.stderr.isatty() else 30.0  # a CI log gets a line per 30 s, not per second
-    with tqdm(total=len(steps), desc="report", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
-        for step in steps:
+    bar = tqdm(total=sum(expected), desc="report", file=sys.stderr, dynamic_ncols=True, bar_format=BAR_FORMAT)
+    with bar:
+        for step, weight in zip(steps, expected, strict=True):
             if isinstance(step, Step):
                 bar.set_description(step.name)
-                outcomes.append(run(step, bar, refresh_s))
+                outcomes.append(run(step, bar, refresh_s, weight))
             else:
                 outcomes.append(step)
-            bar.update(1)
+            bar.update(weight)
     return outcomes

@@ -19,7 +19,7 @@ import sys
 from reports import cli, steps
 slow = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 step = lambda data: steps.Step("slow", (sys.executable, "-c", slow, sys.argv[1]), data / "slow")
-cli.plan = lambda args, data: [step(data)]
+cli.plan = lambda args, data, given=(): [step(data)]
 sys.exit(cli.main(sys.argv[2:]))
 """
 

@@ -1,0 +1,95 @@
+"""The report's progress bar: each step weighs what it took in the newest earlier report (a default by
+its kind where none recorded it), and a pytest step shows its tests done."""
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+from reports import cli, progress, steps
+
+
+def _times(folder, rows, mtime):
+    path = folder / "data" / steps.STEP_TIMES
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n", encoding="utf-8")
+    os.utime(path, (mtime, mtime))
+
+
+def test_each_step_weighs_its_time_in_the_newest_earlier_report(tmp_path):
+    args = cli.parser().parse_args(["--only", "reference", "--only", "triton", "--fidelity", "smoke"])
+    todo = cli.plan(args, tmp_path / "new")
+    names = [s.name for s in todo]
+    assert names == ["conformance: reference", "conformance: triton", "benchmark suites", "fidelity (smoke)"]
+    # no earlier report: the default of each step's kind
+    assert steps.weights(todo, steps.recorded_times(tmp_path)) == [
+        steps.DEFAULT_S[k] for k in ("conformance-pytorch", "conformance-triton", "benchmarks", "fidelity-smoke")
+    ]
+    now = time.time()
+    _times(tmp_path / "old", [{"name": n, "kind": "x", "seconds": 1.0} for n in names], now - 100)
+    newest = [
+        {"name": "conformance: reference", "kind": "conformance-pytorch", "seconds": 40.0, "status": "ok"},
+        {"name": "conformance: kitty-triton", "kind": "conformance-triton", "seconds": 200.0, "status": "ok"},
+        {"name": "conformance: kivi-triton", "kind": "conformance-triton", "seconds": 100.0, "status": "ok"},
+        {"name": "fidelity (smoke)", "kind": "fidelity-smoke", "seconds": 1404.0, "status": "ok"},
+    ]
+    _times(tmp_path / "newest", newest, now)
+    _times(tmp_path / ".staging.tmp", [{"name": n, "kind": "x", "seconds": 9.0} for n in names], now + 100)
+    # the same step's time; else the mean of its kind; else the default
+    assert steps.weights(todo, steps.recorded_times(tmp_path)) == [40.0, 150.0, steps.DEFAULT_S["benchmarks"], 1404.0]
+
+
+def test_the_bar_advances_by_each_steps_weight_not_by_step_count(tmp_path, monkeypatch):
+    todo = [steps.Step(f"s{i}", (sys.executable, "-c", "pass"), tmp_path / f"s{i}") for i in range(3)]
+    seen = []
+
+    def fake_run(step, bar, refresh_s, weight=0.0):
+        seen.append((bar.n, bar.total, weight))
+        return steps.Outcome(step.name, step.command, "ok", weight, ())
+
+    monkeypatch.setattr(steps, "run", fake_run)
+    outcomes = steps.run_all(todo, [10.0, 1000.0, 90.0])
+    assert seen == [(0, 1100.0, 10.0), (10.0, 1100.0, 1000.0), (1010.0, 1100.0, 90.0)]
+    steps.record_times(todo, outcomes, tmp_path / "r" / "data")
+    assert steps.weights(todo, steps.recorded_times(tmp_path)) == [10.0, 1000.0, 90.0]
+
+
+class _Bar:
+    n, total = 0.0, 10.0
+
+    def __init__(self):
+        self.shown = []
+
+    def update(self, k):
+        self.n += k
+
+    def set_postfix_str(self, text, refresh=True):
+        self.shown.append((text, self.n))
+
+
+def test_a_pytest_step_shows_its_tests_done(tmp_path):
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_slow.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            import pytest
+
+            @pytest.mark.parametrize("i", range(4))
+            def test_slow(i):
+                time.sleep(0.4)
+            """
+        )
+    )
+    argv = (sys.executable, "-m", "pytest", str(tests / "test_slow.py"), "-p", "no:cacheprovider")
+    step = steps.Step("pytest", (*argv, "-p", "reports.progress", "-q", "--rootdir", str(tests)), tmp_path / "out")
+    bar = _Bar()
+    outcome = steps.run(step, bar, 0.1, weight=10.0)
+    assert outcome.seconds > 1.6
+    counts = [text.split(" tests")[0] for text, _ in bar.shown if " tests" in text]
+    assert counts and set(counts) <= {"0/4", "1/4", "2/4", "3/4", "4/4"} and counts != ["0/4"] * len(counts), bar.shown
+    assert counts == sorted(counts)
+    assert max(n for _, n in bar.shown) > 0 and bar.n == 0  # advanced by the share done, then handed back
+    assert progress.read(tmp_path / "nothing") is None
