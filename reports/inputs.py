@@ -192,12 +192,16 @@ def of_kind(sources: Iterable[Source], kind: str) -> list[Source]:
 
 def usable(source: Source) -> list[dict]:
     """The benchmarks of a pytest-benchmark source that the report can use, each as its extra_info
-    plus `name`, `wall_median_s` (pytest-benchmark's own host-clock median) and `source`."""
-    return [
-        {**b["extra_info"], "name": b["name"], "wall_median_s": b.get("stats", {}).get("median"), "source": source}
-        for b in source.data["benchmarks"]
-        if _suite_of(b) is not None
-    ]
+    plus `name`, pytest-benchmark's own host-clock statistics over its rounds (`wall_median_s`,
+    `wall_min_s`, `wall_max_s`, `rounds`; None where the file has none) and `source`."""
+    out = []
+    for b in source.data["benchmarks"]:
+        if _suite_of(b) is None:
+            continue
+        stats = b.get("stats") or {}
+        wall = {f"wall_{k}_s": stats.get(k) for k in ("median", "min", "max")}
+        out.append({**b["extra_info"], "name": b["name"], **wall, "rounds": stats.get("rounds"), "source": source})
+    return out
 
 
 def benchmarks(sources: Iterable[Source], suite: str | None = None, scale: str | None = None) -> list[dict]:

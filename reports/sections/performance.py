@@ -355,20 +355,69 @@ TITLES = {
 CPU_SUITES = ("eval-speed",)
 
 
+def _ms(seconds: float | None) -> str:
+    return fmt(seconds * 1e3 if seconds is not None else None, ".4g")
+
+
+def _point(e: dict) -> str:
+    return ", ".join(f"{k} {e[k]}" for k in POINT_KEYS if e.get(k) is not None)
+
+
+def _rounds(e: dict) -> str:
+    """The wall time's spread over the rounds of its own run: min-max, or that one round measured none."""
+    rounds, low, high = e.get("rounds"), e.get("wall_min_s"), e.get("wall_max_s")
+    if not isinstance(rounds, int) or rounds < 2 or low is None or high is None:
+        return "none measured (1 round)" if rounds == 1 else "-"
+    return f"{_ms(low)}-{_ms(high)} ({rounds} rounds)"
+
+
+def _across(entries: list[dict]) -> dict[tuple, tuple[float, int]]:
+    """(suite, method, point) -> (slowest / fastest median wall time, runs) where several runs timed it."""
+    times: dict[tuple, list[float]] = {}
+    for e in entries:
+        if e.get("wall_median_s"):
+            times.setdefault((e["suite"], e["method"], _point(e)), []).append(e["wall_median_s"])
+    return {k: (max(v) / min(v), len(v)) for k, v in times.items() if len(v) > 1}
+
+
+def _varied(spread: tuple[float, int] | None) -> str:
+    return f"{spread[0]:.2f}x over {spread[1]} runs" if spread else "-"
+
+
 def _tiny(entries: list[dict]) -> str:
+    across = _across(entries)
     rows = [
         [
             e["suite"],
             e["method"],
-            ", ".join(f"{k} {e[k]}" for k in POINT_KEYS if e.get(k) is not None),
+            _point(e),
             TINY_FIGURE[e["suite"]][0],
             fmt(e.get(TINY_FIGURE[e["suite"]][1]), ".4g"),
-            fmt(e["wall_median_s"] * 1e3 if e.get("wall_median_s") is not None else None, ".4g"),
+            _ms(e.get("wall_median_s")),
+            _rounds(e),
+            _varied(across.get((e["suite"], e["method"], _point(e)))),
         ]
         for e in entries
     ]
     src = "; ".join(provenance(group) for group in runs(entries).values())
-    return table(rows, ["suite", "method", "point", "figure", "value", "pytest-benchmark wall ms"], src)
+    widest = max(across.items(), key=lambda kv: kv[1][0], default=None)
+    one = sum(e.get("rounds") == 1 for e in entries)
+    spread = (
+        f" Across the runs given here the same point's median varied up to {widest[1][0]:.2f}x "
+        f"({escape(widest[0][1])}, {widest[0][0]}, {escape(widest[0][2])})."
+        if widest
+        else ""
+    )
+    note = (
+        "No method is ranked on these timings: they are CPU wall times of tiny models, on a machine that may be "
+        f"shared with other work, where a point's time can vary several-fold between runs; {one} of "
+        f"{len(entries)} points ran one round (no spread measured within the run)." + spread + " wall ms: "
+        "pytest-benchmark's median "
+        "over the point's rounds; rounds: its min-max over them; across runs: the slowest over the fastest "
+        "median of the same point in the runs given.\n"
+    )
+    heads = ["suite", "method", "point", "figure", "value", "wall ms", "rounds", "across runs"]
+    return note + "\n" + table(rows, heads, src)
 
 
 def render(sources: Sequence[Source]) -> Section:

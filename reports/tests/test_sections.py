@@ -91,6 +91,24 @@ def test_without_gpu_results_the_report_says_so_and_lists_the_tiny_harness(gpu):
     assert {c.status for c in s.claims} == {NOT_MEASURED}
 
 
+def test_tiny_harness_timings_show_their_spread_and_rank_nothing(tmp_path):
+    first, second = synthetic.tiny_benchmarks(), synthetic.tiny_benchmarks()
+    first["benchmarks"][0]["stats"] = {"median": 0.5, "min": 0.4, "max": 0.9, "rounds": 5}  # FP16
+    first["benchmarks"][1]["stats"] = {"median": 0.25, "min": 0.25, "max": 0.25, "rounds": 1}  # PN-Mix
+    second["benchmarks"][0]["stats"] = {"median": 1.65, "min": 1.65, "max": 1.65, "rounds": 1}
+    for b in second["benchmarks"][:2]:
+        b["extra_info"]["date_utc"] = "2026-12-02T10:00:00+00:00"
+    s = performance.render([load(tmp_path, "a.json", first), load(tmp_path, "b.json", second)])
+    rows = table_after(s.body, "### CPU tiny harness")
+    fp16 = [r for r in rows if r["method"] == "FP16"]
+    assert {r["rounds"] for r in fp16} == {"400-900 (5 rounds)", "none measured (1 round)"}
+    assert {r["across runs"] for r in fp16} == {"3.30x over 2 runs"}
+    assert {r["across runs"] for r in rows if r["method"] == "PN-Mix"} == {"2.00x over 2 runs"}
+    assert "No method is ranked on these timings" in s.body
+    assert "varied up to 3.30x (FP16, fig7-latency, batch 1, prompt 40, step 10)" in s.body
+    assert "2 of 4 points ran one round" in s.body
+
+
 def test_evaluation_speed_is_shown_against_fp16_through_the_same_path_and_is_no_gpu_result(tmp_path):
     s = performance.render([load(tmp_path, "speed.json", synthetic.eval_speed_benchmarks())])
     rows = {r["method"]: r["item, 1024 tokens"] for r in table_after(s.body, "Evaluation speed through")}
