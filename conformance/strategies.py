@@ -162,7 +162,7 @@ WORKLOAD = Case(
 REALISTIC = Case(PNMixConfig(), 1, 1, 4, 128, torch.float16, 3968, (64, 64), 2026)
 
 
-def fit_fixed(case: Case, caps: Capabilities) -> Case:
+def fit_fixed(case: Case | TokenCase, caps: Capabilities) -> Case | TokenCase:
     """A fixed workload fitted to `caps` as `Case.fit` does, except for max_tokens and max_head_dim:
     they bound the shapes hypothesis draws (a slow backend's cost), not what its design accepts."""
     unbounded = dataclasses.replace(
@@ -252,13 +252,15 @@ def _default(field: dataclasses.Field) -> object:
     return field.default
 
 
-def describe(case: Case) -> str:
-    """What a fixed workload ran, on one line: tokens and calls, shapes, dtype and config."""
+def describe(case: Case | TokenCase) -> str:
+    """What a fixed workload ran, on one line: tokens and calls, shapes, dtype and config (and for a
+    per-token case the chance that a token is low)."""
     appends = f" then appends of {', '.join(map(str, case.appends))}" if case.appends else ""
+    low = f", each token low with chance {case.low_share:.0%}" if isinstance(case, TokenCase) else ""
     return (
         f"{case.total} tokens (prompt {case.prompt}{appends}), batch {case.batch}, {case.kv_heads} KV head(s) "
         f"x {case.n_rep} query heads, head_dim {case.head_dim}, {str(case.dtype).removeprefix('torch.')}, "
-        f"{compact(case.config)}"
+        f"{compact(case.config)}{low}"
     )
 
 
@@ -508,6 +510,10 @@ class TokenCase:
     def calls(self) -> tuple[int, ...]:
         return (self.prompt, *self.appends)
 
+    @property
+    def total(self) -> int:
+        return self.prompt + sum(self.appends)
+
     def fit(self, caps: Capabilities) -> TokenCase:
         """The nearest case within `caps`; DoesNotFit says what cannot be met."""
         if not caps.token_precision:
@@ -546,6 +552,12 @@ class TokenCase:
         return dataclasses.replace(
             self, config=cfg, head_dim=head_dim, prompt=prompt, appends=tuple(appends), dtype=dtype
         )
+
+
+#: `REALISTIC` for the per-token caches: the same tokens, calls and shapes, each method's own configuration
+#: (`TokenPrecisionConfig()`, TriAxialKV's: INT4 and INT2 tokens in groups of 32; fitting gives role-aware
+#: PN-Mix its pair keys), half the tokens low (the storage section's 50% row).
+REALISTIC_TOKENS = TokenCase(TokenPrecisionConfig(), 1, 1, 4, 128, torch.float16, 3968, (64, 64), 0.5, 2026)
 
 
 @st.composite

@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 
 from conformance import strategies as cs
 from conformance.harness import bits_of, fitted, held_bytes, judge
+from reference import attention_ref
+from reference.channels.layout import VALUE
 from reference.contract.faults import FaultAt
 from reference.tokens.cache import TokenPrecisionCache
-from reference.tokens.config import TokenPrecisionConfig
+from reference.tokens.config import CLASS_MAP, TokenClasses, TokenPrecisionConfig, components
 
 pytestmark = pytest.mark.token_precision
 
@@ -130,6 +132,43 @@ def test_attention_over_its_own_cache_within_the_low_precision_error(impl, devic
     assert out.shape == q.shape and out.dtype == q.dtype, f"attend returned {tuple(out.shape)} {out.dtype}"
     err, bound, ref_err = judge(out.cpu(), q, *(t.cpu() for t in cache.dequantize()))
     assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (spec computation {ref_err:.3g})"
+
+
+@pytest.mark.measurement
+def test_the_realistic_token_workload_holds_what_it_reports(impl, device, record_property):
+    """The channel caches' realistic workload for a per-token cache (`strategies.REALISTIC_TOKENS`:
+    4096 tokens, head_dim 128, its own configuration, half the tokens low): the bits it holds per
+    cached key and value element, and of its keys and its values apart by its storage report's parts
+    (the class map and the pair mask count with the keys), recorded for the report. A measurement."""
+    case = fitted(impl, cs.REALISTIC_TOKENS, device, draw_bounds=False)
+    record_property("realistic_workload", cs.describe(case))
+    cache, _, _ = build(impl, case, device)
+    caps, parts = impl.capabilities, cache.storage()
+    held = held_bytes(cache) if caps.storage_introspectable else sum(parts.values())
+    elements = case.batch * case.kv_heads * cache.length * case.head_dim
+    record_property("realistic_bits_per_element", 8 * held / (2 * elements))
+    kinds = {p.name: p.counts_as for p in components(case.config, case.head_dim, TokenClasses(0, 0, 0))}
+    if set(parts) <= set(kinds) | {CLASS_MAP}:  # its parts are the spec's: keys and values can be told apart
+        keys = sum(n for name, n in parts.items() if name == CLASS_MAP or kinds[name] != VALUE)
+        record_property("realistic_key_bits_per_element", 8 * keys / elements)
+        record_property("realistic_value_bits_per_element", 8 * (sum(parts.values()) - keys) / elements)
+
+
+def test_the_realistic_token_workload_attention(impl, device, record_property):
+    """As the channel caches' realistic workload: one decode query's distance from float64 attention
+    over the exact tokens, recorded for the report (the error its quantization costs), then judged
+    within the low-precision error over its own cache."""
+    case = fitted(impl, cs.REALISTIC_TOKENS, device, draw_bounds=False)
+    record_property("realistic_workload", cs.describe(case))
+    cache, _, _ = build(impl, case, device)
+    k = torch.cat([cs.token_tensors(case, c, "cpu")[1] for c in range(len(case.calls))], -2)
+    v = torch.cat([cs.token_tensors(case, c, "cpu")[2] for c in range(len(case.calls))], -2)
+    q = cs.values((case.batch, case.heads, 1, case.head_dim), case.dtype, "unit", case.seed + 99)
+    out = cache.attend(q.to(device)).cpu()
+    exact = attention_ref(q.double(), k.double(), v.double(), causal=True, upcast=False)
+    record_property("realistic_attention_error", (out.double() - exact).abs().max().item())
+    err, bound, _ = judge(out, q, *(t.cpu() for t in cache.dequantize()))
+    assert err <= bound, f"attention error {err:.3g} above {bound:.3g} (over the implementation's own cache)"
 
 
 BAD_BITS = (

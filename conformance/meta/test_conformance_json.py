@@ -214,3 +214,20 @@ def test_a_skip_inside_an_explicit_example_prints_its_reason_not_a_failing_examp
     assert result.returncode == 0, result.stdout[-3000:]
     assert "kivi does not claim this" in result.stdout
     assert "explicit example" not in result.stdout and "Fitted to the claims" not in result.stdout, result.stdout
+
+
+def test_a_per_token_cache_records_bits_and_error_on_the_realistic_workload(tmp_path):
+    out = tmp_path / "result.json"
+    args = ["conformance/test_p11_token_precision.py", "-k", "realistic", "--impl", "triaxialkv"]
+    result = run_suite(*args, "--conformance-json", str(out))
+    assert result.returncode == 0, result.stdout[-3000:]
+    measured = {}
+    for r in json.loads(out.read_text())["results"]:
+        measured.update(r["measured"])
+    assert "TokenPrecisionConfig(), each token low with chance 50%" in measured["realistic_workload"]
+    assert measured["realistic_workload"].startswith("4096 tokens")
+    # INT4 and INT2 tokens in groups of 32 with float16 scales and zeros, half of them low: about 4 bits
+    assert 3.5 < measured["realistic_bits_per_element"] < 4.5
+    key, value = measured["realistic_key_bits_per_element"], measured["realistic_value_bits_per_element"]
+    assert abs((key + value) / 2 - measured["realistic_bits_per_element"]) < 1e-9 and key > value
+    assert 0 < measured["realistic_attention_error"] < 1

@@ -37,6 +37,8 @@ OPT_IN = {
             "test_attention_over_its_own_cache_within_the_low_precision_error",
             "test_bad_token_bits_are_refused_and_change_nothing",
             "test_a_fault_leaves_the_cache_as_it_was",
+            "test_the_realistic_token_workload_holds_what_it_reports",
+            "test_the_realistic_token_workload_attention",
         ),
         "per-token precision",
     ),

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import re
 from collections.abc import Sequence
 
-from conformance.strategies import REALISTIC, describe
-from reference import PNMixConfig
+from conformance.strategies import REALISTIC, REALISTIC_TOKENS, describe
+from reference import PNMixConfig, methods
+from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
 from reports.sections import by_method
@@ -78,30 +80,104 @@ def _speed(points: list[tuple[dict, float]]) -> str:
     return f"{r:.2f}x FP16's time (B = {e['batch']}, {e['context']} tokens, {matrix.device_label(e['device'])})"
 
 
-def as_run(description: str | None) -> str:
-    """The keys and values of the configuration an implementation ran the workload with, read from its
-    recorded description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'): 'K H2L2, V 2-bit'."""
-    if not description or "PNMixConfig(" not in description:
-        return "-"
-    try:
-        call = ast.parse(description[description.index("PNMixConfig(") :], mode="eval").body
-    except SyntaxError:
-        return "-"
-    given = {}
-    for k in getattr(call, "keywords", ()):
+_CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
+
+
+def _call(description: str, cls: str) -> str | None:
+    """The text of the first `cls(...)` call in `description`, up to its closing parenthesis."""
+    start = description.find(cls + "(")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start + len(cls), len(description)):
+        depth += {"(": 1, ")": -1}.get(description[i], 0)
+        if depth == 0:
+            return description[start : i + 1]
+    return None
+
+
+def ran_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
+    """The configuration an implementation ran a fixed workload with, read from its recorded
+    description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'); None where none reads."""
+    for cls_name, cls in _CONFIGS.items():
+        text = _call(description or "", cls_name)
+        if text is None:
+            continue
         try:
-            given[k.arg] = ast.literal_eval(k.value)
-        except ValueError:  # a dtype or another name: not part of the label
-            pass
-    config = {f.name: f.default for f in dataclasses.fields(PNMixConfig) if f.default is not dataclasses.MISSING}
-    config.update(given)
-    high, low, ratio = config["b_high"], config["b_low"], config["ratio"]
-    if config["n_sink"] >= 2**31 and config["value_bits"] >= 16:  # every token a sink: nothing is quantized
+            call = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            return None
+        given = {}
+        for k in getattr(call, "keywords", ()):
+            try:
+                given[k.arg] = ast.literal_eval(k.value)
+            except ValueError:  # a dtype or another name: not part of the label
+                pass
+        try:
+            return cls(**given)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def config_label(config: PNMixConfig | TokenPrecisionConfig) -> str:
+    """A configuration as the summary names it: 'K H3(50%)L1, V 2-bit, G 128, 32 sinks'."""
+    if isinstance(config, TokenPrecisionConfig):
+        keys = ", low keys by pairs" if config.low_keys == "pairs" else ""
+        return f"K and V INT{config.high_bits} or INT{config.low_bits} per token, G {config.group_size}{keys}"
+    high, low, ratio = config.b_high, config.b_low, config.ratio
+    if config.n_sink >= 2**31 and config.value_bits >= 16:  # every token a sink: nothing is quantized
         return "K exact, V exact (every token kept)"
     keys = f"K {high}-bit" if high == low or not ratio else f"K H{high}({ratio:.0%})L{low}"
-    values = "V exact" if config["value_bits"] >= 16 else f"V {config['value_bits']}-bit"
-    sinks = config["n_sink"]
-    return f"{keys}, {values}, G {config['group_size']}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")
+    values = "V exact" if config.value_bits >= 16 else f"V {config.value_bits}-bit"
+    sinks = config.n_sink
+    return f"{keys}, {values}, G {config.group_size}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")
+
+
+def as_run(description: str | None) -> str:
+    """The keys and values of the configuration an implementation ran the workload with ('-' where
+    none reads): 'K H2L2, V 2-bit'."""
+    config = ran_config(description)
+    return "-" if config is None else config_label(config)
+
+
+def registry_method(config: PNMixConfig | TokenPrecisionConfig) -> str | None:
+    """The method of the registry (`reference.methods`, as the storage section names them) whose
+    configuration this is, its scale dtype and pair layout aside; None where none is."""
+    family = methods.TOKENS if isinstance(config, TokenPrecisionConfig) else methods.CHANNELS
+    for name in methods.names(precision=family):
+        own = methods.config(name)
+        if dataclasses.replace(own, scale_dtype=config.scale_dtype, pair_layout=config.pair_layout) == config:
+            return name
+    return None
+
+
+def design_of(implementation: str) -> str | None:
+    """The design whose spec or Triton implementation this is (None for a plug-in)."""
+    return next((d.name for d in methods.DESIGNS.values() if implementation in (d.spec, d.triton)), None)
+
+
+def method_as_run(implementation: str, descriptions: set[str], details: dict | None) -> str:
+    """What an implementation ran, named as the storage section names methods where it is one of them;
+    otherwise its configuration, and how the workload's configuration was mapped onto it (its preset,
+    its claims) with the methods of its design it is not."""
+    out = []
+    for description in sorted(descriptions):
+        config = ran_config(description)
+        if config is None:
+            continue
+        label, method = config_label(config), registry_method(config)
+        low = f"; {m.group(1)} of tokens drawn low" if (m := re.search(r"low with chance (\d+%)", description)) else ""
+        if method is not None:
+            out.append(f"{method} ({label}{low})")
+            continue
+        preset = ((details or {}).get("claims") or {}).get("preset")
+        design = design_of(implementation)
+        how = f"mapped by its preset `{preset}` and fitted to its claims" if preset else "fitted to its claims"
+        mine = methods.names(design=design) if design else ()
+        other = f"; not {design} as the storage section defines it ({', '.join(mine)})" if mine else ""
+        out.append(f"{label}{low}: no method of the storage section; PN-Mix's configuration {how}{other}")
+    return "; ".join(out) or "-"
 
 
 def attention_note(details: dict | None) -> str:
@@ -135,7 +211,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
             [
                 f"{name} {details[name]['version']}" if name in details else name,
                 ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
-                "; ".join(sorted(as_run(d) for d in ran)) or "-",
+                method_as_run(name, ran, details.get(name)),
                 _bits(every),
                 fmt(error, ".3g"),
                 _speed(speeds.get(name, [])),
@@ -154,15 +230,23 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
     parts = [
         _lead(by_impl, rows),
         table(
-            rows, ["implementation", "verdict", "as run", "bits / element", "attention error", "decode speed"], source
+            rows,
+            ["implementation", "verdict", "method as run", "bits / element", "attention error", "decode speed"],
+            source,
         ),
-        "as run: each implementation runs the workload with the paper's configuration as its preset maps it "
-        "onto its own design (its claimed bits, groups, sinks). "
+        "method as run: what each implementation ran the workload with. It starts from the paper's configuration "
+        "(PN-Mix's H3(50%)L1, G 128, 32 sinks, 2-bit values; per-token caches: their own); a design's preset "
+        "maps it onto that design and its claims pick the nearest bits, groups and sinks it has. Where the "
+        "result is a method of the storage section it is named so (as that section counts its bits); otherwise "
+        "the configuration is given, marked as no method of the storage section, with the methods of its "
+        "design it is not: a row named KIVI or Kitty there is that design at PN-Mix's configuration, not the "
+        "KIVI or Kitty the storage, memory and claims sections compare. "
         f"bits / element: every byte the cache holds (packed codes, scales and zeros, metadata, sinks and the "
         f"exact residual, and bytes an implementation keeps for bookkeeping) x 8 / the keys and values it caches, "
-        f"on the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}); K and "
-        "V split where its storage report says which bytes are whose; '-': not measured on it (per-token "
-        "precision caches are judged by property 11 alone). attention error: the "
+        f"on the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}; per-token "
+        "caches: the same tokens and shapes, `conformance.strategies.REALISTIC_TOKENS`, each token low with "
+        f"chance {REALISTIC_TOKENS.low_share:.0%}); K and "
+        "V split where its storage report says which bytes are whose; '-': not measured on it. attention error: the "
         "largest absolute difference of its decode attention from float64 attention over the exact tokens, on "
         "the same workload. decode speed: its decode-attention time over FP16 SDPA's at the same point of the "
         "same run (lower is faster), at the largest context measured on a GPU; CPU timings are not shown here "

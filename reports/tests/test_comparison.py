@@ -218,3 +218,67 @@ def test_fp16_as_run_keeps_every_token_exact():
 
     assert summary.as_run(f"workload, {methods.config('FP16')!r}") == "K exact, V exact (every token kept)"
     assert summary.as_run("workload, PNMixConfig(b_high=2, b_low=2, ratio=0.0)").startswith("K 2-bit, V 2-bit")
+
+
+def _ran(impl: str, case) -> str:
+    from conformance import loader
+    from conformance import strategies as cs
+
+    return cs.describe(cs.fit_fixed(case, loader.load(impl).capabilities))
+
+
+def test_page_one_names_the_method_each_implementation_ran_or_says_it_is_none():
+    from conformance import strategies as cs
+
+    preset = {"claims": {"preset": "reference.methods.kivi_preset"}}
+    assert summary.method_as_run("reference", {_ran("reference", cs.REALISTIC)}, {}) == (
+        "PN-Mix (K H3(50%)L1, V 2-bit, G 128, 32 sinks)"
+    )
+    assert summary.method_as_run("fp16", {_ran("fp16", cs.REALISTIC)}, {}).startswith("FP16 (K exact, V exact")
+    kivi = summary.method_as_run("kivi", {_ran("kivi", cs.REALISTIC)}, preset)
+    # PN-Mix's configuration by KIVI's preset: 1-bit keys, which no KIVI of the storage section has
+    assert kivi.startswith("K 1-bit, V 2-bit, G 128, 32 sinks: no method of the storage section; ")
+    assert "mapped by its preset `reference.methods.kivi_preset`" in kivi
+    assert kivi.endswith("not KIVI as the storage section defines it (KIVI-2, KIVI-2 +32 sinks, KIVI-1)")
+    kitty = summary.method_as_run("kitty-triton", {_ran("kitty", cs.REALISTIC)}, {})
+    assert kitty.startswith("K H2(50%)L1") and kitty.endswith("(Kitty, Kitty-light)") and "preset" not in kitty
+    # the registry's own configuration is named as the storage section names it
+    own = summary.method_as_run("kivi", {f"workload, {summary.methods.config('KIVI-2 +32 sinks')!r}"}, preset)
+    assert own == "KIVI-2 +32 sinks (K 2-bit, V 2-bit, G 128, 32 sinks)"
+    assert summary.method_as_run("triaxialkv", {_ran("triaxialkv", cs.REALISTIC_TOKENS)}, {}) == (
+        "TriAxialKV (K and V INT4 or INT2 per token, G 32; 50% of tokens drawn low)"
+    )
+    role = summary.method_as_run("role-aware-pnmix", {_ran("role-aware-pnmix", cs.REALISTIC_TOKENS)}, {})
+    assert role.startswith("role-aware PN-Mix (") and "low keys by pairs" in role
+
+
+def test_per_token_caches_get_bits_and_error_on_their_workload(tmp_path):
+    from conformance import strategies as cs
+
+    data = synthetic.conformance()
+    data["implementation_details"][1]["name"] = "triaxialkv"
+    data["implementations"][1] = "triaxialkv"
+    for r in data["results"]:
+        if r["implementation"] == "triton":
+            r["implementation"] = "triaxialkv"
+    workload = _ran("triaxialkv", cs.REALISTIC_TOKENS)
+    measured = {
+        "realistic_workload": workload,
+        "realistic_bits_per_element": 4.04,
+        "realistic_key_bits_per_element": 4.08,
+        "realistic_value_bits_per_element": 4.01,
+    }
+    data["results"] += [
+        {**data["results"][0], "implementation": "triaxialkv", "property": "bits", "measured": measured},
+        {
+            **data["results"][0],
+            "implementation": "triaxialkv",
+            "property": "error",
+            "measured": {"realistic_workload": workload, "realistic_attention_error": 0.173},
+        },
+    ]
+    source = load(tmp_path, "c.json", data)
+    rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    row = rows["triaxialkv"]
+    assert row["method as run"].startswith("TriAxialKV (") and row["bits / element"] == "4.04 (K 4.08, V 4.01)"
+    assert row["attention error"] == "0.173"
