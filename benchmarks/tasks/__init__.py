@@ -1,4 +1,4 @@
-"""Offline long-context tasks for lm-evaluation-harness, scored by log-likelihood among candidates.
+"""Offline long-context tasks for lm-evaluation-harness: answers ranked among candidates by log-likelihood, or produced.
 
 RULER-style retrieval and aggregation tasks (and three long-output tasks) over synthetic haystacks,
 as gzipped JSONL documents (`data/<task>_<label>.jsonl.gz`, 100 per file; plain JSONL would be ~60 MB,
