@@ -35,7 +35,17 @@ from reference import records
 from reports import currency, environment, files, inputs, steps
 from reports.document import assemble
 from reports.provenance import ROOT, display_path
-from reports.sections import accuracy, conformance, equal_bits, fidelity, memory, performance, storage, summary
+from reports.sections import (
+    accuracy,
+    by_method,
+    conformance,
+    equal_bits,
+    fidelity,
+    memory,
+    performance,
+    storage,
+    summary,
+)
 from reports.sections import claims as claims_section
 from reports.sections import environment as environment_section
 from reports.sections import history as history_section
@@ -289,7 +299,7 @@ def render_report(
     current, history = currency.split(sources)
     conformance_sources = inputs.of_kind(current, "conformance")
     renders = [
-        lambda: summary.render(conformance_sources, current, len(history)),
+        lambda: summary.render(conformance_sources, current, len(history), by_method.render(current)),
         lambda: conformance.render(conformance_sources, note.get("conformance", "")),
         storage.render,
         lambda: memory.render(current),

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.canaries import methods, outcome, pipelines, workloads
 from reference import methods as registry
-from reference.records import ROOT, code_key, file_digest
+from reference.records import ROOT, code_key, code_path, file_digest
 from reference.records import versions as _versions
 
 #: The tools' own pipelines, each with a canary.
@@ -160,8 +160,6 @@ def moved(behaviour: dict) -> list[str]:
         parts = outcome.moved(recorded, result)
         if parts:
             out.append(f"{describe(name)}: {', '.join(parts)}")
-    from reference.records import code_path
-
     for key, digest in sorted((behaviour.get("data") or {}).items()):
         path = code_path(key)
         if path is None or file_digest(path) != digest:

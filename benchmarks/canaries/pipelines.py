@@ -34,7 +34,7 @@ PROMPT, DECODE = 36, 12
 
 @torch.no_grad()
 def hf(layout: str, name: str) -> dict:
-    import pnmix.hf as pnmix_hf
+    import pnmix.hf as pnmix_hf  # deferred: transformers takes seconds to import
 
     model, exact = workloads.tiny_model(layout)
     head_dim = model.config.head_dim
@@ -59,8 +59,8 @@ def hf(layout: str, name: str) -> dict:
 
 @torch.no_grad()
 def long_output() -> dict:
-    import pnmix.hf  # noqa: F401  (registers the "pnmix" attention)
-    from benchmarks.fidelity.long_output import measure_sequence
+    import pnmix.hf  # noqa: F401  # deferred: transformers takes seconds to import; registers the "pnmix" attention
+    from benchmarks.fidelity.long_output import measure_sequence  # deferred: imports transformers
 
     model, _ = workloads.tiny_model("llama")
     ids = workloads.token_ids(seed=6, tokens=PROMPT + 2 * DECODE)
@@ -112,7 +112,7 @@ def _tiny_folder() -> Path:
 def task_accuracy() -> dict:
     from lm_eval.api.instance import Instance
 
-    from benchmarks.accuracy.lm_eval_model import PNMixLM
+    from benchmarks.accuracy.lm_eval_model import PNMixLM  # deferred: lm-eval takes seconds to import
 
     lm = PNMixLM(pretrained=str(_tiny_folder()), method="FP16", chunk=4)
     scored = lm.loglikelihood(
@@ -140,8 +140,8 @@ IMPLEMENTATION_METHOD = "KIVI-2"
 def implementation(name: str) -> dict:
     """An implementation loaded as the tools load it (`benchmarks.efficiency.plugins.load`), through
     `PNMixHFCache(impl=...)` on the tiny Llama, as `hf` runs a method."""
-    import pnmix.hf as pnmix_hf
-    from benchmarks.efficiency.plugins import load
+    import pnmix.hf as pnmix_hf  # deferred: transformers takes seconds to import
+    from benchmarks.efficiency.plugins import load  # deferred: only for a plug-in canary
 
     plugin = load([name])[name]
     model, exact = workloads.tiny_model("llama")
@@ -181,7 +181,7 @@ def _numbers(tree, prefix: str = "") -> dict[str, list[float]]:
 
 @torch.no_grad()
 def fidelity() -> dict:
-    from benchmarks.fidelity.analyses import analyse_prompt
+    from benchmarks.fidelity.analyses import analyse_prompt  # deferred: imports the fidelity tool
 
     q, k, _ = workloads.qkv(seed=7, tokens=workloads.PROMPT + workloads.APPENDS)
     traces = [(q[0], k[0])]  # one layer: q [H, T, d], k [H_kv, T, d]
@@ -195,7 +195,7 @@ EQUAL_BITS_TOKENS = 224
 
 @torch.no_grad()
 def equal_bits() -> dict:
-    from benchmarks.fidelity import equal_bits as tool
+    from benchmarks.fidelity import equal_bits as tool  # deferred: imports transformers
 
     q, k, v = workloads.qkv(seed=8, tokens=EQUAL_BITS_TOKENS)
     q = q[:, : k.shape[1]]  # one query head per key head
@@ -220,9 +220,8 @@ ROLE_BUDGETS = (3.25, 3.5, 4.0)
 def role_calibration() -> dict:
     """`benchmarks.fidelity.role_calibration.calibrate` (per-tag distortion at each precision) on two requests
     of seeded queries, keys, values and tags captured from one layer, then `allocations` at ROLE_BUDGETS."""
-    from benchmarks.fidelity import role_calibration as tool
-    from reference.tokens.config import TokenPrecisionConfig
-    from reference.tokens.roles import ALL_TAGS
+    from benchmarks.fidelity import role_calibration as tool  # deferred: imports transformers
+    from reference.tokens.roles import ALL_TAGS  # deferred: only for the role calibration canary
 
     config = TokenPrecisionConfig()
     captured = []

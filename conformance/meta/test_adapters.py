@@ -1,5 +1,7 @@
 """The built-in adapters of libraries attend with the library's own arithmetic, or say they do not."""
 
+import os
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -7,6 +9,7 @@ import torch
 
 from conformance import loader
 from conformance import strategies as cs
+from conformance.impls import transformers_quantized as tq
 from reference import PNMixConfig
 from reference.contract import ATTENTION
 
@@ -58,11 +61,6 @@ def test_the_transformers_adapter_attends_as_transformers_sdpa_does(new):
 
 
 def test_the_quanto_adapter_names_a_stale_build_lock_and_says_when_it_compiles(tmp_path, monkeypatch):
-    import os
-    from types import SimpleNamespace
-
-    from conformance.impls import transformers_quantized as tq
-
     ext = SimpleNamespace(name="quanto_cpp", build_directory=str(tmp_path), _lib=None)
     monkeypatch.setattr(tq, "quanto_extensions", lambda: [ext])
     said = []

@@ -20,7 +20,6 @@ from reference import PNMixConfig, methods
 from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
-from reports.sections import by_method
 from reports.sections import conformance as matrix
 from reports.sections.measured import is_fp16
 
@@ -187,7 +186,9 @@ def attention_note(details: dict | None) -> str:
     return ""
 
 
-def render(conformance: Sequence[Source], sources: Sequence[Source], history: int) -> Section:
+def render(conformance: Sequence[Source], sources: Sequence[Source], history: int, by_method: str = "") -> Section:
+    """Page 1: the per-implementation verdicts, then `by_method` (the table by method, `reports.sections.by_method`,
+    rendered by the caller: it reads this module's labels), then the History line."""
     columns = matrix.records_by_column(conformance)
     by_impl: dict[str, dict[str, list[dict]]] = collections.defaultdict(dict)
     for (name, device), recs in columns.items():
@@ -252,7 +253,8 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         "same run (lower is faster), at the largest context measured on a GPU; CPU timings are not shown here "
         "(they predict nothing about a GPU).\n",
     ]
-    parts.append(by_method.render(sources))
+    if by_method:
+        parts.append(by_method)
     if history:
         parts.append(
             f"{history} result file(s) measured code that differs from this tree's; they are left out of every "
