@@ -238,6 +238,8 @@ def record_times(todo: Sequence[Step | Outcome], outcomes: Sequence[Outcome], da
         for o in outcomes
         if o.name in kinds
     ]
+    if not rows:  # nothing ran: nothing to weigh the next run by, and no data folder for it
+        return
     data.mkdir(parents=True, exist_ok=True)
     (data / STEP_TIMES).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 

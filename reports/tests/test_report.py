@@ -297,7 +297,7 @@ def test_an_out_dir_that_cannot_be_written_fails_before_any_step(tmp_path, monke
 
 
 def test_a_run_whose_report_cannot_be_rendered_keeps_its_results(tmp_path, monkeypatch, capsys):
-    def one_step(args, data):
+    def one_step(args, data, given=()):
         (data / "step").mkdir(parents=True)  # what a step leaves
         return []
 
@@ -377,7 +377,7 @@ def _counting_loads(monkeypatch) -> list[str]:
 
 def test_a_plugin_is_loaded_once_and_its_module_file_and_version_are_recorded(tmp_path, monkeypatch):
     loads = _counting_loads(monkeypatch)
-    monkeypatch.setattr(cli, "plan", lambda args, data: [])  # the steps import it in their own processes
+    monkeypatch.setattr(cli, "plan", lambda args, data, given=(): [])  # the steps import it in their own processes
     argv = ["--out-dir", str(tmp_path), "--name", "r", "--no-committed-results", "--impl", PLUGIN, "--impl", PLUGIN]
     assert cli.main([*argv, "--no-benchmarks", "--fidelity", "off"]) == 0
     assert loads == [PLUGIN]
