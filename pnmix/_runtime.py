@@ -91,6 +91,11 @@ def recording(target: Target):
         _recorder = previous
 
 
+def recording_launches() -> bool:
+    """Whether launches are being recorded (`recording`), not run."""
+    return _recorder is not None
+
+
 def target() -> Target | None:
     """The GPU the launches are for: the recording target, the current CUDA device, or None
     under the interpreter."""
@@ -110,14 +115,15 @@ def launch(
     num_stages: int = 1,
     maxnreg: int | None = None,
     **constexprs,
-) -> None:
-    """Launch kernel[grid] (or record it while `recording`). maxnreg: the registers per thread
-    ptxas may use (None: its own choice, which on sm_90 may cap them for occupancy and spill)."""
+):
+    """Launch kernel[grid] (or record it while `recording`, returning None). maxnreg: the registers per thread
+    ptxas may use (None: its own choice, which on sm_90 may cap them for occupancy and spill). Returns what the
+    launch returns: compiled, the compiled kernel (its `asm` stages, `pnmix.kernels.ptx_unpack` reads the TTGIR)."""
     if _recorder is not None:
         _recorder.launches.append(Launch(kernel, tuple(grid), args, constexprs, num_warps, num_stages, maxnreg))
-        return
+        return None
     options = {} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}
-    kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options, **constexprs)
+    return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options, **constexprs)
 
 
 def kernel_device() -> torch.device:

@@ -1,6 +1,6 @@
 """GPU-readiness gate without a GPU: compile every kernel the package launches for sm_80 and sm_90.
 
-    python -m pnmix.aot [--all | --default] [--json FILE] [--jobs N] [--require-targets]
+    python -m pnmix.aot [--all | --default] [--json FILE] [--jobs N] [--require-targets] [--ptx-unpack]
 
 The launches are the package's own: `PNMixCache` prefill, append (with a page flush), decode
 attention and dequantize run on CPU tensors while `pnmix._runtime.recording` keeps each launch
@@ -16,7 +16,12 @@ bound (programs per SM, from the compiled registers, shared memory and warps, x 
 tile in flight, against DRAM latency x bandwidth per SM: Little's law); then the targets at the
 default configuration, each PASS or FAIL.
 
-Exit status 1 when a kernel does not compile, exceeds shared memory or spills (and, with
+--ptx-unpack compiles the decode kernels with the PTX unpack of their value codes (`pnmix.kernels.ptx_unpack`,
+off by default) and checks from each kernel's TTGIR that every packed inline-asm call gets four elements of one
+shift (`pnmix.kernels.ttgir`): a kernel that may mix shifts fails, as does a float16 default decode kernel without
+inline asm (the flag did nothing).
+
+Exit status 1 when a kernel does not compile, exceeds shared memory, spills or may mix shifts in a PTX call (and, with
 --require-targets, when a target is not met); 2 on bad arguments; 3 when the toolchain (ptxas,
 cuobjdump, nvdisasm) is absent. --default compiles the default configuration (both dtypes, GQA 4
 and 8), --all every method x dtype x head_dim (the default); the wall times measured on 2 cores
@@ -53,6 +58,7 @@ from pnmix.gpus import (
     programs_per_sm,
     smem_limit,
 )
+from pnmix.kernels import ptx_unpack, ttgir
 from pnmix.token_cache import TritonTokenPrecisionCache
 from reference.channels.layout import CacheLayout
 from reference.methods import METHODS, TOKEN_METHODS
@@ -225,6 +231,8 @@ def _inspect(index: int) -> dict:
         sass = subprocess.run([tools["nvdisasm"], "-c", str(cubin)], capture_output=True, text=True).stdout
     res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     return row | {
+        "inline_asm": len(ttgir.inline_asm_ops(compiled.asm["ttgir"])),
+        "grouping": ttgir.grouping_problems(compiled.asm["ttgir"]),
         "registers": int(res.get("REG", -1)),
         "local_bytes": int(res.get("LOCAL", 0)) + int(res.get("STACK", 0)),
         "shared_bytes": int(compiled.metadata.shared),
@@ -249,20 +257,23 @@ def problems(row: dict) -> list[str]:
         found.append(f"shared memory {row['shared_bytes']} B > {row['smem_limit']} B per block")
     if row["local_bytes"] > 0:
         found.append(f"{row['local_bytes']} B of local memory per thread (spills)")
+    found += [f"PTX unpack: {p}" for p in row.get("grouping", [])]
     threads = row["warps"] * 32
     if row["registers"] * threads > REGISTER_FILE:
         found.append(f"{row['registers']} registers x {threads} threads > the {REGISTER_FILE} of an SM (cannot launch)")
     return found
 
 
-def run(scope: str, jobs: int) -> dict:
-    """Record, compile and judge every launch of `scope`; the result as a JSON-ready dict."""
+def run(scope: str, jobs: int, ptx: bool = False) -> dict:
+    """Record, compile and judge every launch of `scope` (ptx: with the PTX unpack asked for); the result as a
+    JSON-ready dict."""
     import tqdm
 
     unique, uses = {}, []
     for case in cases(scope):
         for gpu in {g.arch: g for g in GPUS}.values():
-            launches, layout = record_launches(case, _runtime.Target(gpu.arch, gpu.sms))
+            with ptx_unpack.request(ptx):  # the flag alone decides, whatever the environment says
+                launches, layout = record_launches(case, _runtime.Target(gpu.arch, gpu.sms))
             for launch in launches:
                 key = _key(launch, gpu.arch)
                 unique.setdefault(key, (key, launch, gpu.arch))
@@ -278,9 +289,16 @@ def run(scope: str, jobs: int) -> dict:
         progress.close()
     decode = [decode_entry(case, arch, rows[key], nbytes) for case, arch, key, nbytes in uses]
     failures = [f"{r['kernel']} sm_{r['arch']}: {p}" for r in rows.values() for p in problems(r)]
+    if ptx:
+        failures += [
+            f"{DECODE_KERNEL} sm_{arch} ({case.dtype}, GQA {case.gqa}): --ptx-unpack gave it no inline asm"
+            for case, arch, key, _ in uses
+            if case.default and case.dtype == "float16" and rows[key].get("inline_asm") == 0
+        ]
     checks = targets(decode)
     return {
         "scope": scope,
+        "ptx_unpack": ptx,
         "archs": list(ARCHS),
         "kernels": list(rows.values()),
         "decode": decode,
@@ -300,6 +318,7 @@ def decode_entry(case: Case, arch: int, row: dict, nbytes: float) -> dict:
     entry = asdict(case) | {"arch": arch, "tile_bytes": nbytes, "warps": row["warps"], "stages": row["stages"]}
     if "error" in row:
         return entry
+    entry["inline_asm"] = row.get("inline_asm", 0)
     programs = programs_per_sm(arch, row["registers"], row["warps"], row["shared_bytes"])
     entry |= {
         "registers": row["registers"],
@@ -454,6 +473,13 @@ def render(result: dict) -> str:
         ASSUMPTIONS,
         "",
     ]
+    if result.get("ptx_unpack"):
+        asm = sorted({(e["dtype"], e["arch"], e.get("inline_asm", 0)) for e in result["decode"]})
+        lines.append(
+            "PTX unpack asked for (--ptx-unpack): decode kernels' packed inline-asm ops "
+            + ", ".join(f"{dtype} sm_{arch}: {n}" for dtype, arch, n in asm)
+            + "; each checked for four elements of one shift per call"
+        )
     lines += [f"FAIL {f}" for f in result["failures"]] or ["PASS: every kernel compiles, fits and does not spill"]
     if result["targets"]:
         lines += [
@@ -497,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 1 when a target of the default configuration is not met",
     )
     parser.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1, help="parallel compiles")
+    parser.add_argument(
+        "--ptx-unpack",
+        action="store_true",
+        help="decode kernels with the PTX unpack of their value codes (pnmix.kernels.ptx_unpack), its grouping checked",
+    )
     args = parser.parse_args(argv)
     if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):
         parser.error(f"--json: cannot write into {args.json.parent}")
@@ -507,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if _runtime.INTERPRETED:  # kernels were decorated for the interpreter: start again compiled
         env = dict(os.environ, TRITON_INTERPRET="0")
         return subprocess.run([sys.executable, "-m", "pnmix.aot", *argv], env=env).returncode
-    result = run(args.scope or "all", args.jobs)
+    result = run(args.scope or "all", args.jobs, args.ptx_unpack)
     print(render(result))
     if args.json is not None:
         write_json(args.json, {KIND: "pnmix-aot", **environment(None), **result})

@@ -24,6 +24,10 @@ they launch (nothing is compiled ahead or warmed up for later).
       CUDA-graph replay time; FP16 SDPA at the same point beside it.
   fig7 (120 s): one Fig. 7 point, PN-Mix at decode step 16K: eager step and graph replay.
   fig6c (120 s): one Fig. 6c point, PN-Mix at B = 20 (sampled protocol), tokens/s.
+  ptx (90 s, when the steps before it left that much of --time-budget): PN-Mix's decode with the PTX unpack of
+      its value codes asked for and not (`pnmix.kernels.ptx_unpack`, off by default): which path each took (the
+      device's self-test outcome, in its words), each one's error by property 7's rule, whether the two outputs
+      are the same bits, and their times (benchmarks/suites/test_ptx_unpack.py).
   launch (120 s, when the steps before it left that much of --time-budget): the kernel step's
       PN-Mix point at each launch choice of `benchmarks.efficiency.workloads.LAUNCH_GRID` (tile, warps,
       stages, splits): GB/s, and the error against the float64 oracle by property 7's rule.
@@ -56,7 +60,14 @@ from tabulate import tabulate
 from benchmarks.commands import preflight, subprocesses
 from benchmarks.commands.saving import save
 from benchmarks.efficiency.memory import DEFAULT_BUDGET_GIB
-from benchmarks.efficiency.workloads import SCALES, fig6c_throughput, fig7_latency, kernel_decode, kernel_launch
+from benchmarks.efficiency.workloads import (
+    SCALES,
+    fig6c_throughput,
+    fig7_latency,
+    kernel_decode,
+    kernel_launch,
+    kernel_ptx,
+)
 from reference.cli import positive_float
 from reference.methods import names
 from reference.paper import FIG6C_TOKENS_PER_S
@@ -68,6 +79,8 @@ SUITES = {
     "latency": "benchmarks/suites/test_fig7_latency.py",
     "kernels": "benchmarks/suites/test_kernels.py",
 }
+#: The suite of the PTX unpack's step (not one of SUITES: the full-mode sweep leaves it out).
+PTX_SUITE = "benchmarks/suites/test_ptx_unpack.py"
 #: Conformance properties of --short: the decode kernel and the quantization kernels, compiled;
 #: under the interpreter (--tiny) the packing property alone keeps the check within seconds.
 SHORT_PROPERTIES = (
@@ -78,10 +91,10 @@ SHORT_PROPERTIES = (
 TINY_PROPERTIES = ("test_key_codes_roundtrip",)
 #: Seconds each --short step may take (see the module docstring), and all of them with room for
 #: gpu_check itself: 8.5 minutes, so that a cold machine's start-up fits a 15-minute lease.
-BUDGET_S = {"conformance": 120, "capture": 45, "kernel": 90, "fig7": 120, "fig6c": 120, "launch": 120}
+BUDGET_S = {"conformance": 120, "capture": 45, "kernel": 90, "fig7": 120, "fig6c": 120, "ptx": 90, "launch": 120}
 #: Steps left out of the default total: each runs when the steps before it left its budget
 #: unspent (or with a larger --time-budget, or alone with --steps), and its skip is no failure.
-OPTIONAL = frozenset({"launch"})
+OPTIONAL = frozenset({"ptx", "launch"})
 TIME_BUDGET_S = sum(b for name, b in BUDGET_S.items() if name not in OPTIONAL) + 30
 #: Seconds pytest gets, once interrupted at a step's budget, to write its results before it is killed.
 GRACE_S = 15
@@ -90,6 +103,19 @@ SUMMARY_KEYS = {
     "kernel": ("method", "context", "ms", "graph_ms", "gbps", "copy_gbps", "fraction_of_copy", "host_gaps_excluded"),
     "fig7-latency": ("method", "step", "step_ms", "graph_ms", "roofline_step_ms"),
     "fig6c-throughput": ("method", "batch", "tokens_per_s", "total_s"),
+    "kernel-ptx": (
+        "batch",
+        "context",
+        "plain_path",
+        "ptx_path",
+        "self_test",
+        "identical",
+        "plain_max_error",
+        "ptx_max_error",
+        "error_bound",
+        "plain_ms",
+        "ptx_ms",
+    ),
     "kernel-launch": (
         "block_n",
         "warps",
@@ -142,6 +168,7 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
     fig7_id = point_id(SUITES["latency"], "test_fig7_step_latency", fig7_latency, scale, **fig7)
     fig6c_id = point_id(SUITES["throughput"], "test_fig6c_throughput", fig6c_throughput, scale, **fig6c)
     launch_ids = [f"{SUITES['kernels']}::test_decode_launch_choice[{w.id}]" for w in kernel_launch(SCALES[scale])]
+    ptx_ids = [f"{PTX_SUITE}::test_decode_with_and_without_the_ptx_unpack[{w.id}]" for w in kernel_ptx(SCALES[scale])]
     conformance = (
         "conformance",
         "--ignore=conformance/meta",
@@ -168,6 +195,8 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
         "kernel": "decode-attention bandwidth against this device's copy bandwidth",
         "fig7": "one Fig. 7 point: eager step and CUDA-graph replay",
         "fig6c": "one Fig. 6c point: tokens/s",
+        "ptx": "the decode kernel with the PTX unpack asked for and not: the path each took (the self-test's "
+        "outcome), errors by property 7's rule, same bits or not, times",
         "launch": "the decode kernel at each launch choice of benchmarks.efficiency.workloads.LAUNCH_GRID: "
         "bandwidth and error",
     }
@@ -177,6 +206,7 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float)
         Step("kernel", BUDGET_S["kernel"], what["kernel"], *bench("kernel", kernel_ids)),
         Step("fig7", BUDGET_S["fig7"], what["fig7"], *bench("fig7", [fig7_id])),
         Step("fig6c", BUDGET_S["fig6c"], what["fig6c"], *bench("fig6c", [fig6c_id])),
+        Step("ptx", BUDGET_S["ptx"], what["ptx"], *bench("ptx", ptx_ids)),
         Step("launch", BUDGET_S["launch"], what["launch"], *bench("launch", launch_ids)),
     ]
 

@@ -104,6 +104,17 @@ class KernelLaunch(Workload):
     LABEL: ClassVar[str] = "B{batch}-ctx{context}-n{block_n}-w{warps}-s{stages}-x{split_factor}"
 
 
+@dataclass(frozen=True)
+class KernelPtx(Workload):
+    """The decode kernel over one layer's cache of `context` tokens with the PTX unpack of its value codes asked for
+    and not (`pnmix.kernels.ptx_unpack`)."""
+
+    batch: int
+    context: int
+    layer: tuple[int, int, int]
+    LABEL: ClassVar[str] = "B{batch}-ctx{context}"
+
+
 #: The launch choices a GPU session compares (block_n, warps, stages, split factor), the default
 #: first: the levers the first GPU run pointed at (pnmix/kernels/NOTES.md): prefetching the next
 #: tile (stages), fewer registers per program (smaller tiles, more warps), more splits.
@@ -127,6 +138,12 @@ def kernel_launch(scale: Scale) -> list[KernelLaunch]:
     else:
         batch, context, grid = 1, 300, (LAUNCH_GRID[0], (32, 4, 2, 2))
     return [KernelLaunch(scale.name, "PN-Mix", batch, context, layer, *choice) for choice in grid]
+
+
+def kernel_ptx(scale: Scale) -> list[KernelPtx]:
+    """PN-Mix at the kernel step's point (B = 1, 32K tokens) and at a batch of 8 over 4K (more programs per SM)."""
+    points = [(1, 32 * K), (8, 4 * K)] if scale.name == "full" else [(1, 300)]
+    return [KernelPtx(scale.name, "PN-Mix", b, c, _layer(scale)) for b, c in points]
 
 
 def fig6_memory(scale: Scale) -> list[Fig6Memory]:
@@ -178,7 +195,7 @@ def kernel_decode(scale: Scale) -> list[KernelDecode]:
 def in_short_sweep(work) -> bool:
     """The subset a time-limited GPU session runs (`--bench-sweep short`): every kernel point,
     the Fig. 6/7 points that decide the paper's claims, FP16 vs PN-Mix (and Kitty for Fig. 7)."""
-    if work.scale != "full" or isinstance(work, (KernelDecode, KernelLaunch)):
+    if work.scale != "full" or isinstance(work, (KernelDecode, KernelLaunch, KernelPtx)):
         return True
     if isinstance(work, Fig6Memory):
         return work.method in FIG6 and work.batch in (FIG6A_BATCH, FP16_MAX, FP16_MAX + 1, PNMIX_MAX, 128)

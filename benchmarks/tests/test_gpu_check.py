@@ -74,7 +74,7 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     assert (
         set(record["steps"])
         == set(gpu_check.BUDGET_S)
-        == {"conformance", "capture", "kernel", "fig7", "fig6c", "launch"}
+        == {"conformance", "capture", "kernel", "fig7", "fig6c", "ptx", "launch"}
     )
     assert [timeout for _, timeout in calls] == list(gpu_check.BUDGET_S.values())  # in this order, each its budget
     conformance = calls[0][0]
@@ -107,13 +107,14 @@ def test_short_full_scale_plan_fits_a_15_minute_lease():
         "full-PN-Mix-B20",
         "full-PN-Mix-B1-ctx32768-n64-w4-s1-x1",
         "full-PN-Mix-B1-ctx32768-n64-w4-s2-x1",
+        "full-PN-Mix-B8-ctx4096",  # the PTX unpack's second point
     ):
         assert f"[{point}]" in ids
     assert "--impl triton" in " ".join(steps[0].args) and "--budget-gib 40.0" in " ".join(steps[2].args)
     # the steps with room for gpu_check itself and interrupted steps' grace stay under 10 minutes; the
     # optional launch sweep only uses what the others leave of that
     required = [s for s in steps if s.name not in gpu_check.OPTIONAL]
-    assert gpu_check.OPTIONAL == {"launch"} and steps[-1].name == "launch"
+    assert gpu_check.OPTIONAL == {"ptx", "launch"} and [s.name for s in steps[-2:]] == ["ptx", "launch"]
     assert sum(gpu_check.BUDGET_S[s.name] for s in required) < gpu_check.TIME_BUDGET_S <= 540
     assert gpu_check.TIME_BUDGET_S + len(required) * gpu_check.GRACE_S <= 600
 
@@ -124,8 +125,8 @@ def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch
     assert gpu_check.main(["--short", "--tiny", "--time-budget", "100", "--out", str(tmp_path)]) == 1
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
     status = {name: step["status"] for name, step in record["steps"].items()}
-    # the steps whose budgets fit in what is left of 100 s (the faked steps take no time): capture, kernel
-    assert status["capture"] == status["kernel"] == "passed" and len(calls) == 2
+    # the steps whose budgets fit in what is left of 100 s (the faked steps take no time): capture, kernel, ptx
+    assert status["capture"] == status["kernel"] == status["ptx"] == "passed" and len(calls) == 3
     for name in ("conformance", "fig7", "fig6c", "launch"):
         assert status[name].startswith("skipped: would overrun") and record["steps"][name]["exit_code"] is None
     assert status["launch"].endswith("(optional: no failure)") and not status["fig6c"].endswith("failure)")
@@ -148,6 +149,18 @@ def test_short_passes_when_only_the_optional_step_had_no_time_left(tmp_path, mon
     # a required step skipped the same way is a failure
     clock[0], calls[:] = 0.0, []
     assert gpu_check.main(["--short", "--tiny", "--time-budget", "400", "--out", str(tmp_path)]) == 1
+
+
+def test_short_ptx_step_records_which_path_each_launch_took(tmp_path):
+    assert gpu_check.main(["--short", "--tiny", "--steps", "ptx", "--out", str(tmp_path)]) == 0
+    step = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())["steps"]["ptx"]
+    assert step["status"] == "passed" and step["budget_s"] == gpu_check.BUDGET_S["ptx"]
+    (row,) = step["results"]
+    assert set(gpu_check.SUMMARY_KEYS["kernel-ptx"]) <= set(row)
+    # the interpreter runs no inline PTX: asked for, the launch still took the plain path, and said why
+    assert row["plain_path"] == row["ptx_path"] == "plain" and "interpreter" in row["self_test"]
+    assert row["identical"] is True
+    assert 0 <= row["plain_max_error"] <= row["error_bound"] and 0 <= row["ptx_max_error"] <= row["error_bound"]
 
 
 def test_short_launch_step_judges_every_launch_choice(tmp_path):

@@ -17,7 +17,10 @@ import triton
 import triton.language as tl
 
 from pnmix import _runtime
+from pnmix.kernels import ptx_unpack
 from pnmix.kernels.common import round_to, saturate, unpack_field
+from pnmix.kernels.unpack import code_to as _code_to
+from pnmix.kernels.unpack import field_codes
 from reference.channels.layout import CacheLayout, TokenLayout
 from reference.equations.packing import bit_planes
 
@@ -89,17 +92,6 @@ def _load_tile(
     else:
         x += tl.load(dense_ptr + qp * d + c, mask=in_q, other=0.0).to(tl.float32)
     return x
-
-
-@triton.jit
-def _code_to(code, DOT: tl.constexpr):
-    """Integer codes (int32, below 256) as DOT floats, exactly. For float16, under the exponent
-    of 1024 a code is the mantissa, so an OR and a subtraction in pairs replace a conversion
-    per element (bfloat16 converts plainly: the interpreter cannot check its bit patterns)."""
-    if DOT == tl.float16:
-        return (code | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - 1024.0
-    else:
-        return code.to(DOT)
 
 
 @triton.jit
@@ -361,6 +353,7 @@ def _split_kernel(
     EXACT_LO: tl.constexpr,
     V_HEADROOM: tl.constexpr,
     KEY_CHUNKS: tl.constexpr,
+    PTX_UNPACK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -380,7 +373,8 @@ def _split_kernel(
     field-major order, column c holding channel vchan[c] = (c % V_DP) * per + c // V_DP: the
     packed value bytes of adjacent columns are then adjacent in memory (vector loads, no
     interleave of fields in registers), and the dense value tiles and the final store use the
-    same order.
+    same order. With PTX_UNPACK (float16, runs of V_DP columns a multiple of 4: `value_ptx`) their codes
+    are turned into float16 by inline PTX, four of one shift at a time (`unpack.field_codes`).
 
     With a sliding value window (SLIDING, the published KIVI) values are quantized up to
     n_value_quantized <= n_quantized: the quantized region's last tiles take the values past
@@ -559,11 +553,12 @@ def _split_kernel(
             z_v = _vector(vz + start, v_hi - start, BLOCK_N)
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
-            codes = (packed.to(tl.int32) >> ((cols // V_DP) * W_V)[None, :]) & ((1 << B_V) - 1)
+            # One shift per V_DP columns; with PTX_UNPACK four codes of one shift per inline-PTX call.
+            codes = field_codes(packed, ((cols // V_DP) * W_V)[None, :], B_V, DOT, PTX_UNPACK)
             if V_HEADROOM:
-                pv = _dot_wide(p, s_v, _code_to(codes, DOT), e_v, DOT)
+                pv = _dot_wide(p, s_v, codes, e_v, DOT)
             else:  # p <= 1 times a scale of float16 (or of DOT's range) is within DOT's range
-                pv = _dot_f32(p * s_v[None, :], _code_to(codes, DOT), DOT)
+                pv = _dot_f32(p * s_v[None, :], codes, DOT)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
@@ -818,13 +813,11 @@ def decode_attention(
     v_quant = cfg.values_quantized
     value_group = cfg.value_group(d)
     has_high = cfg.b_high > cfg.b_low and layout.n_high_channels > 0
-    v_fields = v_quant and value_group == block_d and len(bit_planes(cfg.value_bits)) == 1
+    v_fields = value_fields(layout, d)
     # The low plane as an exact product needs 1-bit codes and scales that DOT holds exactly (q's dtype).
     exact_lo = cfg.b_low == 1 and r["key_scale"].dtype == q.dtype
     vs, vz = (r["value_scale"], r["value_zero"]) if v_quant else (r["value_payload"], r["value_payload"])
-    _runtime.launch(
-        _split_kernel,
-        (batch * n_kv, splits),
+    args = (
         q,
         m,
         l_sum,
@@ -860,6 +853,8 @@ def decode_attention(
         r["value_payload"].stride(2),
         d // value_group,
         layout.n_high_channels,
+    )
+    constexprs = dict(
         ADJACENT=cfg.pair_layout == "adjacent",
         PAGE_RANKS=layout.selection.metadata == "page-ranks",
         CAUSAL=t_new > 1,
@@ -886,4 +881,29 @@ def decode_attention(
         num_stages=tune["num_stages"],
         maxnreg=tune["maxnreg"],
     )
+    ptx = value_ptx(layout, q.dtype)
+    compiled = _runtime.launch(_split_kernel, (batch * n_kv, splits), *args, PTX_UNPACK=ptx, **constexprs)
+    if ptx and compiled is not None and not ptx_unpack.kernel_groups_by_shift(compiled):
+        # this kernel's layout may mix shifts in one PTX call: its partials are computed again, plainly
+        _runtime.launch(_split_kernel, (batch * n_kv, splits), *args, PTX_UNPACK=False, **constexprs)
     return merge(m, l_sum, acc, q, n_kv, splits)
+
+
+def value_fields(layout: CacheLayout, d: int) -> bool:
+    """Whether decode reads the values in field-major columns (`_split_kernel`'s V_FIELDS): per-token value groups
+    over the whole (padded) head, codes in one bit plane."""
+    cfg = layout.config
+    block_d = max(16, triton.next_power_of_2(d))
+    return cfg.values_quantized and cfg.value_group(d) == block_d and len(bit_planes(cfg.value_bits)) == 1
+
+
+def value_ptx(layout: CacheLayout, dtype: torch.dtype) -> bool:
+    """Whether decode over `layout` with queries of `dtype` now turns its value codes into float16 by inline PTX: the
+    switch is on (`ptx_unpack.active`: asked for, compiled, self-test passed on this device), the dot is float16, and
+    the values are field-major with each field's run of columns (V_DP) a multiple of 4, so that every four adjacent
+    columns starting at a multiple of 4 share one shift."""
+    d = layout.head_dim
+    if dtype != torch.float16 or not value_fields(layout, d):
+        return False
+    run = max(16, triton.next_power_of_2(d)) // (8 // layout.config.value_bits)
+    return run % 4 == 0 and ptx_unpack.active()

@@ -1,7 +1,8 @@
 """Codes of four packed bytes turned into float16 by inline PTX, and an exact emulation of that PTX on the CPU.
 
-The unpack of pnmix/kernels/NOTES.md's change 3 (not yet in the decode kernel): one 32-bit word holds four
-packed bytes whose codes share one shift (the same field of four adjacent channels). Six instructions give
+The unpack of pnmix/kernels/NOTES.md's change 3 (the decode kernel's value codes behind a switch,
+`pnmix.kernels.ptx_unpack`): one 32-bit word holds four packed bytes whose codes share one shift (the same field of
+four adjacent channels). Six instructions give
 the four codes as two float16x2 registers: `shr` and `and` take every byte's field down to its low bits at
 once, two `prmt` put each byte under the float16 exponent of 1024 (0x64: 1024 + code, exact for codes below
 1024), and two `sub.f16x2` subtract 1024. The Triton interpreter cannot run inline PTX, so `emulate` executes
@@ -20,6 +21,9 @@ import numpy as np
 WIDTHS = (1, 2, 4, 8)
 #: Constraints of `unpack4_f16` for `tl.inline_asm_elementwise`: two 32-bit outputs, one 32-bit input.
 CONSTRAINTS = "=r,=r,r"
+#: Constraints of `unpack4_f16_by_operand` with pack=4: two 32-bit outputs, the four bytes in one 32-bit register
+#: (Triton packs inputs narrower than 32 bits), then the four elements' int32 shifts, of which the PTX reads the first.
+OPERAND_CONSTRAINTS = "=r,=r,r,r,r,r,r"
 
 
 def unpack4_f16(shift: int, width: int) -> str:
@@ -27,6 +31,19 @@ def unpack4_f16(shift: int, width: int) -> str:
     1, low half first) and $1 (bytes 2 and 3)."""
     if width not in WIDTHS or not 0 <= shift <= 8 - width or shift % width:
         raise ValueError(f"a field of {width} bits at shift {shift} is not one of a packed byte's fields")
+    return _unpack4(str(shift), width)
+
+
+def unpack4_f16_by_operand(width: int) -> str:
+    """`unpack4_f16` with the shift read from the register $3 (the first of the four elements' shifts): for a tile
+    whose shift varies by column, exact where each four elements Triton hands the PTX share one shift
+    (`pnmix.kernels.ttgir` checks that in the compiled kernel)."""
+    if width not in WIDTHS:
+        raise ValueError(f"{width} bits is not a plane width of the packing ({WIDTHS})")
+    return _unpack4("$3", width)
+
+
+def _unpack4(shift: str, width: int) -> str:
     mask = ((1 << width) - 1) * 0x01010101
     return (
         "{\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,18 +24,18 @@ from pnmix.gpus import (
     pipe_counts,
     programs_per_sm,
 )
+from pnmix.kernels import ttgir
 
 TOOLS = aot.toolchain()
 needs_tools = pytest.mark.skipif(isinstance(TOOLS, str), reason=f"ptxas toolchain absent: {TOOLS}")
 
 
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory):
-    """`python -m pnmix.aot --default` in its own process (kernels compiled, not interpreted)."""
+def run_gate(tmp_path_factory, *flags: str):
+    """`python -m pnmix.aot --default [flags]` in its own process (kernels compiled, not interpreted)."""
     out = tmp_path_factory.mktemp("aot") / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pnmix.aot", "--default", "--json", str(out)],
+        [sys.executable, "-m", "pnmix.aot", "--default", *flags, "--json", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -42,6 +43,17 @@ def gate(tmp_path_factory):
     )
     print(proc.stdout)  # the tables, shown with pytest -s or on failure
     return proc, json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    return run_gate(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gate_ptx(tmp_path_factory):
+    """The gate with the PTX unpack of the decode kernels' value codes asked for (`pnmix.kernels.ptx_unpack`)."""
+    return run_gate(tmp_path_factory, "--ptx-unpack")
 
 
 @pytest.mark.gpu_gate
@@ -110,6 +122,53 @@ def test_the_default_decode_kernel_meets_its_targets(gate):
         for gpu, b in e["bounds"].items():
             assert b["memory"] >= REQUIRED_MEMORY_BOUND, (gpu, e)
             assert b["ceiling"] >= REQUIRED_CEILING.get(gpu, 0), (gpu, e)
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_with_the_ptx_unpack_every_kernel_compiles_without_spills_and_groups_fours_of_one_shift(gate, gate_ptx):
+    proc, result = gate_ptx
+    assert result is not None, proc.stderr[-3000:]
+    assert result["ptx_unpack"] is True and result["failures"] == [], "\n".join(result["failures"])
+    assert proc.returncode == 0 and "PTX unpack asked for (--ptx-unpack)" in proc.stdout
+    for row in result["kernels"]:
+        assert row["grouping"] == [] and row["local_bytes"] == 0, row
+    # float16 decode kernels unpack their values by inline PTX; bfloat16 ones (the PTX gives float16) do not
+    for e in result["decode"]:
+        assert (e["inline_asm"] > 0) is (e["dtype"] == "float16"), e
+    assert all(e["inline_asm"] == 0 for e in gate[1]["decode"])  # without the flag: none
+    assert gate[1]["ptx_unpack"] is False
+
+
+#: Compiles the default float16 decode kernel with the PTX unpack for sm_80 and writes its TTGIR.
+TTGIR_SCRIPT = """
+import sys
+from pnmix import _runtime, aot
+from pnmix.kernels import ptx_unpack
+with ptx_unpack.request(True):
+    launches, _ = aot.record_launches(aot.Case(aot.DEFAULT_METHOD, "float16", 128, 4), _runtime.Target(80, 108))
+(launch,) = [l for l in launches if l.name == aot.DECODE_KERNEL]
+sys.stdout.write(aot._compile(launch, 80).asm["ttgir"])
+"""
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_the_grouping_check_reads_the_compiled_layout_and_fails_when_it_mixes_shifts():
+    env = dict(os.environ, TRITON_INTERPRET="0")  # compiled, as pnmix.aot runs itself
+    proc = subprocess.run([sys.executable, "-c", TTGIR_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = proc.stdout
+    ops = ttgir.inline_asm_ops(real)
+    assert ops and ttgir.grouping_problems(real) == [], ttgir.grouping_problems(real)
+    aliases = {op.operands[0][2] for op in ops}
+    print({a: ttgir.layouts(real)[a] for a in aliases})  # what Triton chose, shown with pytest -s
+    # the same kernel whose operand layout gave each thread 2 x 2 elements: four elements of two columns
+    broken = real
+    for alias in aliases:
+        line = next(x for x in real.splitlines() if x.startswith(f"{alias} = "))
+        broken = broken.replace(line, re.sub(r"sizePerThread = \[[^\]]*\]", "sizePerThread = [2, 2]", line))
+    assert broken != real and len(ttgir.grouping_problems(broken)) == len(ops)
 
 
 SASS = """

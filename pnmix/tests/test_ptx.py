@@ -46,3 +46,19 @@ def test_six_instructions_per_four_codes_besides_two_constants():
     assert sorted(ops) == sorted(
         ["shr.b32", "and.b32", "prmt.b32", "prmt.b32", "sub.f16x2", "sub.f16x2"] + ["mov.b32"] * 2
     )
+
+
+@pytest.mark.parametrize("width", ptx.WIDTHS)
+def test_the_shift_operand_form_shifts_all_four_bytes_by_the_first_elements_shift(width):
+    text = ptx.unpack4_f16_by_operand(width)
+    mask = (1 << width) - 1
+    for shift in range(0, 8, width):
+        for first in range(0, 256, 5):
+            packed = [(first + 67 * i) % 256 for i in range(4)]
+            word = int.from_bytes(bytes(packed), "little")
+            # the other three elements' shifts are operands too, never read: a wrong one changes nothing
+            got = ptx.float16_halves(ptx.emulate(text, word, shift, 7, 0xFFFF, 3))
+            assert got == [float((b >> shift) & mask) for b in packed], (width, shift, packed)
+    assert ptx.OPERAND_CONSTRAINTS.split(",").count("=r") == 2 and len(ptx.OPERAND_CONSTRAINTS.split(",")) == 7
+    with pytest.raises(ValueError, match="not a plane width"):
+        ptx.unpack4_f16_by_operand(3)
