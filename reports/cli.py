@@ -86,8 +86,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m reports",
         description=__doc__.split("\n\n")[0],
         epilog="Default: every built-in implementation, the benchmark suites, the fidelity "
-        "smoke run (12 min 25 s measured on 2 shared CPU cores). --quick: the spec implementations, the adapters and "
-        "the benchmark suites, fidelity from committed results only (56 s measured there).",
+        "smoke run (15 min measured on 2 quiet CPU cores, 2026-12-02). --quick: the spec implementations, the adapters "
+        "and the benchmark suites, fidelity from committed results only (89 s measured there).",
     )
     p.add_argument("--quick", action="store_true", help="run only the fast steps (see below)")
     p.add_argument("--name", default=None, help="report folder name (default: report-<UTC time>)")
@@ -434,7 +434,7 @@ def run(argv: list[str] | None = None) -> int:
         sources = unique(this_run_sources(outcomes, staging, final) + given)
         text, figs = render_report(name, command, git, started, outcomes, sources, args, impls)
         # the steps ran in the staging folder and their files record it; readers know it by its final name
-        records.write_atomic(staging / "REPORT.md", text.replace(str(staging), display_path(final)))
+        records.write_atomic(staging / "REPORT.md", files.as_published(text.replace(str(staging), display_path(final))))
         for fig_name, png in figs.items():
             records.write_bytes_atomic(staging / fig_name, png)
         files.publish(staging, final, force=args.force)

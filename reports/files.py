@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -40,6 +41,16 @@ def new_folder(final: str | os.PathLike, *, force: bool = False) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+#: A staging folder's name as mkdtemp makes it: ".<final name>.<8 random characters>.tmp".
+_STAGING_NAME = re.compile(r"(?<![\w.-])\.([\w.-]+?)\.[a-z0-9_]{8}\.tmp(?=/|\b|$)")
+
+
+def as_published(text: str) -> str:
+    """`text` with every staging folder named by the folder it is published as: the commands that the
+    steps ran there (and that their result files record) point at paths a reader will find."""
+    return _STAGING_NAME.sub(r"\1", text)
 
 
 def _alive(pid: int) -> bool:

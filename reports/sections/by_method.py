@@ -163,16 +163,19 @@ BITS_SOURCE = computed(
 # -- attention error -------------------------------------------------------------------------------
 
 
-def workload_config(description: str | None) -> PNMixConfig | None:
-    """The configuration a conformance run recorded for its realistic workload ('..., PNMixConfig(b_high=1)'),
-    None when it cannot be read back whole."""
-    if not description or "PNMixConfig(" not in description:
-        return None
-    try:
-        call = ast.parse(description[description.index("PNMixConfig(") :], mode="eval").body
-        return PNMixConfig(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
-    except (SyntaxError, ValueError, TypeError):
-        return None
+def workload_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
+    """The configuration a conformance run recorded for its realistic workload ('..., PNMixConfig(b_high=1)',
+    '..., TokenPrecisionConfig(), each token low with chance 50%'), None when it cannot be read back whole."""
+    for name, cls in summary.CONFIGS.items():
+        text = summary.config_call(description or "", name)
+        if text is None:
+            continue
+        try:
+            call = ast.parse(text, mode="eval").body
+            return cls(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+        except (SyntaxError, ValueError, TypeError):
+            return None
+    return None
 
 
 def errors(conformance: Sequence[Source]) -> list[tuple[Source, dict, PNMixConfig]]:

@@ -66,9 +66,10 @@ def is_not_run(record: dict) -> bool:
     return counted and not is_not_claimed(record)
 
 
-def first_line(text: str | None, limit: int = 300) -> str:
+def first_line(text: str | None) -> str:
+    """The first non-blank line, whole: a note cut mid-word loses the part that says what differed."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return (lines[0][:limit] + ("..." if len(lines[0]) > limit else "")) if lines else ""
+    return lines[0] if lines else ""
 
 
 def device_label(device: str | None) -> str:
@@ -241,7 +242,7 @@ def _cell(record: dict, notes: dict[str, int]) -> str:
         return NOT_CLAIMED
     text = first_line(record.get("reason")) or "no reason recorded"
     if outcome == "failed":
-        example = first_line(record.get("example") or record.get("case"), 400)
+        example = first_line(record.get("example") or record.get("case"))
         text = f"{record['implementation']}: {text}" + (f"; example: `{example}`" if example else "")
     label = {"skipped": "n/a"}.get(outcome, LABELS.get(outcome, outcome))
     return f"{label} [{notes.setdefault(text, len(notes) + 1)}]"

@@ -79,10 +79,10 @@ def _speed(points: list[tuple[dict, float]]) -> str:
     return f"{r:.2f}x FP16's time (B = {e['batch']}, {e['context']} tokens, {matrix.device_label(e['device'])})"
 
 
-_CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
+CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
 
 
-def _call(description: str, cls: str) -> str | None:
+def config_call(description: str, cls: str) -> str | None:
     """The text of the first `cls(...)` call in `description`, up to its closing parenthesis."""
     start = description.find(cls + "(")
     if start < 0:
@@ -98,8 +98,8 @@ def _call(description: str, cls: str) -> str | None:
 def ran_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
     """The configuration an implementation ran a fixed workload with, read from its recorded
     description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'); None where none reads."""
-    for cls_name, cls in _CONFIGS.items():
-        text = _call(description or "", cls_name)
+    for cls_name, cls in CONFIGS.items():
+        text = config_call(description or "", cls_name)
         if text is None:
             continue
         try:
@@ -206,15 +206,19 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
             (f"{dev}: " if len(devices) > 1 else "") + matrix.verdict(recs) for dev, recs in sorted(devices.items())
         ]
         every = [r for recs in devices.values() for r in recs]
-        error = _largest(every, ERROR)
-        ran = {(r.get("measured") or {}).get("realistic_workload") for r in every} - {None}
+        # an implementation of both families (the spec) ran two workloads: a figure for each, in the label's order
+        by_workload = collections.defaultdict(list)
+        for r in every:
+            by_workload[(r.get("measured") or {}).get("realistic_workload")].append(r)
+        ran = sorted(by_workload.keys() - {None})
+        figures = ran or [None]  # a record naming no workload still has figures
         rows.append(
             [
                 f"{name} {details[name]['version']}" if name in details else name,
                 ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
-                method_as_run(name, ran, details.get(name)),
-                _bits(every),
-                fmt(error, ".3g"),
+                method_as_run(name, set(ran), details.get(name)),
+                "; ".join(_bits(by_workload[w]) for w in figures),
+                "; ".join(fmt(_largest(by_workload[w], ERROR), ".3g") for w in figures),
                 _speed(speeds.get(name, [])),
             ]
         )

@@ -7,6 +7,7 @@ import copy
 import json
 from pathlib import Path
 
+from benchmarks.fidelity import long_output as bench_long
 from reference import records
 
 DEVICE = "NVIDIA Test GPU"
@@ -299,6 +300,23 @@ def write(folder: Path, name: str, data: dict) -> Path:
     path = folder / name
     path.write_text(json.dumps(data))
     return path
+
+
+def long_output(
+    per_prompt: list[dict], positions: int, command: str = "python -m benchmarks.long_output", **fields
+) -> dict:
+    """A long-output result as `benchmarks.long_output` writes it, from each prompt's per-method series
+    (`{"kl", "top1", "nll"}`, FP16 with `nll` alone) summarized over `positions` positions."""
+    return records.record(
+        "long-output",
+        "cpu",
+        command=command,
+        model="M (x)",
+        prompts=len(per_prompt),
+        chunk=1,
+        **fields,
+        summary=bench_long.summarize(per_prompt, positions),
+    )
 
 
 def task_accuracy() -> dict:

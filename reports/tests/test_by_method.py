@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 
 from benchmarks.canaries import behaviour
-from benchmarks.fidelity import long_output as bench_long
+from conformance import loader
 from conformance.strategies import REALISTIC, compact, describe
-from reference import methods, records
+from reference import methods
 from reports import cli, inputs
 from reports.sections import accuracy as acc
 from reports.sections import by_method
@@ -75,16 +75,7 @@ def conformance() -> dict:
 
 def long_outputs() -> dict:
     pnmix = {"kl": [0.2] * 4 + [0.1] * 4, "top1": [1.0] * 8, "nll": [1.0] * 8}
-    per_prompt = [{"PN-Mix": pnmix, "FP16": {"nll": [1.0] * 8}}]
-    return records.record(
-        "long-output",
-        "cpu",
-        command="python -m benchmarks.long_output",
-        model="M (x)",
-        prompts=1,
-        chunk=1,
-        summary=bench_long.summarize(per_prompt, 8),
-    )
+    return synthetic.long_output([{"PN-Mix": pnmix, "FP16": {"nll": [1.0] * 8}}], 8)
 
 
 def test_a_row_per_registry_method_and_per_other_configuration_run(tmp_path):
@@ -205,3 +196,28 @@ def test_a_result_in_history_feeds_no_cell(tmp_path, monkeypatch):
     assert cells["FP16"][MC].startswith("TinyLM: 0.900 [")
     assert "StaleLM" not in page1 and "old.json" not in page1
     assert "old.json" in md.split("## 10. History")[1]  # it was read, and listed as history
+
+
+def test_a_per_token_method_takes_its_error_from_its_own_token_workload(tmp_path):
+    """TriAxialKV's conformance run records a `TokenPrecisionConfig` workload: its row cites that error."""
+    from conformance import strategies as cs
+
+    data = synthetic.conformance()
+    base = {**data["results"][0], "module": "conformance/test_p11_token_precision.py", "outcome": "passed"}
+    for impl, error in (("triaxialkv", 0.173), ("triaxialkv-triton", 0.172), ("role-aware-pnmix", 0.126)):
+        workload = describe(cs.fit_fixed(cs.REALISTIC_TOKENS, loader.load(impl.split("-triton")[0]).capabilities))
+        data["results"].append(
+            {
+                **base,
+                "implementation": impl,
+                "property": "test_the_realistic_token_workload_attention",
+                "measured": {"realistic_workload": workload, "realistic_attention_error": error},
+            }
+        )
+    source = load(tmp_path, "c.json", data)
+    cells = rows(by_method.render([source]))
+    error = cells["TriAxialKV"]["attention error"].rsplit(" ", 1)[0]
+    assert error == "0.173 (largest of triaxialkv, triaxialkv-triton)"
+    error = cells["role-aware PN-Mix"]["attention error"].rsplit(" ", 1)[0]
+    assert error == "0.126 (largest of role-aware-pnmix)"
+    assert by_method.workload_config(describe(cs.REALISTIC_TOKENS) + ", each token low with chance 50%") is not None

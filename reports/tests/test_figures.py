@@ -39,9 +39,6 @@ def drawn(monkeypatch):
 
 
 def _long_output(tmp_path, name, positions, date):
-    from benchmarks.fidelity import long_output as bench_long
-    from reference import records
-
     per_prompt = [
         {
             m: {"kl": [0.1 * (i + 1)] * positions, "top1": [1.0] * positions, "nll": [1.0] * positions}
@@ -49,15 +46,7 @@ def _long_output(tmp_path, name, positions, date):
         }
     ]
     per_prompt[0]["FP16"] = {"nll": [0.5] * positions}
-    data = records.record(
-        "long-output",
-        "cpu",
-        command="python -m benchmarks.long_output",
-        model="M (x)",
-        prompts=1,
-        chunk=1,
-        summary=bench_long.summarize(per_prompt, 4),
-    )
+    data = synthetic.long_output(per_prompt, 4)
     data["date_utc"] = date
     return inputs.load(synthetic.write(tmp_path, name, data), "--input")
 

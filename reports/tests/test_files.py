@@ -102,3 +102,16 @@ def test_a_full_disk_at_the_end_is_one_line_and_the_results_are_kept(tmp_path, c
     assert "Traceback" not in err, err
     assert "the report could not be written (No space left on device: " in err
     assert f"results are kept in {cli.display_path(staging)}" in err
+
+
+def test_text_names_a_staging_folder_by_the_folder_it_is_published_as(tmp_path):
+    final = tmp_path / "report-x.y"
+    staging = files.new_folder(final)
+    command = f"python -m benchmarks --benchmark-json {staging}/data/bench.json --out reports/{staging.name}/data"
+    shown = files.as_published(command)
+    assert ".tmp" not in shown and staging.name not in shown
+    assert shown == f"python -m benchmarks --benchmark-json {final}/data/bench.json --out reports/{final.name}/data"
+    # names that only look alike stay as they are
+    for other in ("notes.tmp", "a.report.tmp", ".report.abc.tmp", "x.report-x.abcdefgh.tmp"):
+        assert files.as_published(other) == other
+    files.discard(staging)

@@ -173,32 +173,17 @@ def test_fidelity_claims_follow_the_module_verdicts():
 
 
 def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
-    from benchmarks.fidelity import long_output as bench_long
-    from reference import records
-
     per_prompt = [
         {"PN-Mix": {"kl": [0.125, 0.375], "top1": [1.0, 0.0], "nll": [1.0, 2.0]}, "FP16": {"nll": [0.5, 1.5]}}
     ]
-    data = records.record(
-        "long-output",
-        "cpu",
-        command="python -m benchmarks.long_output --tokens 2",
-        model="M (x)",
-        prompts=1,
-        chunk=1,
-        summary=bench_long.summarize(per_prompt, 2),
-    )
+    data = synthetic.long_output(per_prompt, 2, command="python -m benchmarks.long_output --tokens 2")
     s = fidelity.render([], "", [load(tmp_path, "long.json", data)])
     assert "### Fidelity over long outputs" in s.body and "0.125" in s.body and "0.375" in s.body
     assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output-1.png"}
 
 
 def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output"):
-    from benchmarks.fidelity import long_output as bench_long
-    from reference import records
-
-    n = len(pnmix_kl)
-    ones = [1.0] * n
+    ones = [1.0] * len(pnmix_kl)
     per_prompt = [
         {
             "PN-Mix": {"kl": pnmix_kl, "top1": ones, "nll": ones},
@@ -206,16 +191,8 @@ def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="pyth
             "FP16": {"nll": fp16_nll},
         }
     ]
-    return records.record(
-        "long-output",
-        "cpu",
-        command=command,
-        model="M (x)",
-        prompts=1,
-        chunk=1,
-        key_bits=dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True)),
-        summary=bench_long.summarize(per_prompt, 8),
-    )
+    key_bits = dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True))
+    return synthetic.long_output(per_prompt, 8, command=command, key_bits=key_bits)
 
 
 EQUAL = (2.263, 2.263)  # key bits of PN-Mix and KIVI-2
