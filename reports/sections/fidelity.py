@@ -100,9 +100,13 @@ def _smoke_title(sources: Sequence[Source]) -> str:
 
 
 def _fig5(sources: Sequence[Source]) -> bytes | None:
+    labels = [f"{s.data['model'].split()[0]}, {_label(s)}" for s in sources]
+    # two files of one run (a copy given with --input) are two curves: each named by its file then
+    labels = [f"{a}, {s.name}" if labels.count(a) > 1 else a for a, s in zip(labels, sources, strict=True)]
+
     def draw(ax):
         x = [int(p) for p in SHARES]
-        for s, style in zip(sources, itertools.cycle(("-", ":", "-.")), strict=False):
+        for s, label, style in zip(sources, labels, itertools.cycle(("-", ":", "-.")), strict=False):
             shares = {str(k): v for k, v in s.data["summary"]["fig5_share_median"].items()}
             model = s.data["model"].split()[0]
             ax.plot(
@@ -111,7 +115,7 @@ def _fig5(sources: Sequence[Source]) -> bytes | None:
                 ls=style,
                 marker="o",
                 color=figures.color(model),
-                label=f"{model}, {_label(s)} (measured)",
+                label=f"{label} (measured)",
             )
         for model, ys in paper.FIG5_SHARE_PERCENT.items():
             ax.plot(x, ys, marker="*", ls="--", color=figures.color(model), label=f"{model} (paper, quoted)")

@@ -162,6 +162,15 @@ def test_the_fig5_legend_covers_no_point(drawn):
     assert _covered_points(fig5) == []
 
 
+def test_two_files_of_one_fidelity_run_are_two_curves_each_named_by_its_file(drawn, tmp_path):
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(COMMITTED_FIDELITY.read_bytes())
+    fidelity.render([inputs.load(COMMITTED_FIDELITY, "committed"), inputs.load(copy, "--input")])
+    fig5 = next(f for f in drawn if f.axes[0].get_title().startswith("Fig. 5"))
+    measured = [label for label, _ in _series(fig5) if label.endswith("(measured)")]
+    assert len(measured) == 2 and len(set(measured)) == 2 and any("copy.json" in x for x in measured)
+
+
 def test_no_legend_covers_a_point(every_figure):
     covered = {i: _covered_points(fig) for i, fig in enumerate(every_figure)}
     assert {i: points for i, points in covered.items() if points} == {}

@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.efficiency import memory as bench_memory
 from benchmarks.efficiency.architectures import ARCHITECTURES
-from reference import PNMixConfig, bit_widths, records
-from reports import cli, currency, files, steps
+from reference import PNMixConfig, bit_widths, methods, records
+from reports import cli, currency, files, markdown, steps
 from reports.sections import conformance as conformance_section
 from reports.sections import summary as summary_section
 from reports.tests import synthetic, test_files, test_inputs
@@ -344,7 +344,7 @@ def test_text_of_the_inputs_cannot_add_rows_html_or_formulas_to_the_report(tmp_p
     argv = []
     for name, make in valid.items():
         for current in (True, False):
-            data = synthetic.hostile(synthetic.current(make()) if current else make())
+            data = synthetic.hostile(synthetic.current(make()) if current else synthetic.of_other_code(make()))
             argv += ["--input", str(synthetic.write(tmp_path, f"{name}-{current}.json", data))]
     out = ["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", *NOTHING_RUN]
     assert cli.main([*out, *argv]) == 0
@@ -462,3 +462,61 @@ def test_a_given_implementation_is_named_by_its_own_name_in_its_step(tmp_path):
     (step,) = cli.plan(args, tmp_path, [cli.loaded(given)])
     assert step.name == "conformance: thirdparty-kivi" and step.folder.name == "conformance-thirdparty-kivi"
     assert step.argv[step.argv.index("--impl") + 1] == given  # the command runs what was given
+
+
+# -- the README, as a user reads it, against the report ----------------------------------------------------------
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def readme_section(title: str) -> str:
+    """The README's text under `## title`, up to the next heading of that level."""
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+@pytest.mark.slow
+def test_the_readme_describes_every_section_the_report_writes(quick):
+    rc, folder = quick
+    assert rc == 0
+    described = _words(readme_section("The report"))
+    headings = re.findall(r"^## \d+\. (.+?)(?: \(.*)?$", (folder / "REPORT.md").read_text(), re.M)
+    assert len(headings) == len(SECTIONS)
+    missing = [h for h in headings if _words(h) not in described]
+    assert not missing, f"README's 'The report' does not name these sections of the report: {missing}"
+    for verdict in (markdown.CONFIRMED, markdown.NOT_CONFIRMED, markdown.INCONCLUSIVE, markdown.NOT_MEASURED):
+        assert verdict in described
+
+
+def test_the_readme_introduces_every_method_of_the_registry():
+    intro = _words(README.split("\n## ", 1)[0])
+    assert [d for d in methods.designs() if d.lower() not in intro] == []
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *DOCS], ids=lambda p: p.name)
+def test_every_report_command_in_the_docs_is_one_the_report_takes(doc):
+    spans = re.findall(r"`((?:pnmix-report|python -m reports)(?: [^`]*)?)`", doc.read_text(encoding="utf-8"))
+    for span in spans:
+        argv = span.split("&&")[0].split()[1 if span.startswith("pnmix-report") else 3 :]
+        try:
+            _, unknown = cli.parser().parse_known_args(argv)
+        except SystemExit:
+            pytest.fail(f"{doc.name}: `{span}` is refused by pnmix-report's options")
+        assert unknown == [], f"{doc.name}: `{span}` names options pnmix-report does not have: {unknown}"
+
+
+def test_every_option_the_docs_give_the_report_is_one_it_has():
+    tools = (ROOT / "docs" / "tools.md").read_text(encoding="utf-8")
+    about_the_report = {
+        "README.md, The report": readme_section("The report"),
+        "docs/report.md": (ROOT / "docs" / "report.md").read_text(encoding="utf-8"),
+        "docs/tools.md, pnmix-report": tools.split("## `pnmix-report`", 1)[1].split("\n## ", 1)[0],
+    }
+    options = {o for a in cli.parser()._actions for o in a.option_strings}
+    named = {where: re.findall(r"`(--[\w-]+)", text) for where, text in about_the_report.items()}
+    assert all(named.values())
+    assert {where: sorted(set(n) - options) for where, n in named.items()} == {where: [] for where in named}
