@@ -193,7 +193,9 @@ def errors(conformance: Sequence[Source]) -> list[tuple[Source, dict, PNMixConfi
 def _error(row: Row, measured_errors, cites: Citations) -> str:
     design = methods.design(methods.method(row.method).design)
     ours = {design.spec, design.triton} - {None}
-    of_design = [(s, r, c) for s, r, c in measured_errors if r["implementation"] in ours]
+    # an implementation of several families (the spec) ran each family's own workload: only this row's counts
+    family = type(row.config)
+    of_design = [(s, r, c) for s, r, c in measured_errors if r["implementation"] in ours and type(c) is family]
     same = [(s, r) for s, r, c in of_design if c == row.config]
     if same:
         s, r = max(same, key=lambda p: p[1]["measured"][summary.ERROR])

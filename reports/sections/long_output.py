@@ -10,6 +10,7 @@ from reports import figures
 from reports.inputs import Source
 from reports.markdown import (
     CONFIRMED,
+    INCONCLUSIVE,
     NOT_CONFIRMED,
     NOT_MEASURED,
     Citations,
@@ -61,6 +62,8 @@ def claims(sources: Sequence[Source]) -> list[Claim]:
                 f"; FP16's own text gets {more} predictable over the output (it repeats "
                 "itself), which lowers every method's KL: this run cannot tell accumulation from that"
             )
+            if holds is False:  # a falling KL is what the text alone would give: no evidence against the claim
+                status = INCONCLUSIVE
         out.append(Claim(CLAIMS[key], status, "measured" if holds is not None else "-", evidence, _provenance(s)))
     return out
 

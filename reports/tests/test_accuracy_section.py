@@ -127,6 +127,16 @@ def test_table8_needs_a_difference_beyond_chance(tmp_path):
     assert claims["Table 8"].status == INCONCLUSIVE and "no difference beyond chance" in claims["Table 8"].evidence
 
 
+def test_every_claim_is_a_row_even_when_no_result_ran_its_runs(tmp_path):
+    data = synthetic.task_accuracy()
+    data["runs"] = [r for r in data["runs"] if r["role"] != "table 8" and not r["label"].startswith("KIVI")]
+    claims = claims_of(tmp_path, data)
+    assert set(claims) == {"Table 2", "Fig. 3 / Table 14", "Table 8"}
+    assert claims["Table 8"].status == NOT_MEASURED and "keys only and values only" in claims["Table 8"].evidence
+    assert claims["Fig. 3 / Table 14"].status == NOT_MEASURED and "below 2.25" in claims["Fig. 3 / Table 14"].evidence
+    assert claims["Table 2"].status != NOT_MEASURED
+
+
 def renamed(data: dict, old: str, new: str) -> dict:
     for t in data["tasks"]:
         t["name"] = new if t["name"] == old else t["name"]

@@ -221,3 +221,21 @@ def test_a_per_token_method_takes_its_error_from_its_own_token_workload(tmp_path
     error = cells["role-aware PN-Mix"]["attention error"].rsplit(" ", 1)[0]
     assert error == "0.126 (largest of role-aware-pnmix)"
     assert by_method.workload_config(describe(cs.REALISTIC_TOKENS) + ", each token low with chance 50%") is not None
+
+
+def test_a_spec_of_both_families_is_counted_for_a_row_only_on_its_familys_workload(tmp_path):
+    """The reference runs PN-Mix's workload and TriAxialKV's: a PN-Mix configuration it did not run reads what it
+    ran of PN-Mix's family, never the per-token workload."""
+    from conformance import strategies as cs
+
+    data = conformance()
+    token = {**data["results"][-1], "module": "conformance/test_p11_token_precision.py"}
+    workload = describe(cs.fit_fixed(cs.REALISTIC_TOKENS, loader.load("triaxialkv").capabilities))
+    token["implementation"] = "reference"
+    token["measured"] = {"realistic_workload": workload, "realistic_attention_error": 0.2}
+    data["results"].append(token)
+    sources = [load(tmp_path, "c.json", data), load(tmp_path, "acc.json", task_accuracy())]
+    cells = rows(by_method.render(sources))
+    other = next(cells[m] for m in cells if m.startswith("PN-Mix @ 1.5 key bits"))["attention error"]
+    assert other.startswith("-: its design's implementations ran the workload as K H3(50%)L1")
+    assert "per token" not in other
