@@ -293,6 +293,47 @@ def _launch(rows: list[dict]) -> tuple[str, None]:
     return md, None
 
 
+def _ptx(rows: list[dict]) -> tuple[str, None]:
+    """The decode kernel with and without the PTX unpack of its value codes: which path each launch took."""
+    body = [
+        [
+            r["method"],
+            r["batch"],
+            r["context"],
+            r["ptx_path"],
+            escape(r["self_test"]),
+            "yes" if r["identical"] else "no",
+            fmt(r["plain_ms"], ".4g"),
+            fmt(r["ptx_ms"], ".4g"),
+            fmt(ratio(r["ptx_ms"], r["plain_ms"]), ".3f"),
+            f"{fmt(r['plain_max_error'], '.3g')} / {fmt(r['ptx_max_error'], '.3g')} "
+            f"(bound {fmt(r['error_bound'], '.3g')})",
+        ]
+        for r in rows
+    ]
+    heads = [
+        "method",
+        "B",
+        "context",
+        "path asked PTX took",
+        "why",
+        "bit-identical",
+        "plain ms",
+        "PTX ms",
+        "PTX / plain",
+    ]
+    md = "\n".join(
+        [
+            "#### Decode kernel with the PTX unpack of its value codes (`PNMIX_PTX_UNPACK`)\n",
+            "The same launch with the switch off and on; the path a launch asking for PTX took, and why (the "
+            "first-use self-test decides per device); errors of each path against the float64 oracle over the "
+            "cache, with property 7's bound.\n",
+            table(body, [*heads, "error plain / PTX"], provenance(rows)),
+        ]
+    )
+    return md, None
+
+
 # -- the section -----------------------------------------------------------------------------
 
 #: The evaluation path's target: every method within this factor of FP16's time through the same path.
@@ -334,6 +375,7 @@ RENDERERS: dict[str, tuple[str, Callable]] = {
     "fig7-latency": ("fig7-latency", _latency),
     "kernel": ("kernel-bandwidth", _kernel),
     "kernel-launch": ("kernel-launch", _launch),
+    "kernel-ptx": ("kernel-ptx", _ptx),
     "eval-speed": ("eval-speed", _eval_speed),
 }
 TINY_FIGURE = {
@@ -342,6 +384,7 @@ TINY_FIGURE = {
     "fig7-latency": ("step ms", "step_ms"),
     "kernel": ("ms", "ms"),
     "kernel-launch": ("ms", "ms"),
+    "kernel-ptx": ("PTX-switch ms", "ptx_ms"),
 }
 POINT_KEYS = ("batch", "prompt", "generation", "step", "context")
 #: The figures a GPU result gives, named in the section's title only when there is one.

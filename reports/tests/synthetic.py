@@ -142,6 +142,14 @@ def gpu_benchmarks() -> dict:
                 ),
             )
         )
+    ptx = {"plain_path": "plain", "ptx_path": "ptx", "self_test": "self-test passed", "identical": True}
+    ptx |= {"plain_max_error": 1e-3, "ptx_max_error": 1e-3, "error_bound": 1e-2, "plain_ms": 0.05, "ptx_ms": 0.04}
+    benches.append(
+        _bench(
+            "ptx[B1-32768]",
+            _info("kernel-ptx", "PN-Mix", batch=1, context=32768, bytes=10**8, copy_gbps=COPY_GBPS, **ptx),
+        )
+    )
     for m, b, g, oom, peak in (
         ("FP16", 20, 8192, False, 38.5),
         ("FP16", 21, 8192, True, None),

@@ -69,6 +69,15 @@ def test_launch_choices_are_timed_against_the_default_and_judged(gpu):
     assert got[128, 8, 3]["fits"] == "no" and got[128, 8, 3]["ms"] == "-" and got[128, 8, 3]["error"] == "-"
 
 
+def test_the_ptx_switch_is_shown_with_the_path_each_launch_took(gpu):
+    body = performance.render(gpu).body
+    (row,) = table_after(body, "#### Decode kernel with the PTX unpack")
+    assert row["path asked PTX took"] == "ptx" and row["bit-identical"] == "yes"
+    assert float(row["PTX / plain"]) == pytest.approx(0.8)
+    assert row["error plain / PTX"] == "0.001 / 0.001 (bound 0.01)"
+    assert "not used here" not in body
+
+
 def test_gpu_claims_follow_the_measured_numbers(gpu, tmp_path):
     claims = {c.claim.split(":")[0] + str(i): c for i, c in enumerate(performance.render(gpu).claims)}
     assert [c.status for c in claims.values()] == [CONFIRMED] * 4
