@@ -21,7 +21,6 @@ Only the results it is given feed it: the report gives it the current ones (`rep
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from collections.abc import Sequence
 
@@ -166,16 +165,7 @@ BITS_SOURCE = computed(
 def workload_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
     """The configuration a conformance run recorded for its realistic workload ('..., PNMixConfig(b_high=1)',
     '..., TokenPrecisionConfig(), each token low with chance 50%'), None when it cannot be read back whole."""
-    for name, cls in summary.CONFIGS.items():
-        text = summary.config_call(description or "", name)
-        if text is None:
-            continue
-        try:
-            call = ast.parse(text, mode="eval").body
-            return cls(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
-        except (SyntaxError, ValueError, TypeError):
-            return None
-    return None
+    return summary.ran_config(description, whole=True)
 
 
 def errors(conformance: Sequence[Source]) -> list[tuple[Source, dict, PNMixConfig]]:

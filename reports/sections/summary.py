@@ -79,10 +79,10 @@ def _speed(points: list[tuple[dict, float]]) -> str:
     return f"{r:.2f}x FP16's time (B = {e['batch']}, {e['context']} tokens, {matrix.device_label(e['device'])})"
 
 
-CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
+_CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
 
 
-def config_call(description: str, cls: str) -> str | None:
+def _call(description: str, cls: str) -> str | None:
     """The text of the first `cls(...)` call in `description`, up to its closing parenthesis."""
     start = description.find(cls + "(")
     if start < 0:
@@ -95,11 +95,13 @@ def config_call(description: str, cls: str) -> str | None:
     return None
 
 
-def ran_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
+def ran_config(description: str | None, *, whole: bool = False) -> PNMixConfig | TokenPrecisionConfig | None:
     """The configuration an implementation ran a fixed workload with, read from its recorded
-    description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'); None where none reads."""
-    for cls_name, cls in CONFIGS.items():
-        text = config_call(description or "", cls_name)
+    description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'); None where none reads. A value that is
+    not a literal (a dtype) is left out of a label, but with `whole` (a configuration compared for
+    equality) makes the description unreadable."""
+    for cls_name, cls in _CONFIGS.items():
+        text = _call(description or "", cls_name)
         if text is None:
             continue
         try:
@@ -111,7 +113,8 @@ def ran_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | 
             try:
                 given[k.arg] = ast.literal_eval(k.value)
             except ValueError:  # a dtype or another name: not part of the label
-                pass
+                if whole:
+                    return None
         try:
             return cls(**given)
         except (TypeError, ValueError):
