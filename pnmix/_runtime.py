@@ -66,7 +66,12 @@ class Launch:
 
     @property
     def name(self) -> str:
-        return getattr(self.kernel, "__name__", None) or self.kernel.fn.__name__
+        return kernel_name(self.kernel)
+
+
+def kernel_name(kernel) -> str:
+    """A Triton kernel's function name."""
+    return getattr(kernel, "__name__", None) or kernel.fn.__name__
 
 
 @dataclass
@@ -89,6 +94,22 @@ def recording(target: Target):
         yield _recorder.launches
     finally:
         _recorder = previous
+
+
+_observers: list[list] = []
+
+
+@contextmanager
+def observing():
+    """Collect (kernel name, what its launch returned) for every launch run within the block: on a device the
+    compiled kernel (`pnmix.sass` reads its machine code), None under the interpreter. What a timing records of
+    the kernels it timed."""
+    seen: list[tuple[str, object]] = []
+    _observers.append(seen)
+    try:
+        yield seen
+    finally:
+        _observers.remove(seen)
 
 
 def recording_launches() -> bool:
@@ -123,7 +144,10 @@ def launch(
         _recorder.launches.append(Launch(kernel, tuple(grid), args, constexprs, num_warps, num_stages, maxnreg))
         return None
     options = {} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}
-    return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options, **constexprs)
+    compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options, **constexprs)
+    for seen in _observers:
+        seen.append((kernel_name(kernel), compiled))
+    return compiled
 
 
 def kernel_device() -> torch.device:

@@ -31,11 +31,11 @@ are in docs/gpu-gate.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from pnmix import _runtime
+from pnmix import _runtime, sass
 from pnmix.cache import PNMixCache
 from pnmix.gpus import (
     ARCHS,
@@ -59,6 +59,7 @@ from pnmix.gpus import (
     smem_limit,
 )
 from pnmix.kernels import ptx_unpack, ttgir
+from pnmix.sass import toolchain
 from pnmix.token_cache import TritonTokenPrecisionCache
 from reference.channels.layout import CacheLayout
 from reference.methods import METHODS, TOKEN_METHODS
@@ -157,8 +158,44 @@ def _key(launch: _runtime.Launch, arch: int) -> str:
     return f"{arch}:{launch.name}:{specialization}:{sorted(options.items())}"
 
 
-_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
-_LABEL = re.compile(r"^(\.L_x_\d+):")
+_INSTRUCTION, _LABEL = sass.INSTRUCTION, sass.LABEL
+
+
+def kernel_digests(case: Case, target: _runtime.Target, names=None, ptx: bool = False) -> dict[str, list[str]]:
+    """The SASS digest (`pnmix.sass.digest`) of every distinct kernel the package launches for `case` on `target`
+    (`record_launches`), by kernel name, a name's digests sorted (one kernel may compile to several); only the
+    kernels `names` lists when given. Compiled here for the target, no GPU needed; under the interpreter in a
+    compiled subprocess (the kernels of this process were decorated for the interpreter)."""
+    if _runtime.INTERPRETED:
+        spec = json.dumps({**asdict(case), "arch": target.arch, "sms": target.sms, "names": names, "ptx": ptx})
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        done = subprocess.run(
+            [sys.executable, "-m", "pnmix.aot", "--digests", spec], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"python -m pnmix.aot --digests failed: {done.stderr.strip().splitlines()[-1:]}")
+        return json.loads(done.stdout)
+    with ptx_unpack.request(ptx):
+        launches, _ = record_launches(case, target)
+    found: dict[str, dict[str, str]] = {}
+    for launch in launches:
+        if names is not None and launch.name not in names:
+            continue
+        key = _key(launch, target.arch)
+        if key not in found.setdefault(launch.name, {}):
+            found[launch.name][key] = sass.digest_of(_compile(launch, target.arch))
+    return {name: sorted(set(by_key.values())) for name, by_key in sorted(found.items())}
+
+
+def _digests_main(spec: str) -> int:
+    """--digests: `kernel_digests` of a JSON spec (Case's fields, arch, sms, names, ptx), printed as JSON."""
+    given = json.loads(spec)
+    case = Case(given["method"], given["dtype"], int(given["head_dim"]), int(given["gqa"]))
+    target = _runtime.Target(int(given["arch"]), int(given["sms"]))
+    print(json.dumps(kernel_digests(case, target, given.get("names"), bool(given.get("ptx")))))
+    return 0
+
+
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 
@@ -198,20 +235,6 @@ def opcodes(instructions: list[str]) -> dict[str, int]:
     return counts
 
 
-def toolchain() -> dict[str, str] | str:
-    """Paths of ptxas, cuobjdump and nvdisasm, or why they cannot be used."""
-    try:
-        from triton import knobs
-
-        tools = {name: getattr(knobs.nvidia, name).path for name in ("ptxas", "cuobjdump", "nvdisasm")}
-    except Exception as exc:
-        return f"triton's CUDA toolchain is unavailable: {exc}"
-    missing = [name for name, path in tools.items() if not path or not os.access(path, os.X_OK)]
-    if missing:
-        return f"not found: {', '.join(missing)} (triton ships them in triton/backends/nvidia/bin)"
-    return tools
-
-
 _JOBS: list[tuple[str, _runtime.Launch, int]] = []  # filled before the workers fork: kernels do not pickle
 
 
@@ -223,12 +246,8 @@ def _inspect(index: int) -> dict:
         compiled = _compile(launch, arch)
     except Exception as exc:
         return row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    tools = toolchain()
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([tools["cuobjdump"], "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-        sass = subprocess.run([tools["nvdisasm"], "-c", str(cubin)], capture_output=True, text=True).stdout
+    usage = sass.resource_usage(compiled.asm["cubin"])
+    listing = sass.disassemble(compiled.asm["cubin"])
     res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     return row | {
         "inline_asm": len(ttgir.inline_asm_ops(compiled.asm["ttgir"])),
@@ -237,8 +256,8 @@ def _inspect(index: int) -> dict:
         "local_bytes": int(res.get("LOCAL", 0)) + int(res.get("STACK", 0)),
         "shared_bytes": int(compiled.metadata.shared),
         "smem_limit": smem_limit(arch),
-        "instructions": sum(1 for line in sass.splitlines() if _INSTRUCTION.match(line)),
-        "loop_instructions": len(body) if (body := main_loop_body(sass)) is not None else None,
+        "instructions": sum(1 for line in listing.splitlines() if _INSTRUCTION.match(line)),
+        "loop_instructions": len(body) if (body := main_loop_body(listing)) is not None else None,
         "loop_opcodes": opcodes(body) if body is not None else None,
     }
 
@@ -528,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="decode kernels with the PTX unpack of their value codes (pnmix.kernels.ptx_unpack), its grouping checked",
     )
+    parser.add_argument("--digests", metavar="SPEC", help=argparse.SUPPRESS)  # kernel_digests' subprocess
     args = parser.parse_args(argv)
     if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):
         parser.error(f"--json: cannot write into {args.json.parent}")
@@ -538,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     if _runtime.INTERPRETED:  # kernels were decorated for the interpreter: start again compiled
         env = dict(os.environ, TRITON_INTERPRET="0")
         return subprocess.run([sys.executable, "-m", "pnmix.aot", *argv], env=env).returncode
+    if args.digests is not None:
+        return _digests_main(args.digests)
     result = run(args.scope or "all", args.jobs, args.ptx_unpack)
     print(render(result))
     if args.json is not None:

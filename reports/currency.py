@@ -9,10 +9,15 @@ a moved file or a reworded comment changes nothing, while a change of what a met
 sends every result that ran it to History, naming the method or step. A measurement result without canaries
 is never current.
 
-Conformance, GPU-check and pytest-benchmark (timing) files keep the rule below: a timing measures the code
+A decode-kernel timing that records the machine code it timed (`benchmarks.efficiency.compiled`: the SASS digest of
+every kernel it ran, reproduced by compiling its launches ahead of time for the same GPU) is current while those
+kernels compile here to the same SASS (`pnmix.aot`, no GPU needed): a refactor that compiles to the same code keeps
+it, a changed launch choice or code generation sends it to History naming the kernel. Where this machine cannot
+compile them (no toolchain) or the record is not faithful, it falls back to the rule below.
+
+Conformance, GPU-check and other pytest-benchmark (timing) files keep the rule below: a timing measures the code
 that ran on the device it ran on, which a CPU canary cannot reproduce, and a conformance verdict covers the
-inputs its properties draw, which a fixed workload does not (a kernel timing could stay current while its
-compiled kernel is the same; nothing here digests the SASS yet, so timings follow the code). Such a result
+inputs its properties draw, which a fixed workload does not. Such a result
 records the code it measured (`reference.records.code_fingerprint`: every file's sha256, what each file does
 as the digests of its definitions, and the commit). It is current while every definition it measured is in
 this tree (in any file: comments, docstrings, layout and moves change nothing; `changed_files`), or, for a
@@ -29,6 +34,7 @@ import functools
 from collections.abc import Sequence
 
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.efficiency import compiled
 from reference import records
 from reports.inputs import BENCHMARK, Source
 
@@ -107,6 +113,22 @@ def judge_behaviour(data: dict) -> Verdict:
     return Verdict(False, f"its canaries moved: {shown}", commit)
 
 
+def judge_timing(bench: dict, fallback: str | None = None) -> Verdict:
+    """One benchmark point: by the machine code it timed where it records it faithfully and this machine can
+    compile it (`benchmarks.efficiency.compiled`), else by its code fingerprint."""
+    info = bench.get("extra_info") or {}
+    rec = info.get("compiled")
+    code = info.get("code")
+    commit = (code.get("commit") if isinstance(code, dict) else None) or fallback
+    if compiled.faithful(rec):
+        changed = compiled.moved(rec)
+        if not isinstance(changed, str):
+            if not changed:
+                return Verdict(True, "", commit)
+            return Verdict(False, f"its kernels compile to other machine code here: {', '.join(changed)}", commit)
+    return judge([code], fallback)
+
+
 def _benchmark_commit(data: dict) -> str | None:
     info = data.get("commit_info") or {}
     return info.get("id")
@@ -137,10 +159,7 @@ def split_source(source: Source) -> list[tuple[Source, Verdict]]:
     if source.kind == BENCHMARK:
         fallback = _benchmark_commit(data)
         names = [b.get("fullname") or b.get("name") for b in data["benchmarks"]]
-        verdicts = {
-            n: judge([(b.get("extra_info") or {}).get("code")], fallback)
-            for n, b in zip(names, data["benchmarks"], strict=True)
-        }
+        verdicts = {n: judge_timing(b, fallback) for n, b in zip(names, data["benchmarks"], strict=True)}
 
         def part(keep: list[str]) -> Source:
             kept = [b for n, b in zip(names, data["benchmarks"], strict=True) if n in keep]

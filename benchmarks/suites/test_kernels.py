@@ -9,7 +9,9 @@ through the protocol (not preallocated, its checks its own); its bytes are those
 reports (`bytes_from`). Times:
 `harness.device_ms` (median device time, L2 flushed, host gaps excluded) and the replay of the
 call captured in a CUDA graph (`graph_ms`; graph_note says why there is none). Out of memory
-anywhere in a point is recorded as {"oom": true}.
+anywhere in a point is recorded as {"oom": true}. A built-in method's point on a GPU records the machine code it
+timed (`compiled`: `benchmarks.efficiency.compiled`), which keeps the timing current while its kernels compile to
+the same SASS.
 
 `test_decode_launch_choice` runs PN-Mix's decode kernel at each launch choice of
 `benchmarks.efficiency.workloads.LAUNCH_GRID` (tile, warps, stages, splits) over one cache: its time and
@@ -26,9 +28,10 @@ import pytest
 import torch
 
 from benchmarks.conftest import points, skip_unclaimed
-from benchmarks.efficiency import harness
+from benchmarks.efficiency import compiled, harness
 from benchmarks.efficiency.workloads import SCALES, kernel_decode, kernel_launch
 from conformance.harness import judge
+from pnmix import _runtime
 from reference import storage_model
 
 BYTES_FROM = {"FP16": "dense 16-bit K/V", "built-in": "reference.storage_model", "plug-in": "the cache's storage()"}
@@ -59,6 +62,7 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
     nbytes = bytes_read(work) if plugin is None else None
 
     def measure() -> dict:
+        machine_code = None
         if work.method == harness.FP16:
             k = torch.randn(work.batch, kv_heads, work.context, d, device=bench_device, dtype=harness.KERNEL_DTYPE)
             v = torch.randn_like(k)
@@ -70,6 +74,10 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
                 work.method, work.batch, work.context, work.layer, bench_device, scale.prompt, plugin=plugin
             )
             fn = lambda: cache.attend(q)  # noqa: E731
+            if plugin is None and bench_device.type == "cuda":  # the machine code timed, for the report's currency
+                with _runtime.observing() as ran:
+                    fn()
+                machine_code = compiled.record(work.method, work.layer, harness.KERNEL_DTYPE, ran, bench_device)
             allocated = cache.storage().total
             check_finite = None if plugin is not None else getattr(cache, "check_finite", True)
             read = nbytes if plugin is None else allocated + io_bytes(work)
@@ -87,6 +95,7 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
             "graph_gbps": None if graph["graph_ms"] is None else read / (graph["graph_ms"] * 1e-3) / 1e9,
             "allocated_bytes": allocated,
             "check_finite": check_finite,
+            **({"compiled": machine_code} if machine_code is not None else {}),
         }
 
     def run() -> dict:
