@@ -400,6 +400,27 @@ def task_files(tasks: list[str]) -> dict[str, str]:
     return {t: file_digest(path) for t, path in task_paths(tasks).items()}
 
 
+def quantized_layers(model_config) -> dict:
+    """How many of the model's attention layers hold the method's cache: a layer with an attention window keeps
+    an exact one (`pnmix.hf`), so a run's bits are those of the other layers only."""
+    import pnmix.hf
+
+    windows = pnmix.hf.layer_windows(model_config)
+    return {"quantized": sum(w is None for w in windows), "total": len(windows)}
+
+
+def layers_note(data: dict) -> str:
+    """What the bits of a result cover, where some layers keep exact caches; "" where every layer is quantized
+    (or the result does not say)."""
+    layers = data.get("layers")
+    if not isinstance(layers, dict) or layers.get("quantized") == layers.get("total"):
+        return ""
+    return (
+        f"{layers['quantized']} of {layers['total']} attention layers hold the method's cache; the others have an "
+        "attention window and keep exact caches, so key and value bits are those of the quantized layers alone"
+    )
+
+
 def markdown(data: dict) -> str:
     from tabulate import tabulate
 
@@ -415,7 +436,9 @@ def markdown(data: dict) -> str:
     ]
     return (
         f"# Task accuracy: {data['model']}\n\nMeasured on {data['device']}, {data['date_utc']}, `{data['command']}`; "
-        f"{sum(t['items'] for t in data['tasks'])} documents; chance per task: "
+        f"{sum(t['items'] for t in data['tasks'])} documents; "
+        + (f"{note}; " if (note := layers_note(data)) else "")
+        + "chance per task: "
         + ", ".join(f"{t['name']} {t['chance']:.2f}" for t in data["tasks"])
         + "\n\n"
         + tabulate(rows, head, tablefmt="github", floatfmt=".3f")
@@ -506,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         model=source.describe(),
         model_fingerprint=source.fingerprint,
         head_dim=d,
+        layers=quantized_layers(base.model.config),
         pair_layout=layout,
         limit=limit,
         tasks=[

@@ -78,6 +78,21 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
     kitty = next(r for r in data["runs"] if r["label"] == "Kitty")
     assert kitty["key_bits"] == pytest.approx(accuracy_sweep.key_bits(methods.config("Kitty"), 32))
     assert "code" in data and (tmp_path / path.name.replace(".json", ".md")).is_file()
+    assert data["layers"] == {"quantized": 2, "total": 2} and task_accuracy.layers_note(data) == ""
+
+
+def test_a_model_whose_windowed_layers_keep_exact_caches_says_what_its_bits_cover():
+    import transformers
+
+    from benchmarks.canaries.workloads import COMMON, LAYOUTS
+
+    cls, extra, _ = LAYOUTS["gemma3"]
+    layers = task_accuracy.quantized_layers(getattr(transformers, cls)(**COMMON, **extra))
+    assert layers == {"quantized": 1, "total": 2}  # the sliding-window layer keeps an exact cache
+    note = task_accuracy.layers_note({"layers": layers})
+    assert note.startswith("1 of 2 attention layers hold the method's cache") and "quantized layers alone" in note
+    data = {"model": "m", "device": "cpu", "date_utc": "d", "command": "c", "tasks": [], "runs": [], "layers": layers}
+    assert note in task_accuracy.markdown(data)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from benchmarks import tasks as tasks_suite
 from benchmarks.accuracy.stats import accuracy, items_to_resolve, paired, paired_interval, resolves
+from benchmarks.accuracy.task_accuracy import layers_note
 from reference import paper
 from reports import figures
 from reports.inputs import Source
@@ -134,7 +135,8 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
     overall_table = table(
         rows,
         ["run", "key bits", "value bits", "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"],
-        f"{cite}; bits computed by `reference.channels.storage.bit_widths` (the paper's counting, T_q = 32768)",
+        f"{cite}; bits computed by `reference.channels.storage.bit_widths` (the paper's counting, T_q = 32768)"
+        + (f"; {note}" if (note := layers_note(data)) else ""),
     )
     per_task = table(
         tasks_rows,

@@ -154,3 +154,12 @@ def test_a_task_whose_answer_is_in_its_question_is_left_out_of_the_verdicts(tmp_
     assert tasks["pnmix_lo_arith_1k"]["informative"] == "no: answer in the question"
     kept = renamed(synthetic.task_accuracy(), "a_1k", "pnmix_passkey_1k")
     assert section.informative(kept) == ["pnmix_passkey_1k"]
+
+
+def test_a_result_with_exact_windowed_layers_says_what_its_bits_cover(tmp_path):
+    data = synthetic.task_accuracy()
+    plain = section.render([load(tmp_path, data)]).body
+    assert "attention layers hold the method's cache" not in plain
+    data["layers"] = {"quantized": 3, "total": 18}
+    body = section.render([load(tmp_path, data)]).body
+    assert "3 of 18 attention layers hold the method's cache" in body
