@@ -53,7 +53,7 @@ from benchmarks.commands.saving import write_result
 from benchmarks.efficiency import memory
 from benchmarks.fidelity import conversations
 from benchmarks.fidelity.long_output import binned, greedy_outputs, measure_sequence, quarter_means
-from benchmarks.fidelity.role_calibration import allocations, calibrate, capture, spread_layers
+from benchmarks.fidelity.role_calibration import allocations, cache_layers, calibrate, capture
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference import ReferenceCache, bit_widths, methods, storage_model
@@ -541,7 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budgets", type=float, nargs="+", default=list(DEFAULT_BUDGETS), help="average key + value bits per element"
     )
-    parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
+    parser.add_argument(
+        "--layers",
+        type=positive_int,
+        default=5,
+        help="layers captured, spread across depth (of those a method's cache quantizes)",
+    )
     parser.add_argument(
         "--long-tokens", type=preflight.non_negative_int, default=512, help="greedy tokens per long output (0: none)"
     )
@@ -583,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         cal_rows,
         eval_rows,
         budgets=budgets,
-        layers=spread_layers(model.config.num_hidden_layers, args.layers),
+        layers=cache_layers(model.config, args.layers),
         long_tokens=long_tokens,
         chunk=args.chunk,
         bins=args.bins,

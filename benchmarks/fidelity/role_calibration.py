@@ -49,6 +49,17 @@ def spread_layers(n_layers: int, count: int) -> list[int]:
     return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
 
 
+def cache_layers(model_config, count: int) -> list[int]:
+    """`count` of the layers that hold a method's cache, spread across depth: a layer with an attention window
+    keeps an exact cache (`pnmix.hf`), and its attention is not the full causal attention measured here."""
+    from pnmix.hf import layer_windows
+
+    full = [i for i, window in enumerate(layer_windows(model_config)) if window is None]
+    if not full:
+        raise ValueError("every attention layer of this model has a window: no layer holds a method's cache")
+    return [full[i] for i in spread_layers(len(full), count)]
+
+
 class _Capture:
     """An attention function that records (q, k, v, scaling) of chosen layers, then runs SDPA."""
 
@@ -176,7 +187,12 @@ def render(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.role_calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
-    parser.add_argument("--layers", type=positive_int, default=5, help="layers captured, spread across depth")
+    parser.add_argument(
+        "--layers",
+        type=positive_int,
+        default=5,
+        help="layers captured, spread across depth (of those a method's cache quantizes)",
+    )
     parser.add_argument(
         "--budgets",
         type=float,
@@ -201,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     out = preflight.output_folder(parser, args.out)
     model, tokenizer = source.load("sdpa")
     fmt.apply(tokenizer)
-    layers = spread_layers(model.config.num_hidden_layers, args.layers)
+    layers = cache_layers(model.config, args.layers)
     cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, config)
     result = record(
         "role-calibration",

@@ -13,6 +13,21 @@ def test_layers_spread_across_depth():
     assert role_calibration.spread_layers(3, 5) == [0, 1, 2]
 
 
+def test_only_layers_that_hold_a_methods_cache_are_captured():
+    import transformers
+
+    from benchmarks.canaries.workloads import COMMON
+
+    gemma = transformers.Gemma3TextConfig(
+        **{**COMMON, "num_hidden_layers": 6, "sliding_window": 8, "sliding_window_pattern": 3, "layer_types": None}
+    )
+    assert [i for i, t in enumerate(gemma.layer_types) if t == "full_attention"] == [2, 5]
+    assert role_calibration.cache_layers(gemma, 5) == [2, 5]  # the sliding-window layers keep exact caches
+    assert role_calibration.cache_layers(gemma, 1) == [2]
+    llama = transformers.LlamaConfig(**{**COMMON, "num_hidden_layers": 30})
+    assert role_calibration.cache_layers(llama, 5) == [0, 7, 14, 22, 29]
+
+
 def test_calibration_measures_every_tag_that_occurs_and_allocates_within_each_budget(tiny_chat_model):
     from benchmarks.fidelity import conversations
 
