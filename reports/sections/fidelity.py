@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -37,10 +38,22 @@ def is_smoke(s: Source) -> bool:
     return "--smoke" in s.data.get("command", "")
 
 
+def primaries(sources: Sequence[Source]) -> list[Source]:
+    """The newest full (non-smoke) result of each model, newest first: the ones the claims are judged on, each
+    model's own rows (a second family is evidence of its own, not a replacement of the first)."""
+    full = sorted((s for s in sources if not is_smoke(s)), key=lambda s: s.data.get("date_utc", ""), reverse=True)
+    out, seen = [], set()
+    for s in full:
+        model = s.data.get("model_fingerprint") or s.data.get("model")
+        if model not in seen:
+            seen.add(model)
+            out.append(s)
+    return out
+
+
 def primary(sources: Sequence[Source]) -> Source | None:
-    """The newest full (non-smoke) result: the one the claims are judged on."""
-    full = [s for s in sources if not is_smoke(s)]
-    return max(full, key=lambda s: s.data.get("date_utc", "")) if full else None
+    """The newest full (non-smoke) result of any model."""
+    return next(iter(primaries(sources)), None)
 
 
 def provenance(s: Source) -> str:
@@ -58,6 +71,23 @@ def merged_warnings(e2e: dict) -> list[str]:
         text = w[len(name) + 2 :] if name else w
         groups.setdefault(text, []).extend([name] if name else [])
     return [f"{', '.join(names)}: {text}" if names else text for text, names in groups.items()]
+
+
+def claims_of(mains: Sequence[Source], smoke_only: bool) -> list[Claim]:
+    """Each model's claim rows (`claims`), Fig. 5's merged into one: the paper's models are not run here, and
+    each model's measured shares are said in that one row."""
+    if not mains:
+        return claims(None, smoke_only)
+    rows = [c for s in mains for c in claims(s, smoke_only)]
+    fig5 = [c for c in rows if c.claim.startswith(WHERE["fig5"])]
+    if len(fig5) < 2:
+        return rows
+    merged = dataclasses.replace(
+        fig5[0],
+        evidence=fig5[0].evidence + "; " + "; ".join(c.evidence.split(": ", 1)[-1] for c in fig5[1:]),
+        provenance="; ".join(c.provenance for c in fig5),
+    )
+    return [merged if c is fig5[0] else c for c in rows if c not in fig5[1:]]
 
 
 def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
@@ -153,20 +183,24 @@ def _fig4(s: Source) -> bytes | None:
 
 def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Source] = ()) -> Section:
     cite = Citations("F")
-    claimed = claims(primary(sources), smoke_only=bool(sources)) + long_output.claims(long_sources)
+    mains = primaries(sources)
+    claimed = claims_of(mains, smoke_only=bool(sources)) + long_output.claims(long_sources)
     if not sources:
         long_parts, long_figs = long_output.render(long_sources, cite)
         parts = [(note or "No fidelity results were run or given.") + "\n", cite.legend(), *long_parts]
         return Section(TITLE, "\n".join(p for p in parts if p), long_figs, claimed)
-    main = primary(sources)
-    ordered = sorted(sources, key=lambda s: (s is not main, s.data.get("date_utc", "")))
+    ordered = sorted(sources, key=lambda s: (s not in mains, s.data.get("date_utc", "")))
     intro = [note + "\n" if note else ""]
     intro.append(
         "Offline analyses of post-RoPE queries and keys recorded from a real model, rendered by "
         "`benchmarks.fidelity.claims.markdown`; the paper's claims are quoted next to what was measured. "
         + (
-            escape(f"The paper's claims are judged on the {_label(main)}.")
-            if main
+            escape(
+                "The paper's claims are judged on the newest full run of each model: "
+                + "; ".join(f"{m.data.get('model')}, {_label(m)}" for m in mains)
+                + "."
+            )
+            if mains
             else "Only smoke runs are present: they check the harness, not the claims."
         )
         + "\n"
@@ -179,18 +213,20 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
         head = escape(f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})") + "\n"
         if s.data.get("model_fingerprint"):  # results before --model carry the name alone
             head += "\n" + escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n"
-        parts.append(head + "\n" + (body if s is main else details(f"{_label(s)}: tables", body)))
+        parts.append(head + "\n" + (body if s in mains else details(f"{_label(s)}: tables", body)))
     figs = {"fig5-importance-share.png": _fig5(ordered)}
-    if main is not None:
-        figs["fig4-jaccard.png"] = _fig4(main)
+    for n, m in enumerate(mains, start=1):
+        figs["fig4-jaccard.png" if n == 1 else f"fig4-jaccard-{n}.png"] = _fig4(m)
     figs = {k: v for k, v in figs.items() if v is not None}
     if figs:
         parts.append(f"Paper values in the figures are {quoted('Fig. 5')}; the rest is measured (sources above).\n")
-        captions = {
-            "fig5-importance-share.png": "Fig. 5: share of decode-time importance held by the top pairs",
-            "fig4-jaccard.png": "Fig. 4: Jaccard similarity of each criterion's top pairs with the top pairs of "
-            "each decode query-key pair (t, s)",
-        }
+        fig4 = (
+            "Fig. 4: Jaccard similarity of each criterion's top pairs with the top pairs of each decode query-key "
+            "pair (t, s)"
+        )
+        captions = {"fig5-importance-share.png": "Fig. 5: share of decode-time importance held by the top pairs"}
+        for n, m in enumerate(mains, start=1):
+            captions["fig4-jaccard.png" if n == 1 else f"fig4-jaccard-{n}.png"] = f"{fig4}, {m.data.get('model')}"
         parts += [figure(n, captions[n]) for n in figs]
     elif not long_sources:  # otherwise the long-output part says it, once for the section
         parts.append(figures.MISSING + "\n")

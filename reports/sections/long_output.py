@@ -41,19 +41,37 @@ CLAIMS = {
 }
 
 
-def primary(sources: Sequence[Source]) -> Source | None:
-    """The full (non-smoke) result with the longest outputs, the newest of those: the claims' basis."""
+def _model(s: Source) -> str:
+    return s.data.get("model_fingerprint") or s.data.get("model") or "?"
+
+
+def primaries(sources: Sequence[Source]) -> list[Source]:
+    """Of each model, the full (non-smoke) result with the longest outputs, the newest of those: the claims' basis
+    (each model's rows its own)."""
     full = [s for s in sources if "--smoke" not in s.data.get("command", "")]
-    return max(full, key=lambda s: (s.data["summary"]["positions"], s.data.get("date_utc", "")), default=None)
+    best: dict[str, Source] = {}
+    for s in sorted(full, key=lambda s: (s.data["summary"]["positions"], s.data.get("date_utc", "")), reverse=True):
+        best.setdefault(_model(s), s)
+    return list(best.values())
+
+
+def primary(sources: Sequence[Source]) -> Source | None:
+    """The full result with the longest outputs of any model (`primaries`' first)."""
+    return next(iter(primaries(sources)), None)
 
 
 def claims(sources: Sequence[Source]) -> list[Claim]:
-    s = primary(sources)
-    if s is None:
+    mains = primaries(sources)
+    if not mains:
         why = "only a smoke run (a harness check)" if sources else "no long-output results"
         return [Claim(text, NOT_MEASURED, "-", why, "-") for text in CLAIMS.values()]
+    return [c for s in mains for c in _claims(s, f"{s.data.get('model')}: " if len(mains) > 1 else "")]
+
+
+def _claims(s: Source, model: str) -> list[Claim]:
     out = []
     for key, (holds, evidence) in long_output.verdicts(s.data).items():
+        evidence = model + evidence
         status = NOT_MEASURED if holds is None else CONFIRMED if holds else NOT_CONFIRMED
         nll = long_output.quarter_means(s.data["summary"]["methods"]["FP16"]["nll"])
         if key == "accumulates" and nll[-1] < nll[0] / 4:

@@ -241,6 +241,21 @@ def test_long_output_claims_are_not_judged_on_a_smoke_run(tmp_path):
     assert {c.status for c in fidelity.render([], "", []).claims if c.claim.startswith("Error over")} == {NOT_MEASURED}
 
 
+def test_each_model_has_long_output_claims_of_its_own(tmp_path):
+    from reports.sections import long_output as long_section
+
+    grows = _long_result([0.1] * 4 + [0.2] * 4, [0.3] * 4 + [0.5] * 4, [1.0] * 8)
+    falls = {**_long_result([0.1] * 6 + [0.6] * 2, [0.3] * 6 + [0.2] * 2, [1.0] * 8), "model": "other (y)"}
+    claims = long_section.claims([load(tmp_path, "a.json", grows), load(tmp_path, "b.json", falls)])
+    assert [(c.status, c.evidence.split(":")[0]) for c in claims] == [
+        (CONFIRMED, "M (x)"),
+        (CONFIRMED, "M (x)"),
+        (NOT_CONFIRMED, "other (y)"),
+        (NOT_CONFIRMED, "other (y)"),
+    ]
+    assert [c.status for c in long_section.claims([load(tmp_path, "a.json", grows)])] == [CONFIRMED, CONFIRMED]
+
+
 def _source_lines(md: str) -> list[tuple[set[str], str]]:
     """(headers, source line) of every table of `md`."""
     lines = md.splitlines()
@@ -274,3 +289,27 @@ def test_fidelity_tables_cite_their_run_and_describe_it_once():
     body = fidelity.render([source]).body
     assert body.count(fidelity.provenance(source)) == 1
     assert {src for _, src in _source_lines(body)} == {"Source: measured: fidelity full run [F1]"}
+
+
+def test_each_models_newest_full_run_has_claim_rows_of_its_own_and_fig5_one_row_naming_both(tmp_path):
+    data = json.loads(COMMITTED_FIDELITY.read_text())
+    other = {**data, "model": "other-270m (GGUF other.gguf)", "model_fingerprint": "sha256:" + "1" * 64}
+    older = {**data, "date_utc": "1999-01-01T00:00:00+00:00"}  # the same model's older run: no rows of its own
+    s = fidelity.render([load(tmp_path, n, d) for n, d in (("a.json", data), ("b.json", other), ("c.json", older))])
+    rows = [c.claim.split(":")[0] for c in s.claims]
+    assert [rows.count(k) for k in ("Table 9", "Fig. 4", "Table 11", "Fig. 5")] == [2, 2, 2, 1]
+    assert {c.evidence for c in s.claims if c.claim.startswith("Table 9")} == {
+        bench_fidelity.verdicts(data["summary"], m)["table9"] for m in (data["model"], other["model"])
+    }
+    (fig5,) = [c for c in s.claims if c.claim.startswith("Fig. 5")]
+    assert fig5.status == NOT_MEASURED and fig5.evidence.count("not the paper's 14B/32B models") == 2
+    assert "other-270m" in fig5.evidence and {"fig4-jaccard.png", "fig4-jaccard-2.png"} <= set(s.figures)
+
+
+def test_a_run_matched_on_stored_memory_alone_is_shown_not_called_a_smoke_run():
+    stored = [inputs.load(p, "committed") for p in sorted(RESULTS.glob("equal-bits-*.json"))]
+    stored = [s for s in stored if s.data.get("match") == "stored" and "--smoke" not in s.data["command"]]
+    assert stored, "the committed results hold a full run matched on stored memory"
+    body = equal_bits.render(stored[-1:]).body
+    assert "Only smoke runs" not in body and "No current run matches the channel methods on bits" in body
+    assert body.count(equal_bits._provenance(stored[-1])) == 1 and "### What it shows" in body
