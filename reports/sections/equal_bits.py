@@ -3,6 +3,7 @@ channel methods on `benchmarks.fidelity.equal_bits` results, with TriAxialKV's s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from benchmarks.fidelity import equal_bits
@@ -213,26 +214,55 @@ def render(sources: Sequence[Source]) -> Section:
     )
     if not sources:
         return Section(TITLE, intro + "\nNo equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
+    models = list(dict.fromkeys(_model(s) for s in sources))
+    cite, parts, figs, found = Citations("E"), [intro, "SOURCES"], {}, False
+    for n, model in enumerate(models, start=1):
+        mine = [s for s in sources if _model(s) == model]
+        more, fig = _model_parts(mine, cite, FIGURE if n == 1 else FIGURE.replace(".png", f"-{n}.png"))
+        if more is None:
+            continue
+        found = True
+        if len(models) > 1:
+            more = [f"### {escape(mine[0].data.get('model', '?'))}\n", *(_demoted(p) for p in more)]
+        parts += more
+        figs |= fig
+    if not found:
+        return Section(
+            TITLE, intro + "\nOnly smoke runs of `benchmarks.fidelity.equal_bits` were given (harness checks).\n"
+        )
+    parts[parts.index("SOURCES")] = cite.legend()
+    return Section(TITLE, "\n".join(parts), figs)
+
+
+def _model(s: Source) -> str:
+    return s.data.get("model_fingerprint") or s.data.get("model") or "?"
+
+
+def _demoted(part: str) -> str:
+    """A part one heading level down (under the model's heading)."""
+    return "\n".join("#" + line if re.match(r"#{3,} ", line) else line for line in part.split("\n"))
+
+
+def _model_parts(sources: Sequence[Source], cite: Citations, figure_name: str) -> tuple[list[str] | None, dict]:
+    """One model's part of the section (its newest full runs), or None where it has only smoke runs."""
     s, stored = primary(sources), primary(sources, "stored")
     only_stored = s is None and stored is not None
     if only_stored:  # the run matched on stored memory is what there is: it is the section's run
         s, stored = stored, None
     if s is None:
-        return Section(
-            TITLE, intro + "\nOnly smoke runs of `benchmarks.fidelity.equal_bits` were given (harness checks).\n"
-        )
-    cite = Citations("E")
+        return None, {}
     label = cite.cite(_provenance(s))
     stored_label = cite.cite(_provenance(stored)) if stored is not None else None
     shows = [f"- {escape(x)}" for x in equal_bits.findings(s.data)]
     if stored is not None:
         shows += [f"- Equal stored memory: {escape(x)}" for x in equal_bits.findings(stored.data)]
+    parts = []
     if only_stored:
-        intro += (
+        parts.append(
             "\nNo current run matches the channel methods on bits (the default `python -m benchmarks.equal_bits`); "
             "the run shown matches them on stored memory (`--match stored`).\n"
         )
-    parts = [intro, "SOURCES", "### What it shows\n", *shows, "", escape(f"Run {label}: " + _run_line(s.data))]
+    parts += ["### What it shows\n", *shows, "", escape(f"Run {label}: " + _run_line(s.data))]
     parts += _tables(s.data, label, 3, cite)
     if s.data.get("model_fingerprint"):
         parts.append(escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n")
@@ -241,8 +271,8 @@ def render(sources: Sequence[Source]) -> Section:
     if png is None:
         parts.append(figures.MISSING + "\n")
     else:
-        figs[FIGURE] = png
-        parts.append(figure(FIGURE, f"KL(FP16 || method) over long outputs at each budget (measured, {label})"))
+        figs[figure_name] = png
+        parts.append(figure(figure_name, f"KL(FP16 || method) over long outputs at each budget (measured, {label})"))
     if stored is not None:
         parts += [
             "### At equal stored memory on these conversations\n",
@@ -261,5 +291,4 @@ def render(sources: Sequence[Source]) -> Section:
             whose="the claims restate TriAxialKV's paper (arXiv 2605.17170) and this comparison's question",
         ),
     ]
-    parts[parts.index("SOURCES")] = cite.legend()
-    return Section(TITLE, "\n".join(parts), figs)
+    return parts, figs
