@@ -403,7 +403,7 @@ def task_files(tasks: list[str]) -> dict[str, str]:
 def quantized_layers(model_config) -> dict:
     """How many of the model's attention layers hold the method's cache: a layer with an attention window keeps
     an exact one (`pnmix.hf`), so a run's bits are those of the other layers only."""
-    import pnmix.hf
+    import pnmix.hf  # deferred: transformers takes seconds to import
 
     windows = pnmix.hf.layer_windows(model_config)
     return {"quantized": sum(w is None for w in windows), "total": len(windows)}

@@ -22,7 +22,7 @@ DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _digests_by_name(ran) -> dict[str, list[str]]:
-    from pnmix import sass
+    from pnmix import sass  # deferred: pnmix imports triton, which the report need not load
 
     out: dict[str, set[str]] = {}
     for name, compiled in ran:
@@ -33,8 +33,8 @@ def _digests_by_name(ran) -> dict[str, list[str]]:
 def record(method: str, layer, dtype: torch.dtype, ran, device: torch.device) -> dict:
     """The machine code a timed call ran (ran: `pnmix._runtime.observing`'s list for one call) for a built-in
     method's point of `layer` (KV heads, query heads per KV head, head_dim); "why" when there is none to record."""
-    from pnmix import _runtime, aot
-    from pnmix.kernels import ptx_unpack
+    from pnmix import _runtime, aot  # deferred: pnmix imports triton, which the report need not load
+    from pnmix.kernels import ptx_unpack  # deferred: pnmix imports triton, which the report need not load
 
     if device.type != "cuda" or not ran or any(compiled is None for _, compiled in ran):
         return {"why": "no compiled kernel ran (the interpreter, or not a Triton path)"}
@@ -51,7 +51,7 @@ def record_of(case, target, ptx: bool, ran) -> dict:
     kernels that ran."""
     import triton
 
-    from pnmix import aot
+    from pnmix import aot  # deferred: pnmix imports triton, which the report need not load
 
     ran_digests = _digests_by_name(ran)
     try:
@@ -83,8 +83,8 @@ def faithful(rec: object) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _here(spec: str) -> dict[str, list[str]] | str:
-    from pnmix import _runtime, aot
-    from pnmix.sass import toolchain
+    from pnmix import _runtime, aot  # deferred: pnmix imports triton, which the report need not load
+    from pnmix.sass import toolchain  # deferred: pnmix imports triton, which the report need not load
 
     tools = toolchain()
     if isinstance(tools, str):

@@ -52,7 +52,7 @@ def spread_layers(n_layers: int, count: int) -> list[int]:
 def cache_layers(model_config, count: int) -> list[int]:
     """`count` of the layers that hold a method's cache, spread across depth: a layer with an attention window
     keeps an exact cache (`pnmix.hf`), and its attention is not the full causal attention measured here."""
-    from pnmix.hf import layer_windows
+    from pnmix.hf import layer_windows  # deferred: transformers takes seconds to import
 
     full = [i for i, window in enumerate(layer_windows(model_config)) if window is None]
     if not full:

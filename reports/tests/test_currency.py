@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.efficiency import compiled
 from reference import records
 from reports import currency
 
@@ -80,3 +81,55 @@ def test_a_file_is_fingerprinted_as_first_read_by_this_process(tmp_path):
     first = records._digests(path)
     path.write_text("X = 2\n")  # edited while a long run goes on: the run ran X = 1
     assert records._digests(path) == first and records.code_units(path) != first[1]
+
+
+# -- kernel timings by their machine code (`benchmarks.efficiency.compiled`) ---------------------------------------
+
+STALE_CODE = {"files": {"pnmix/kernels/attention.py": "0" * 64}, "commit": "abc1234"}  # no longer this tree's
+
+
+def point(rec: dict | None) -> dict:
+    """A benchmark point whose code fingerprint says its source changed."""
+    return {"name": "p", "extra_info": {"code": STALE_CODE, **({"compiled": rec} if rec is not None else {})}}
+
+
+def faithful_record(ran: dict) -> dict:
+    return {
+        "case": {"method": "PN-Mix", "dtype": "float16", "head_dim": 128, "gqa": 4},
+        "target": {"arch": 90, "sms": 132},
+        "ptx_unpack": False,
+        "ran": ran,
+        "compiled_ahead": ran,
+        "faithful": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"faithful": False},
+        {"compiled_ahead": {"_split_kernel": ["b" * 64]}},  # claims faithful, but the two differ
+        {"ran": {}, "compiled_ahead": {}},
+        {"case": None},
+    ],
+)
+def test_a_record_that_does_not_reproduce_what_ran_cannot_decide(change):
+    rec = {**faithful_record({"_split_kernel": ["a" * 64]}), **change}
+    rec = {k: v for k, v in rec.items() if v is not None}
+    assert not compiled.faithful(rec)
+    verdict = currency.judge_timing(point(rec))
+    assert not verdict.current and "pnmix/kernels/attention.py" in verdict.why  # the code fingerprint decides
+
+
+def test_same_machine_code_keeps_a_timing_current_and_other_code_names_the_kernel(monkeypatch):
+    here = {"_merge_kernel": ["m" * 64], "_split_kernel": ["s" * 64]}
+    monkeypatch.setattr(compiled, "_here", lambda spec: here)
+    assert currency.judge_timing(point(faithful_record(dict(here)))).current  # though its source changed
+    moved = currency.judge_timing(point(faithful_record({**here, "_split_kernel": ["t" * 64]})))
+    assert not moved.current and "_split_kernel (sm_90)" in moved.why and "_merge_kernel" not in moved.why
+
+
+def test_a_machine_that_cannot_compile_falls_back_to_the_code(monkeypatch):
+    monkeypatch.setattr(compiled, "_here", lambda spec: "not found: ptxas")
+    verdict = currency.judge_timing(point(faithful_record({"_split_kernel": ["s" * 64]})))
+    assert not verdict.current and "pnmix/kernels/attention.py" in verdict.why

@@ -61,8 +61,13 @@ def every_figure(drawn, tmp_path):
         _long_output(tmp_path, "b.json", 32, "2026-12-02T00:00:00+00:00"),
     ]
     section = fidelity.render([full], "", longs)
-    equal_bits.render([inputs.load(p, "committed") for p in COMMITTED_EQUAL_BITS])
-    assert len(drawn) == 2 + 2 + 2 + 1 and {"long-output-1.png", "long-output-2.png"} <= set(section.figures)
+    runs = [inputs.load(p, "committed") for p in COMMITTED_EQUAL_BITS]
+    equal_bits.render(runs)
+    models = {
+        s.data.get("model_fingerprint") or s.data.get("model") for s in runs if "--smoke" not in s.data["command"]
+    }
+    # memory 2, fidelity 2 (Fig. 5, Fig. 4), the two long-output runs, and one equal-bits figure per model
+    assert len(drawn) == 2 + 2 + 2 + len(models) and {"long-output-1.png", "long-output-2.png"} <= set(section.figures)
     return drawn
 
 
