@@ -18,8 +18,6 @@ import json
 
 import torch
 
-DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
 
 def _digests_by_name(ran) -> dict[str, list[str]]:
     from pnmix import sass  # deferred: pnmix imports triton, which the report need not load
@@ -38,12 +36,13 @@ def record(method: str, layer, dtype: torch.dtype, ran, device: torch.device) ->
 
     if device.type != "cuda" or not ran or any(compiled is None for _, compiled in ran):
         return {"why": "no compiled kernel ran (the interpreter, or not a Triton path)"}
-    if dtype not in DTYPES:
+    names = {t: name for name, t in aot.DTYPES.items()}  # the cases pnmix.aot compiles
+    if dtype not in names:
         return {"why": f"no ahead-of-time case for dtype {dtype}"}
     _, n_rep, head_dim = layer
     props = torch.cuda.get_device_properties(device)
     target = _runtime.Target(props.major * 10 + props.minor, props.multi_processor_count)
-    return record_of(aot.Case(method, DTYPES[dtype], int(head_dim), int(n_rep)), target, ptx_unpack.active(), ran)
+    return record_of(aot.Case(method, names[dtype], int(head_dim), int(n_rep)), target, ptx_unpack.active(), ran)
 
 
 def record_of(case, target, ptx: bool, ran) -> dict:
