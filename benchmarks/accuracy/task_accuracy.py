@@ -17,7 +17,10 @@ suite's `pnmix_<task>_gen_<len>`, lm-eval's own generate_until tasks). lm-eval t
 the outcome recorded.
 
 Resumable: every finished context's scores are appended to a file in --out (`Scores`); an interrupted
-sweep says what it kept and the same command resumes from it. Data-parallel under lm-eval's own
+sweep says what it kept and the same command resumes from it, with any number of processes. A score is
+kept under its run's configuration, so a sweep runs in pieces (some runs, some tasks, a few documents
+first) and a last one over everything scores only what no piece did; kept scores of code whose canaries
+moved are refused. Data-parallel under lm-eval's own
 multi-process launch: `accelerate launch -m benchmarks.task_accuracy ...` (or `torchrun`) gives each
 process its share of the documents (its own model copy, one GPU each where there are GPUs) and rank 0
 gathers them and writes the one result.
@@ -177,39 +180,92 @@ def _request_key(args: tuple) -> str:
     return hashlib.sha256(json.dumps(args).encode()).hexdigest()[:32]
 
 
-class Scores:
-    """The sweep's scores as they are made, one line per (run, request) appended to a file in --out as
-    each context finishes, so that an interrupted sweep keeps what it computed and a rerun of the same
-    command (same model file, runs, options and task data: the `identity` on the file's first line)
-    resumes from it. A line cut short by a kill is not read. Removed once the result is written."""
+#: The run_key of a kept file's lines that record a context's seconds.
+TIME = "seconds"
 
-    def __init__(self, path: Path, identity: dict) -> None:
-        self.path, self.identity = path, identity
+
+def run_key(model_args: str) -> str:
+    """What a kept score is filed under: the run's configuration (its model_args), not its label."""
+    return hashlib.sha256(model_args.encode()).hexdigest()[:16]
+
+
+class Scores:
+    """The sweep's scores as they are made, one line per (run, request) appended as each context finishes,
+    so that an interrupted sweep keeps what it computed and a rerun resumes from it.
+
+    A sweep reads every file of its `identity` (model file, pair layout, lm-eval's version) in the folder:
+    those of an interrupted run of the same command, of other processes of a multi-process launch whatever
+    their number, and of earlier sweeps over other runs or tasks, since a score is filed under its run's
+    configuration and its request (a sweep can be run in pieces, by runs or by tasks, and a last one over
+    everything reuses them all). Each file's first line records the behaviour of the code that wrote it
+    (`benchmarks.canaries.behaviour.record`): a file whose canaries this tree no longer reproduces is refused,
+    naming what moved, so that no result mixes the scores of code that computes differently. This process
+    appends to its own file, `path`. A line cut short by a kill is not read. `remove` deletes every file of
+    the identity once the result holds their scores: one sweep at a time per folder."""
+
+    def __init__(self, folder: Path, identity: dict, behaviour: dict, part: str = "") -> None:
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        self.pattern = f".task-accuracy-{digest}*.scores.jsonl"
+        self.path = folder / f".task-accuracy-{digest}{part}.scores.jsonl"
+        self.identity, self.behaviour = identity, behaviour
         self.kept: dict[str, dict[str, tuple[float, bool] | str]] = {}
-        if path.is_file():
-            lines = path.read_text().splitlines()
-            head = json.loads(lines[0]) if lines else None
-            if head != {"identity": identity}:
-                raise ValueError(f"{path} holds the scores of another sweep; remove it or choose another --out")
-            for line in lines[1:]:
-                try:
-                    label, key, score = json.loads(line)
-                except ValueError:  # the last line of a killed run, cut short
-                    continue
-                self.kept.setdefault(label, {})[key] = score if isinstance(score, str) else (score[0], score[1])
+        self.seconds = 0.0  # the time the kept scores took to compute, wherever they were made
+        self.files = sorted(folder.glob(self.pattern))
+        for path in self.files:
+            self._read(path)
         self.read = sum(map(len, self.kept.values()))
 
-    def get(self, label: str, args: tuple) -> tuple[float, bool] | str | None:
-        return self.kept.get(label, {}).get(_request_key(args))
+    def _read(self, path: Path) -> None:
+        lines = path.read_text().splitlines()
+        head = json.loads(lines[0]) if lines else {}
+        if head.get("identity") != self.identity:
+            raise ValueError(f"{path} holds the scores of another sweep; remove it or choose another --out")
+        moved = canaries.moved(head.get("behaviour") or {})
+        if moved or not (head.get("behaviour") or {}).get("canaries"):
+            why = "; ".join(moved) if moved else "it records no canaries"
+            raise ValueError(f"{path} holds scores of code that computes otherwise ({why}); remove it to start over")
+        for line in lines[1:]:
+            try:
+                run, key, score = json.loads(line)
+            except ValueError:  # the last line of a killed run, cut short
+                continue
+            if run == TIME:
+                self.seconds += score
+            else:
+                self.kept.setdefault(run, {})[key] = score if isinstance(score, str) else (score[0], score[1])
 
-    def add(self, rows: list[tuple[str, tuple, tuple[float, bool] | str]]) -> None:
-        """Append the scores (log-likelihoods, or the text generated) of one finished context (one write)."""
+    def get(self, run: str, args: tuple) -> tuple[float, bool] | str | None:
+        """The kept score of `args` under the run whose `run_key` is `run`, or None."""
+        return self.kept.get(run, {}).get(_request_key(args))
+
+    def add(self, rows: list[tuple[str, tuple, tuple[float, bool] | str]], seconds: float) -> None:
+        """Append the scores (log-likelihoods, or the text generated) of one finished context (one write):
+        rows of (run_key, request args, score), and the seconds they took."""
         if not self.path.is_file():
-            self.path.write_text(json.dumps({"identity": self.identity}) + "\n")
+            head = {"identity": self.identity, "behaviour": self.behaviour}
+            self.path.write_text(json.dumps(head) + "\n")
+        lines = [json.dumps([run, _request_key(args), _plain(s)]) for run, args, s in rows]
         with open(self.path, "a") as f:
-            f.write("".join(json.dumps([label, _request_key(args), _plain(s)]) + "\n" for label, args, s in rows))
-        for label, args, score in rows:
-            self.kept.setdefault(label, {})[_request_key(args)] = score
+            f.write("".join(f"{line}\n" for line in [*lines, json.dumps([TIME, "", round(seconds, 3)])]))
+        self.seconds += seconds
+        for run, args, score in rows:
+            self.kept.setdefault(run, {})[_request_key(args)] = score
+
+    def recorded_seconds(self) -> float:
+        """The seconds every kept context took, read from every file now (every process's, every piece's)."""
+        total = 0.0
+        for path in self.path.parent.glob(self.pattern):
+            for line in path.read_text().splitlines()[1:]:
+                try:
+                    run, _, seconds = json.loads(line)
+                except ValueError:
+                    continue
+                total += seconds if run == TIME else 0.0
+        return total
+
+    def remove(self, folder: Path) -> None:
+        for path in folder.glob(self.pattern):
+            path.unlink(missing_ok=True)
 
 
 def _plain(score: tuple[float, bool] | str) -> list | str:
@@ -220,12 +276,27 @@ class Shared:
     """The log-likelihoods and generations of every run for the requests lm-eval makes, the prompt's
     forward shared."""
 
-    def __init__(self, base, views: dict, scores: Scores | None = None) -> None:
+    def __init__(self, base, views: dict, scores: Scores | None = None, keys: dict | None = None) -> None:
         self.base, self.views = base, views  # label -> PNMixLM sharing base's model
         self.table: dict[str, dict[tuple, tuple[float, bool]]] = {label: {} for label in views}
         self.generations: dict[str, dict[str, str]] = {label: {} for label in views}  # by _request_key
-        self.scores = scores  # what an earlier, interrupted run of the same sweep computed
-        self.reused = 0  # contexts whose scores came from it
+        self.scores = scores  # what earlier runs of the sweep (or of some of its runs) computed
+        self.keys = keys or {label: label for label in views}  # label -> the run_key its scores are kept under
+        self.reused = 0  # contexts whose scores all came from them
+        self.partly = 0  # contexts where some runs' scores did
+
+    def _kept(self, args: list[tuple]) -> dict[str, list]:
+        """{label: the kept scores of `args` (None where not kept)} of every run."""
+        get = self.scores.get if self.scores is not None else (lambda run, a: None)
+        return {label: [get(self.keys[label], a) for a in args] for label in self.views}
+
+    def _reuse(self, kept: dict[str, list]) -> list[str]:
+        """The labels whose scores `kept` lacks (to compute), counting the context as (partly) reused."""
+        missing = [label for label, scores in kept.items() if None in scores]
+        if len(missing) < len(kept):
+            self.reused += not missing
+            self.partly += bool(missing)
+        return missing
 
     def compute(self, requests) -> None:
         import torch
@@ -244,16 +315,17 @@ class Shared:
             if n > self.base.max_length + 1:  # as pnmix-lm-eval refuses it: nothing is truncated
                 self.base._refuse_length((r.task_name, r.doc_id), n - 1, "context + continuation")
         for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
+            kept = self._kept(pairs)
+            missing = self._reuse(kept)
+            for label in self.views.keys() - set(missing):
+                self.table[label].update(zip(pairs, kept[label], strict=True))
+            if not missing:
+                continue
+            began = time.monotonic()
             encoded = [
                 self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
                 for a in pairs
             ]
-            kept = {label: [self.scores.get(label, a) for a in pairs] for label in self.views} if self.scores else {}
-            if kept and all(None not in scores for scores in kept.values()):
-                for label, scores in kept.items():
-                    self.table[label].update(zip(pairs, scores, strict=True))
-                self.reused += 1
-                continue
             context_enc = encoded[0][0]
             prompt = self.base.prompt_length(context, context_enc)
             for args, (_, continuation) in zip(pairs, encoded, strict=True):
@@ -261,12 +333,12 @@ class Shared:
             recorded = self.base.record_prompt(context_enc[:prompt])
             text = context.replace(DECODE_MARK, "").rstrip()
             rows = []
-            for label, lm in self.views.items():
-                scores = lm.score_shared(text, context_enc, prompt, [c for _, c in encoded], recorded)
+            for label in missing:
+                scores = self.views[label].score_shared(text, context_enc, prompt, [c for _, c in encoded], recorded)
                 self.table[label].update(zip(pairs, scores, strict=True))
-                rows += [(label, a, s) for a, s in zip(pairs, scores, strict=True)]
+                rows += [(self.keys[label], a, s) for a, s in zip(pairs, scores, strict=True)]
             if self.scores is not None:
-                self.scores.add(rows)
+                self.scores.add(rows, time.monotonic() - began)
 
     def generate(self, requests) -> None:
         import torch
@@ -279,21 +351,23 @@ class Shared:
         (`PNMixLM.record_prompt`) and the decode section as its own steps (`PNMixLM.replayed`)."""
         for r in tqdm(requests, desc="generations", unit="context", file=sys.stderr):
             key = _request_key(r.args)
-            kept = {label: self.scores.get(label, r.args) for label in self.views} if self.scores else {}
-            if kept and None not in kept.values():
-                for label, text in kept.items():
-                    self.generations[label][key] = text
-                self.reused += 1
+            kept = self._kept([r.args])
+            missing = self._reuse(kept)
+            for label in self.views.keys() - set(missing):
+                self.generations[label][key] = kept[label][0]
+            if not missing:
                 continue
+            began = time.monotonic()
             ask = self.base.generation(r)
             recorded = self.base.record_prompt(ask.context_enc[: ask.prompt])
             rows = []
-            for label, lm in self.views.items():
+            for label in missing:
+                lm = self.views[label]
                 cache, last = lm.replayed(ask.text, ask.context_enc, ask.prompt, recorded)
                 self.generations[label][key] = text = lm.generated(cache, last, ask)
-                rows.append((label, r.args, text))
+                rows.append((self.keys[label], r.args, text))
             if self.scores is not None:
-                self.scores.add(rows)
+                self.scores.add(rows, time.monotonic() - began)
 
 
 def evaluate(tasks: list[str], limit: int | None, manager, shared: Shared) -> dict[str, dict | None]:
@@ -488,24 +562,24 @@ def main(argv: list[str] | None = None) -> int:
     base = PNMixLM(pretrained=args.model, method="FP16", **given)
     views = {r.label: PNMixLM.sharing(base, **{**r.model_kwargs(), **given}) for r in runs}
     loaded_code()  # the code as imported now: what the result records, whatever is edited while it runs
-    identity = {
-        "model": source.fingerprint,
-        "runs": {r.label: r.model_args() for r in runs},
-        **given,
-        "lm_eval": __import__("lm_eval").__version__,
-    }
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    # each process of a multi-process launch scores its share of the documents and keeps it apart
+    # what decides the scores, recorded with the kept ones and checked by a resume (and by the report)
+    behaviour = canaries.record(
+        [r.method for r in runs],
+        "task-accuracy",
+        model_fingerprint=source.fingerprint,
+        data=task_paths(tasks).values(),
+    )
+    identity = {"model": source.fingerprint, **given, "lm_eval": __import__("lm_eval").__version__}
+    # each process of a multi-process launch keeps its scores in a file of its own
     part = "" if base.world_size == 1 else f"-rank{base.rank}of{base.world_size}"
     try:
-        scores = Scores(args.out / f".task-accuracy-{digest}{part}.scores.jsonl", identity)
+        scores = Scores(args.out, identity, behaviour, part)
     except ValueError as err:
         p.error(f"--out: {err}")
     if scores.read:
-        print(
-            f"{p.prog}: resuming: {scores.read} scores of an interrupted run read from {scores.path}", file=sys.stderr
-        )
-    shared = Shared(base, views, scores)
+        print(f"{p.prog}: resuming: {scores.read} scores kept in {args.out} read back", file=sys.stderr)
+    keys = {r.label: run_key(r.model_args()) for r in runs}
+    shared = Shared(base, views, scores, keys)
     try:
         with interrupts.as_exceptions():
             results = evaluate(tasks, limit, manager, shared)
@@ -513,11 +587,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--tasks: {error}")
     except (KeyboardInterrupt, interrupts.Terminated) as stop:
         kept = sum(map(len, scores.kept.values()))
-        where = f"kept in {scores.path}; the same command resumes from them" if kept else "nothing was finished"
+        where = f"kept in {args.out} ({scores.pattern}); the same command resumes from them"
+        where = where if kept else "nothing was finished"
         print(f"{p.prog}: interrupted: {kept} scores {where}", file=sys.stderr)
         return 128 + getattr(stop, "signum", signal.SIGINT)
-    if shared.reused:
-        print(f"{p.prog}: {shared.reused} contexts' scores were those of the interrupted run", file=sys.stderr)
+    if shared.reused or shared.partly:
+        print(
+            f"{p.prog}: {shared.reused} contexts' scores were all kept ones, {shared.partly} some runs' of them",
+            file=sys.stderr,
+        )
     base.barrier()
     if base.rank != 0:  # lm-eval gathered every document's outcome on rank 0, which writes the result
         scores.path.unlink(missing_ok=True)
@@ -543,15 +621,12 @@ def main(argv: list[str] | None = None) -> int:
         task_files=task_files(tasks),
         lm_eval_version=__import__("lm_eval").__version__,
         seconds=round(time.monotonic() - start, 1),
-        behaviour=canaries.record(
-            [r.method for r in runs],
-            "task-accuracy",
-            model_fingerprint=source.fingerprint,
-            data=task_paths(tasks).values(),
-        ),
+        # the seconds of scoring every context, summed over processes and pieces (a resumed sweep's whole work)
+        scoring_seconds=round(scores.recorded_seconds(), 1),
+        behaviour=behaviour,
     )
     write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
-    scores.path.unlink(missing_ok=True)  # the result holds them now
+    scores.remove(args.out)  # the result holds them now
     return 0
 
 

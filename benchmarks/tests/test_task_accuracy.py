@@ -185,26 +185,101 @@ def test_an_interrupted_sweep_keeps_its_scores_and_the_same_command_resumes(tiny
     out = tmp_path / "resumed"
     assert task_accuracy.main([*argv(out), "--runs", *runs, "--threads", "1"]) == 130
     (kept,) = out.glob(".task-accuracy-*.scores.jsonl")
-    assert f"interrupted: 6 scores kept in {kept}" in capsys.readouterr().err  # 3 runs x 2 candidates
+    assert f"interrupted: 6 scores kept in {out}" in capsys.readouterr().err  # 3 runs x 2 candidates
     monkeypatch.setattr(PNMixLM, "score_shared", score_shared)
     assert sweep(out) == clean
     err = capsys.readouterr().err
-    assert "resuming: 6 scores of an interrupted run" in err and "1 contexts' scores were those of" in err
+    assert f"resuming: 6 scores kept in {out} read back" in err and "1 contexts' scores were all kept" in err
     assert not kept.exists()
 
 
+@pytest.mark.slow
+def test_a_sweep_in_pieces_scores_only_what_no_piece_did(tiny, tmp_path, monkeypatch, capsys):
+    """Scores are kept under each run's configuration: a piece over some runs, then the sweep over more,
+    computes only the runs the piece did not, and its result equals one sweep's."""
+    from benchmarks.accuracy.lm_eval_model import PNMixLM
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    tiny_task(tmp_path, distinct=True)
+    argv = ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--threads", "1"]
+
+    def sweep(out, runs) -> list:
+        assert task_accuracy.main([*argv, "--out", str(out), "--runs", *runs]) == 0
+        (path,) = out.glob("task-accuracy-*.json")
+        return [(r["label"], r["results"]) for r in json.loads(path.read_text())["runs"]]
+
+    whole = sweep(tmp_path / "whole", ["PN-Mix @ 2.25", "Kitty"])
+    out = tmp_path / "pieces"
+    (out / "piece").mkdir(parents=True)
+    piece = out / "piece"
+    sweep(piece, ["Kitty"])
+    assert not list(piece.glob(".task-accuracy-*"))  # a finished sweep keeps no scores
+    # a piece interrupted after its first context keeps FP16's and Kitty's scores of it
+    score_shared, calls = PNMixLM.score_shared, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(self.settings.options.method)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return score_shared(self, *args, **kwargs)
+
+    monkeypatch.setattr(PNMixLM, "score_shared", interrupted)
+    assert task_accuracy.main([*argv, "--out", str(out), "--runs", "Kitty"]) == 130
+    monkeypatch.setattr(PNMixLM, "score_shared", score_shared)
+    capsys.readouterr()
+    ran = []
+
+    def counted(self, *args, **kwargs):
+        ran.append(self.settings.options.method)
+        return score_shared(self, *args, **kwargs)
+
+    monkeypatch.setattr(PNMixLM, "score_shared", counted)
+    assert sweep(out, ["PN-Mix @ 2.25", "Kitty"]) == whole
+    assert "0 contexts' scores were all kept ones, 1 some runs' of them" in capsys.readouterr().err
+    assert ran.count("FP16") == ran.count("Kitty") == 2 and ran.count("PN-Mix") == 3  # 3 contexts, 1 kept
+
+
 def test_kept_scores_are_read_back_as_written(tmp_path):
-    """The resume file holds both kinds of score: (log p, greedy) of a candidate, the text generated."""
-    path, identity = tmp_path / "scores.jsonl", {"model": "m", "runs": {"FP16": ""}}
-    scores = task_accuracy.Scores(path, identity)
+    """The resume files hold both kinds of score: (log p, greedy) of a candidate, the text generated; every
+    process's file is read back, whatever the number of processes that wrote them."""
+    from benchmarks.canaries import behaviour as canaries
+
+    identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
+    scores = task_accuracy.Scores(tmp_path, identity, behaviour, "-rank1of2")
     choice, generation = ("ctx", " 4213"), ("ctx", {"until": ["\n"], "max_gen_toks": 4})
-    scores.add([("FP16", choice, (-1.5, True)), ("FP16", generation, " 4213.")])
-    with open(path, "a") as f:
+    scores.add([("FP16", choice, (-1.5, True)), ("FP16", generation, " 4213.")], 2.5)
+    with open(scores.path, "a") as f:
         f.write('["FP16", "cut sho')  # a kill mid-line
-    again = task_accuracy.Scores(path, identity)
+    again = task_accuracy.Scores(tmp_path, identity, behaviour)
     assert again.read == 2 and again.get("FP16", choice) == (-1.5, True) and again.get("FP16", generation) == " 4213."
+    again.add([("KIVI", choice, (-2.0, False))], 1.5)
+    assert again.seconds == 4.0 == again.recorded_seconds()  # each context's time, every process's file
+    assert again.path != scores.path  # one process now: its own file, beside the two processes' ones
+    other = task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour)  # files under its own name
+    assert other.read == 0
+    scores.path.rename(other.path)  # a file whose name says one sweep and whose first line another
     with pytest.raises(ValueError, match="another sweep"):
-        task_accuracy.Scores(path, {**identity, "model": "other"})
+        task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour)
+
+
+def test_kept_scores_of_code_that_computes_otherwise_are_refused(tmp_path):
+    """A resume never mixes scores of two behaviours: a file whose canaries this tree does not reproduce (or
+    that records none) is refused, naming what moved."""
+    from benchmarks.canaries import behaviour as canaries
+
+    identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
+    scores = task_accuracy.Scores(tmp_path, identity, behaviour)
+    scores.add([("FP16", ("ctx", " 1"), (-1.0, True))], 1.0)
+    assert task_accuracy.Scores(tmp_path, identity, behaviour).read == 1
+    head, *rows = scores.path.read_text().splitlines()
+    moved = json.loads(head)
+    moved["behaviour"]["canaries"]["pipeline:task-accuracy"]["exact"]["chosen"] += 1  # another candidate chosen
+    scores.path.write_text("\n".join([json.dumps(moved), *rows]) + "\n")
+    with pytest.raises(ValueError, match=r"computes otherwise .*task-accuracy pipeline"):
+        task_accuracy.Scores(tmp_path, identity, behaviour)
+    scores.path.write_text("\n".join([json.dumps({"identity": identity}), *rows]) + "\n")
+    with pytest.raises(ValueError, match="records no canaries"):
+        task_accuracy.Scores(tmp_path, identity, behaviour)
 
 
 @pytest.mark.long  # three fresh processes importing lm-eval and torch: about a minute on two CPU cores
