@@ -288,7 +288,11 @@ class PNMixLayer(CacheLayerMixin):
                 res_k, res_v = self.cache.residual()
                 self._tail = torch.cat([res_k, key_states], dim=2), torch.cat([res_v, value_states], dim=2)
             self.cache.append(key_states, value_states)
-        key_states._pnmix_layer = self  # how the attention function finds this layer
+        # How the attention function finds this layer: an attribute of a fresh alias of the keys, never of a
+        # tensor the cache may keep a view of (a view's base is held by C++, out of the garbage collector's sight,
+        # so the keys -> layer -> cache -> view -> keys cycle would keep every context's cache alive).
+        key_states = key_states.view_as(key_states)
+        key_states._pnmix_layer = self
         self._values = value_states  # what attention must be given: it reads the cache's values
         return key_states, value_states
 
