@@ -71,21 +71,27 @@ def describe(name: str) -> str:
     return f"the {rest} pipeline"
 
 
+#: Set while a canary runs: no progress bars; one process, whatever launched this one (a canary's own model
+#: must not join the launch's process group: it runs the same fixed work in every process).
+CANARY_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+
+
 @contextlib.contextmanager
 def _quiet_and_single_threaded():
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
-    bars = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    saved = {name: os.environ.get(name) for name in CANARY_ENV}
+    os.environ.update(CANARY_ENV)
     try:
         with torch.random.fork_rng(devices=[]):
             yield
     finally:
         torch.set_num_threads(threads)
-        if bars is None:
-            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-        else:
-            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = bars
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def compute(name: str) -> dict:

@@ -86,6 +86,7 @@ GENERATE = ("numbers 0123 and 4567, then", {"until": ["."], "max_gen_toks": 8, "
 
 def save_tiny(folder: Path) -> Path:
     """The tiny Llama and a character tokenizer (BOS added), saved as a model folder."""
+    import safetensors.torch
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -100,7 +101,10 @@ def save_tiny(folder: Path) -> Path:
     tokenizer.save_pretrained(folder)
     model, _ = workloads.tiny_model("llama")
     model.config.bos_token_id, model.config.eos_token_id = 0, 1
-    model.save_pretrained(folder)
+    # written directly: under a multi-process launch model.save_pretrained writes on rank 0 only, and every
+    # process runs its own canaries
+    model.config.save_pretrained(folder)
+    safetensors.torch.save_model(model, str(folder / "model.safetensors"))
     return folder
 
 

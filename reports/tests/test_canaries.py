@@ -247,3 +247,21 @@ def test_every_measurement_tool_records_its_canaries(kind):
         and getattr(node.args[0], "value", None) == kind
     ]
     assert calls and all("behaviour" in {k.arg for k in call.keywords} for call in calls)
+
+
+def test_every_process_of_a_multi_process_launch_runs_the_pipeline_canary(tmp_path, monkeypatch):
+    """Under `accelerate launch` / `torchrun` each process records its own canaries (its kept sweep scores carry
+    them): the pipeline canary's tiny model is written whatever the process's rank (transformers' save_pretrained
+    writes on rank 0 only), and its model joins no process group."""
+    import transformers.distributed.mixin as mixin
+
+    from benchmarks.canaries import pipelines
+
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert (pipelines.save_tiny(tmp_path) / "config.json").is_file()
+    pipelines._tiny_folder.cache_clear()
+    assert "error" not in behaviour.record(pipeline="task-accuracy")["canaries"]["pipeline:task-accuracy"]
+    assert os.environ["WORLD_SIZE"] == "2"  # the launch's environment is back
