@@ -157,46 +157,10 @@ def test_the_suite_runs_on_smollm2(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_keeps_its_scores_and_the_same_command_resumes(tiny, tmp_path, monkeypatch, capsys):
-    from benchmarks.accuracy.lm_eval_model import PNMixLM
-
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    tiny_task(tmp_path, distinct=True)  # three contexts: the second is interrupted
-    runs = ["PN-Mix @ 2.25", "Kitty"]
-
-    def argv(out):
-        return ["--model", str(tiny), "--tasks", "tinytask_mc", "--include-path", str(tmp_path), "--out", str(out)]
-
-    def sweep(out) -> list:
-        assert task_accuracy.main([*argv(out), "--runs", *runs, "--threads", "1"]) == 0
-        (path,) = out.glob("task-accuracy-*.json")
-        return [(r["label"], r["results"]) for r in json.loads(path.read_text())["runs"]]
-
-    clean = sweep(tmp_path / "clean")
-    score_shared, calls = PNMixLM.score_shared, []
-
-    def interrupted(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1 + len(runs):  # the second context (FP16 and each run score one context)
-            raise KeyboardInterrupt
-        return score_shared(self, *args, **kwargs)
-
-    monkeypatch.setattr(PNMixLM, "score_shared", interrupted)
-    out = tmp_path / "resumed"
-    assert task_accuracy.main([*argv(out), "--runs", *runs, "--threads", "1"]) == 130
-    (kept,) = out.glob(".task-accuracy-*.scores.jsonl")
-    assert f"interrupted: 6 scores kept in {out}" in capsys.readouterr().err  # 3 runs x 2 candidates
-    monkeypatch.setattr(PNMixLM, "score_shared", score_shared)
-    assert sweep(out) == clean
-    err = capsys.readouterr().err
-    assert f"resuming: 6 scores kept in {out} read back" in err and "1 contexts' scores were all kept" in err
-    assert not kept.exists()
-
-
-@pytest.mark.slow
 def test_a_sweep_in_pieces_scores_only_what_no_piece_did(tiny, tmp_path, monkeypatch, capsys):
-    """Scores are kept under each run's configuration: a piece over some runs, then the sweep over more,
-    computes only the runs the piece did not, and its result equals one sweep's."""
+    """An interrupted sweep keeps what it finished and says so; scores are kept under each run's configuration,
+    so a rerun over more runs resumes from them, computes only what was not kept, says what it reused, and its
+    result equals one uninterrupted sweep's."""
     from benchmarks.accuracy.lm_eval_model import PNMixLM
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
@@ -210,10 +174,6 @@ def test_a_sweep_in_pieces_scores_only_what_no_piece_did(tiny, tmp_path, monkeyp
 
     whole = sweep(tmp_path / "whole", ["PN-Mix @ 2.25", "Kitty"])
     out = tmp_path / "pieces"
-    (out / "piece").mkdir(parents=True)
-    piece = out / "piece"
-    sweep(piece, ["Kitty"])
-    assert not list(piece.glob(".task-accuracy-*"))  # a finished sweep keeps no scores
     # a piece interrupted after its first context keeps FP16's and Kitty's scores of it
     score_shared, calls = PNMixLM.score_shared, []
 
@@ -226,7 +186,8 @@ def test_a_sweep_in_pieces_scores_only_what_no_piece_did(tiny, tmp_path, monkeyp
     monkeypatch.setattr(PNMixLM, "score_shared", interrupted)
     assert task_accuracy.main([*argv, "--out", str(out), "--runs", "Kitty"]) == 130
     monkeypatch.setattr(PNMixLM, "score_shared", score_shared)
-    capsys.readouterr()
+    (kept,) = out.glob(".task-accuracy-*.scores.jsonl")
+    assert f"interrupted: 4 scores kept in {out}" in capsys.readouterr().err  # 2 runs x 2 candidates
     ran = []
 
     def counted(self, *args, **kwargs):
@@ -235,8 +196,11 @@ def test_a_sweep_in_pieces_scores_only_what_no_piece_did(tiny, tmp_path, monkeyp
 
     monkeypatch.setattr(PNMixLM, "score_shared", counted)
     assert sweep(out, ["PN-Mix @ 2.25", "Kitty"]) == whole
-    assert "0 contexts' scores were all kept ones, 1 some runs' of them" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"resuming: 4 scores kept in {out} read back" in err
+    assert "0 contexts' scores were all kept ones, 1 some runs' of them" in err
     assert ran.count("FP16") == ran.count("Kitty") == 2 and ran.count("PN-Mix") == 3  # 3 contexts, 1 kept
+    assert not kept.exists()  # the result holds them now
 
 
 def test_kept_scores_are_read_back_as_written(tmp_path):
