@@ -210,8 +210,7 @@ class Scores:
         self.identity, self.behaviour = identity, behaviour
         self.kept: dict[str, dict[str, tuple[float, bool] | str]] = {}
         self.seconds = 0.0  # the time the kept scores took to compute, wherever they were made
-        self.files = sorted(folder.glob(self.pattern))
-        for path in self.files:
+        for path in sorted(folder.glob(self.pattern)):
             self._read(path)
         self.read = sum(map(len, self.kept.values()))
 
@@ -224,11 +223,7 @@ class Scores:
         if moved or not (head.get("behaviour") or {}).get("canaries"):
             why = "; ".join(moved) if moved else "it records no canaries"
             raise ValueError(f"{path} holds scores of code that computes otherwise ({why}); remove it to start over")
-        for line in lines[1:]:
-            try:
-                run, key, score = json.loads(line)
-            except ValueError:  # the last line of a killed run, cut short
-                continue
+        for run, key, score in _rows(lines):
             if run == TIME:
                 self.seconds += score
             else:
@@ -253,19 +248,21 @@ class Scores:
 
     def recorded_seconds(self) -> float:
         """The seconds every kept context took, read from every file now (every process's, every piece's)."""
-        total = 0.0
-        for path in self.path.parent.glob(self.pattern):
-            for line in path.read_text().splitlines()[1:]:
-                try:
-                    run, _, seconds = json.loads(line)
-                except ValueError:
-                    continue
-                total += seconds if run == TIME else 0.0
-        return total
+        paths = self.path.parent.glob(self.pattern)
+        return sum(s for path in paths for run, _, s in _rows(path.read_text().splitlines()) if run == TIME)
 
-    def remove(self, folder: Path) -> None:
-        for path in folder.glob(self.pattern):
+    def remove(self) -> None:
+        for path in self.path.parent.glob(self.pattern):
             path.unlink(missing_ok=True)
+
+
+def _rows(lines: list[str]):
+    """(run_key, request key, score) of a kept file's lines after its first; a line cut short by a kill is skipped."""
+    for line in lines[1:]:
+        try:
+            yield tuple(json.loads(line))
+        except ValueError:
+            continue
 
 
 def _plain(score: tuple[float, bool] | str) -> list | str:
@@ -626,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         behaviour=behaviour,
     )
     write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
-    scores.remove(args.out)  # the result holds them now
+    scores.remove()  # the result holds them now
     return 0
 
 
