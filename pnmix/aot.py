@@ -1,6 +1,6 @@
 """GPU-readiness gate without a GPU: compile every kernel the package launches for sm_80 and sm_90.
 
-    python -m pnmix.aot [--all | --default] [--json FILE] [--jobs N] [--require-targets] [--ptx-unpack]
+    python -m pnmix.aot [--all | --default] [--json FILE] [--jobs N] [--require-targets] [--plain-unpack]
 
 The launches are the package's own: `PNMixCache` prefill, append (with a page flush), decode
 attention and dequantize run on CPU tensors while `pnmix._runtime.recording` keeps each launch
@@ -16,10 +16,10 @@ bound (programs per SM, from the compiled registers, shared memory and warps, x 
 tile in flight, against DRAM latency x bandwidth per SM: Little's law); then the targets at the
 default configuration, each PASS or FAIL.
 
---ptx-unpack compiles the decode kernels with the PTX unpack of their value codes (`pnmix.kernels.ptx_unpack`,
-off by default) and checks from each kernel's TTGIR that every packed inline-asm call gets four elements of one
-shift (`pnmix.kernels.ttgir`): a kernel that may mix shifts fails, as does a float16 default decode kernel without
-inline asm (the flag did nothing).
+The decode kernels are compiled as a GPU runs them by default, with the PTX unpack of their value codes
+(`pnmix.kernels.ptx_unpack`; --plain-unpack: the plain unpack, the path a device takes when the PTX's self-test
+fails), and each kernel's TTGIR is checked for four elements of one shift per packed inline-asm call
+(`pnmix.kernels.ttgir`): a kernel that may mix shifts fails, as does a default decode kernel without inline asm.
 
 Exit status 1 when a kernel does not compile, exceeds shared memory, spills or may mix shifts in a PTX call (and, with
 --require-targets, when a target is not met); 2 on bad arguments; 3 when the toolchain (ptxas,
@@ -161,7 +161,7 @@ def _key(launch: _runtime.Launch, arch: int) -> str:
 _INSTRUCTION, _LABEL = sass.INSTRUCTION, sass.LABEL
 
 
-def kernel_digests(case: Case, target: _runtime.Target, names=None, ptx: bool = False) -> dict[str, list[str]]:
+def kernel_digests(case: Case, target: _runtime.Target, names=None, ptx: bool = True) -> dict[str, list[str]]:
     """The SASS digest (`pnmix.sass.digest`) of every distinct kernel the package launches for `case` on `target`
     (`record_launches`), by kernel name, a name's digests sorted (one kernel may compile to several); only the
     kernels `names` lists when given. Compiled here for the target, no GPU needed; under the interpreter in a
@@ -283,8 +283,9 @@ def problems(row: dict) -> list[str]:
     return found
 
 
-def run(scope: str, jobs: int, ptx: bool = False) -> dict:
-    """Record, compile and judge every launch of `scope` (ptx: with the PTX unpack asked for); the result as a
+def run(scope: str, jobs: int, ptx: bool = True) -> dict:
+    """Record, compile and judge every launch of `scope` (ptx: with the PTX unpack, the default; False: the plain
+    unpack, its fallback); the result as a
     JSON-ready dict."""
     import tqdm
 
@@ -310,9 +311,9 @@ def run(scope: str, jobs: int, ptx: bool = False) -> dict:
     failures = [f"{r['kernel']} sm_{r['arch']}: {p}" for r in rows.values() for p in problems(r)]
     if ptx:
         failures += [
-            f"{DECODE_KERNEL} sm_{arch} ({case.dtype}, GQA {case.gqa}): --ptx-unpack gave it no inline asm"
+            f"{DECODE_KERNEL} sm_{arch} ({case.dtype}, GQA {case.gqa}): no inline asm with the PTX unpack"
             for case, arch, key, _ in uses
-            if case.default and case.dtype == "float16" and rows[key].get("inline_asm") == 0
+            if case.default and rows[key].get("inline_asm") == 0
         ]
     checks = targets(decode)
     return {
@@ -382,8 +383,9 @@ def targets(decode: list[dict]) -> list[dict]:
             continue
         for gpu in (g for g in GPUS if g.arch == e["arch"]):
             wanted = [("memory", "memory bound", REQUIRED_MEMORY_BOUND)]
-            if gpu.name in REQUIRED_CEILING:
-                wanted.append(("ceiling", "binding ceiling", REQUIRED_CEILING[gpu.name]))
+            ceiling = REQUIRED_CEILING.get(e["dtype"], {})
+            if gpu.name in ceiling:
+                wanted.append(("ceiling", "binding ceiling", ceiling[gpu.name]))
             for field, label, need in wanted:
                 got = e.get("bounds", {}).get(gpu.name, {}).get(field)
                 passed = got is not None and got >= need
@@ -482,7 +484,9 @@ def render(result: dict) -> str:
         for e in result["decode"]
         for gpu, b in e.get("bounds", {}).items()
     ]
-    need = ", ".join(f"{g} >= {v:.0%}" for g, v in REQUIRED_CEILING.items())
+    need = "; ".join(
+        f"{dtype}: " + ", ".join(f"{g} >= {v:.0%}" for g, v in need.items()) for dtype, need in REQUIRED_CEILING.items()
+    )
     lines = [
         f"{len(kernels)} distinct kernels compiled for {', '.join(f'sm_{a}' for a in result['archs'])}",
         tabulate(table, head, tablefmt="github"),
@@ -495,7 +499,7 @@ def render(result: dict) -> str:
     if result.get("ptx_unpack"):
         asm = sorted({(e["dtype"], e["arch"], e.get("inline_asm", 0)) for e in result["decode"]})
         lines.append(
-            "PTX unpack asked for (--ptx-unpack): decode kernels' packed inline-asm ops "
+            "PTX unpack (the default; --plain-unpack: without it): decode kernels' packed inline-asm ops "
             + ", ".join(f"{dtype} sm_{arch}: {n}" for dtype, arch, n in asm)
             + "; each checked for four elements of one shift per call"
         )
@@ -543,9 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1, help="parallel compiles")
     parser.add_argument(
-        "--ptx-unpack",
+        "--plain-unpack",
         action="store_true",
-        help="decode kernels with the PTX unpack of their value codes (pnmix.kernels.ptx_unpack), its grouping checked",
+        help="decode kernels with the plain unpack of their value codes, not the PTX one (pnmix.kernels.ptx_unpack): "
+        "the path a GPU takes where the PTX's self-test fails",
     )
     parser.add_argument("--digests", metavar="SPEC", help=argparse.SUPPRESS)  # kernel_digests' subprocess
     args = parser.parse_args(argv)
@@ -560,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, "-m", "pnmix.aot", *argv], env=env).returncode
     if args.digests is not None:
         return _digests_main(args.digests)
-    result = run(args.scope or "all", args.jobs, args.ptx_unpack)
+    result = run(args.scope or "all", args.jobs, not args.plain_unpack)
     print(render(result))
     if args.json is not None:
         write_json(args.json, {KIND: "pnmix-aot", **environment(None), **result})

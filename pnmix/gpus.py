@@ -113,9 +113,12 @@ SM_LIMITS = {
 ARCHS = tuple(sorted({g.arch for g in GPUS}))
 
 #: Targets at the default configuration (fp16 and bf16), as fractions of HBM bandwidth: the memory bound on every
-#: GPU, and the binding ceiling (the lower of the two bounds) where named.
+#: GPU, and the binding ceiling (the lower of the two bounds) per dtype where named.
 REQUIRED_MEMORY_BOUND = 0.90
-REQUIRED_CEILING = {"A100-SXM4-40GB": 0.30, "H100-SXM": 0.25}
+REQUIRED_CEILING = {
+    "float16": {"A100-SXM4-40GB": 0.30, "H100-SXM": 0.25, "H200": 0.18},
+    "bfloat16": {"A100-SXM4-40GB": 0.25, "H100-SXM": 0.20},
+}
 
 
 class Pipe(NamedTuple):

@@ -25,7 +25,7 @@ they launch (nothing is compiled ahead or warmed up for later).
   fig7 (120 s): one Fig. 7 point, PN-Mix at decode step 16K: eager step and graph replay.
   fig6c (120 s): one Fig. 6c point, PN-Mix at B = 20 (sampled protocol), tokens/s.
   ptx (90 s, when the steps before it left that much of --time-budget): PN-Mix's decode with the PTX unpack of
-      its value codes asked for and not (`pnmix.kernels.ptx_unpack`, off by default): which path each took (the
+      its value codes asked for and not (`pnmix.kernels.ptx_unpack`, on by default): which path each took (the
       device's self-test outcome, in its words), each one's error by property 7's rule, whether the two outputs
       are the same bits, and their times (benchmarks/suites/test_ptx_unpack.py).
   launch (120 s, when the steps before it left that much of --time-budget): the kernel step's

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from pnmix import _runtime
-from pnmix.kernels import ptx_unpack
+from pnmix.kernels import ptx, ptx_unpack
 from pnmix.kernels.common import round_to, saturate, unpack_field
 from pnmix.kernels.unpack import code_to as _code_to
 from pnmix.kernels.unpack import field_codes
@@ -95,15 +95,27 @@ def _load_tile(
 
 
 @triton.jit
-def _dot_f32(a, b, DOT: tl.constexpr):
+def _mma(a, b, SWAP: tl.constexpr):
+    """a @ b, or with SWAP as (b^T a^T)^T: the same products summed in the same order along k, with the operands'
+    roles in the MMA exchanged (b's rows become the MMA's m side). Which of the two the target's compiler issues
+    in fewer instructions depends on the target (`launch_config`: on sm_90 the swapped value dot, 128 channels
+    on the m side, becomes a warpgroup MMA)."""
+    if SWAP:
+        return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _dot_f32(a, b, DOT: tl.constexpr, SWAP: tl.constexpr = False):
     """a (float32) @ b (DOT) with a carried as two DOT parts, hi + lo: operands of float32 grade
     on tensor cores, as the spec computes in float32 (rounding a, e.g. queries times key scales
-    or probabilities, to float16 alone would add an error of its own, not the dtype's)."""
+    or probabilities, to float16 alone would add an error of its own, not the dtype's). SWAP: `_mma`'s."""
     if DOT == tl.float32:
-        return tl.dot(a, b)
+        return _mma(a, b, SWAP)
     else:
         hi = a.to(DOT)
-        return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(DOT), b)
+        return _mma(hi, b, SWAP) + _mma((a - hi.to(tl.float32)).to(DOT), b, SWAP)
 
 
 @triton.jit
@@ -119,10 +131,10 @@ def _headroom(top, DOT: tl.constexpr):
 
 
 @triton.jit
-def _dot_wide(a, scale, b, e, DOT: tl.constexpr):
+def _dot_wide(a, scale, b, e, DOT: tl.constexpr, SWAP: tl.constexpr = False):
     """`_dot_f32` of a * scale[None, :], whose entries may pass float16's range, divided by the headroom
     exponent e (`_headroom` of a bound on |a * scale|) and the product multiplied back."""
-    return _dot_f32(a * scale[None, :] * (1.0 / e), b, DOT) * e
+    return _dot_f32(a * scale[None, :] * (1.0 / e), b, DOT, SWAP) * e
 
 
 @triton.jit
@@ -158,6 +170,7 @@ def _key_chunk(
     EXACT_LO: tl.constexpr,
     TILE_E: tl.constexpr,
     DOT: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     """The low plane's logits over KC channels from `first` on (q: their scaled queries; q_dot: the same
     queries as given, in DOT; e: the split's headroom exponent of the low plane, `_split_exponents`, or with
@@ -171,18 +184,19 @@ def _key_chunk(
     EXACT_LO (1-bit codes, scales stored in q's dtype): the product is exact instead, the queries as given
     against where(bit, s, 0) in DOT, one MMA (a product of two DOT numbers is exact in the float32
     accumulator, and the scale is not rounded), with the softmax scale applied to the float32 logits as in
-    the dense loops: no q * s operand, no hi + lo split, no headroom (the products are far inside float32)."""
+    the dense loops: no q * s operand, no hi + lo split, no headroom (the products are far inside float32).
+    SWAP: the dot's operand roles (`_mma`)."""
     c = first + tl.arange(0, KC)
     z_k = _vector(kz + group * d + first, d - first, KC)
     codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
     if EXACT_LO:
         s_c = tl.load(ks + group * d + c, mask=c < d, other=0.0).to(DOT)
-        logits = tl.dot(q_dot, tl.where(codes != 0, s_c[:, None], 0.0).to(DOT)) * qk_scale
+        logits = _mma(q_dot, tl.where(codes != 0, s_c[:, None], 0.0).to(DOT), SWAP) * qk_scale
     else:
         s_k = _rows(ks + group * d + c, c < d, q)
         if TILE_E:
             e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
-        logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT) * e
+        logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT, SWAP) * e
     return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
 
 
@@ -354,6 +368,8 @@ def _split_kernel(
     V_HEADROOM: tl.constexpr,
     KEY_CHUNKS: tl.constexpr,
     PTX_UNPACK: tl.constexpr,
+    SWAP_K: tl.constexpr,
+    SWAP_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -373,8 +389,9 @@ def _split_kernel(
     field-major order, column c holding channel vchan[c] = (c % V_DP) * per + c // V_DP: the
     packed value bytes of adjacent columns are then adjacent in memory (vector loads, no
     interleave of fields in registers), and the dense value tiles and the final store use the
-    same order. With PTX_UNPACK (float16, runs of V_DP columns a multiple of 4: `value_ptx`) their codes
-    are turned into float16 by inline PTX, four of one shift at a time (`unpack.field_codes`).
+    same order. With PTX_UNPACK (float16, or bfloat16 up to 4 bits; runs of V_DP columns a multiple of
+    4: `value_ptx`) their codes are turned into DOT numbers by inline PTX, four of one shift at a time
+    (`unpack.field_codes`).
 
     With a sliding value window (SLIDING, the published KIVI) values are quantized up to
     n_value_quantized <= n_quantized: the quantized region's last tiles take the values past
@@ -492,11 +509,28 @@ def _split_kernel(
         group = start // G
         if FAST:
             logits = _key_chunk(
-                q0, qd0, 0, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT
+                q0, qd0, 0, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT, SWAP_K
             )
             if KEY_CHUNKS == 2:
                 logits += _key_chunk(
-                    q1, qd1, KC, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT
+                    q1,
+                    qd1,
+                    KC,
+                    klo,
+                    ks,
+                    kz,
+                    group,
+                    t,
+                    d,
+                    e_lo,
+                    q_top,
+                    qk_scale,
+                    KC,
+                    B_LO,
+                    EXACT_LO,
+                    PAGE_RANKS,
+                    DOT,
+                    SWAP_K,
                 )
             if HAS_HIGH:
                 if PAGE_RANKS:  # this page's boosted channels: the inverse of its rank table
@@ -556,9 +590,9 @@ def _split_kernel(
             # One shift per V_DP columns; with PTX_UNPACK four codes of one shift per inline-PTX call.
             codes = field_codes(packed, ((cols // V_DP) * W_V)[None, :], B_V, DOT, PTX_UNPACK)
             if V_HEADROOM:
-                pv = _dot_wide(p, s_v, codes, e_v, DOT)
+                pv = _dot_wide(p, s_v, codes, e_v, DOT, SWAP_V)
             else:  # p <= 1 times a scale of float16 (or of DOT's range) is within DOT's range
-                pv = _dot_f32(p * s_v[None, :], codes, DOT)
+                pv = _dot_f32(p * s_v[None, :], codes, DOT, SWAP_V)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
@@ -700,17 +734,42 @@ def launch_config(layout: CacheLayout) -> dict:
     programs per SM keep 2 x 2 tiles in flight, which the memory bound of `python -m pnmix.aot`
     asks for on an H200 (one stage: 73 %). The interpreter runs the same tiles (and ignores
     stages, which change no result), so CI checks the GPU paths.
+
+    Operand roles (`_mma`; swap_k: the key low plane's dot, swap_v: the values'): compiled both ways for every
+    method, dtype and head_dim by `python -m pnmix.aot`. Swapped values on sm_90 become a warpgroup MMA (the head's
+    channels on the m side) and ptxas stops copying loop-invariant query fragments into place before each MMA;
+    on sm_80 they cost about 100 more instructions, and at d = 256 they spill. Swapped keys help the pair-mask high
+    plane (PN-Mix) up to d = 128 and grow or spill KIVI's and Kitty's loops. Default configuration, loop SASS per
+    warp per 64-token tile with the PTX unpack, neither swapped -> this choice: float16 sm_80 1,441 -> 1,435, sm_90
+    1,497 -> 1,281; bfloat16 1,830 -> 1,793 and 1,853 -> 1,512. Across `--all` every loop is as short or
+    shorter (sm_90: 1 % to 18 %) and none spills (pnmix/kernels/NOTES.md, variant 16).
     """
     g = layout.config.group_size
     block_d = max(16, triton.next_power_of_2(layout.head_dim))
     warps = 8 if block_d >= 256 or layout.selection.metadata == "page-ranks" else 4
     codes = 2048 if block_d <= 128 else 512
     block_n = min(64, g & -g, codes * warps // block_d)
-    return {"block_n": block_n if block_n >= 16 else 64, "num_warps": warps, "num_stages": 2, "maxnreg": 255}
+    gpu = _runtime.target()  # None: the interpreter, which runs every choice alike (tests choose)
+    # Operand roles, measured per configuration (see the docstring): swapped keys with a pair-mask high plane up to
+    # d = 128 (KIVI's and Kitty's loops grow or spill), swapped values on sm_90 up to d = 128 (d = 256 spills).
+    swap_k = block_d <= 128 and layout.n_high_channels > 0 and layout.selection.metadata != "page-ranks"
+    swap_v = gpu is not None and gpu.arch >= 90 and block_d <= 128
+    return {
+        "block_n": block_n if block_n >= 16 else 64,
+        "num_warps": warps,
+        "num_stages": 2,
+        "maxnreg": 255,
+        "swap_k": swap_k,
+        "swap_v": swap_v,
+    }
 
 
-def _launch_overrides(num_splits, block_n, num_warps, num_stages) -> dict:
-    """The launch choices given (not None), checked: positive ints; tiles and warps powers of two."""
+def _launch_overrides(num_splits, block_n, num_warps, num_stages, swap=None) -> dict:
+    """The launch choices given (not None), checked: positive ints; tiles and warps powers of two; swap a pair
+    of bools (the keys' and the values' operand roles, `launch_config`)."""
+    if swap is not None:
+        if not (isinstance(swap, tuple) and len(swap) == 2 and all(type(x) is bool for x in swap)):
+            raise ValueError(f"swap must be a pair of bools (keys, values), or None (the default choice), got {swap!r}")
     given = {"num_splits": num_splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
     rules = {
         "block_n": (16, 256, True),
@@ -727,7 +786,10 @@ def _launch_overrides(num_splits, block_n, num_warps, num_stages) -> dict:
             kind = "a power of two" if power else "an int"
             top = f" and <= {high}" if high is not None else ""
             raise ValueError(f"{name} must be {kind} >= {low}{top}, or None (the default choice), got {value!r}")
-    return {k: v for k, v in given.items() if v is not None}
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if swap is not None:
+        chosen |= {"swap_k": swap[0], "swap_v": swap[1]}
+    return chosen
 
 
 def partials(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -785,18 +847,19 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    swap: tuple[bool, bool] | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [B, H, T_new, d] (the last T_new positions) over the packed cache.
 
     The layout says how the region is stored (bits, group sizes, pair layout, the selection's
-    metadata format); num_splits, block_n, num_warps and num_stages only tune the launch (None:
+    metadata format); num_splits, block_n, num_warps, num_stages and swap only tune the launch (None:
     `launch_config`'s and `default_splits`' choice; a tile that does not divide the key group
     size G takes the per-element path). The grid depends on the region's capacity when it has
     one, so that one launch serves every length (CUDA graphs). scale: of the logits, 1/sqrt(d)
     by default.
     """
-    tune = launch_config(layout) | _launch_overrides(num_splits, block_n, num_warps, num_stages)
+    tune = launch_config(layout) | _launch_overrides(num_splits, block_n, num_warps, num_stages, swap)
     batch, n_heads, t_new, d = q.shape
     cfg, t = layout.config, region.tokens
     n_kv = layout.kv_heads
@@ -880,10 +943,12 @@ def decode_attention(
         num_warps=tune["num_warps"],
         num_stages=tune["num_stages"],
         maxnreg=tune["maxnreg"],
+        SWAP_K=tune["swap_k"],
+        SWAP_V=tune["swap_v"],
     )
-    ptx = value_ptx(layout, q.dtype)
-    compiled = _runtime.launch(_split_kernel, (batch * n_kv, splits), *args, PTX_UNPACK=ptx, **constexprs)
-    if ptx and compiled is not None and not ptx_unpack.kernel_groups_by_shift(compiled):
+    use_ptx = value_ptx(layout, q.dtype)
+    compiled = _runtime.launch(_split_kernel, (batch * n_kv, splits), *args, PTX_UNPACK=use_ptx, **constexprs)
+    if use_ptx and compiled is not None and not ptx_unpack.kernel_groups_by_shift(compiled):
         # this kernel's layout may mix shifts in one PTX call: its partials are computed again, plainly
         _runtime.launch(_split_kernel, (batch * n_kv, splits), *args, PTX_UNPACK=False, **constexprs)
     return merge(m, l_sum, acc, q, n_kv, splits)
@@ -898,12 +963,14 @@ def value_fields(layout: CacheLayout, d: int) -> bool:
 
 
 def value_ptx(layout: CacheLayout, dtype: torch.dtype) -> bool:
-    """Whether decode over `layout` with queries of `dtype` now turns its value codes into float16 by inline PTX: the
-    switch is on (`ptx_unpack.active`: asked for, compiled, self-test passed on this device), the dot is float16, and
-    the values are field-major with each field's run of columns (V_DP) a multiple of 4, so that every four adjacent
-    columns starting at a multiple of 4 share one shift."""
+    """Whether decode over `layout` with queries of `dtype` now turns its value codes into dot operands by inline PTX:
+    the switch is on (`ptx_unpack.active`: asked for, compiled, self-test passed on this device), the dot is float16,
+    or bfloat16 with codes of at most 4 bits (`ptx.DTYPE_WIDTHS`), and the values are field-major with each field's
+    run of columns (V_DP) a multiple of 4, so that every four adjacent columns starting at a multiple of 4 share one
+    shift."""
     d = layout.head_dim
-    if dtype != torch.float16 or not value_fields(layout, d):
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype)
+    if name is None or layout.config.value_bits not in ptx.DTYPE_WIDTHS[name] or not value_fields(layout, d):
         return False
     run = max(16, triton.next_power_of_2(d)) // (8 // layout.config.value_bits)
     return run % 4 == 0 and ptx_unpack.active()

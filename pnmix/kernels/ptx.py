@@ -1,63 +1,89 @@
-"""Codes of four packed bytes turned into float16 by inline PTX, and an exact emulation of that PTX on the CPU.
+"""Codes of four packed bytes turned into float16 or bfloat16 by inline PTX, and an exact emulation of that PTX on
+the CPU.
 
 The unpack of pnmix/kernels/NOTES.md's change 3 (the decode kernel's value codes behind a switch,
 `pnmix.kernels.ptx_unpack`): one 32-bit word holds four packed bytes whose codes share one shift (the same field of
-four adjacent channels). Six instructions give
-the four codes as two float16x2 registers: `shr` and `and` take every byte's field down to its low bits at
-once, two `prmt` put each byte under the float16 exponent of 1024 (0x64: 1024 + code, exact for codes below
-1024), and two `sub.f16x2` subtract 1024. The Triton interpreter cannot run inline PTX, so `emulate` executes
-the PTX text itself, instruction by instruction, with the semantics of the PTX ISA (`shr.b32` logical, `prmt`
-in its default mode, `sub.f16x2` rounding to nearest even), and the tests compare it with the plain unpack for
-every shift and plane width.
+four adjacent channels). Six instructions give the four codes as two 16-bit float pairs: `shr` and `and` take
+every byte's field down to its low bits at once, two `prmt` put each byte under an exponent whose unit in the last
+place is 1 (float16: 0x64, 1024 + code, exact for codes below 1024; bfloat16: 0x43, 128 + code, exact below 128,
+so 1-, 2- and 4-bit fields only), and two pair operations subtract that power of two (float16: `sub.f16x2`;
+bfloat16: `fma.rn.bf16x2` by 1 and -128, which sm_80 has; its `sub.bf16x2` needs sm_90). The Triton interpreter
+cannot run inline PTX, so `emulate` executes the PTX text itself, instruction by instruction, with the semantics of
+the PTX ISA (`shr.b32` logical, `prmt` in its default mode, the pair operations rounding to nearest even), and the
+tests compare it with the plain unpack for every shift and plane width.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 import numpy as np
+import torch
 
 #: Plane widths the packing uses (`reference.equations.packing.bit_planes`), and 8 (one plane of 8-bit codes).
 WIDTHS = (1, 2, 4, 8)
-#: Constraints of `unpack4_f16` for `tl.inline_asm_elementwise`: two 32-bit outputs, one 32-bit input.
+#: The widths each dtype's unpack takes: bfloat16's 7 mantissa bits hold codes below 128 only.
+DTYPE_WIDTHS = {"float16": WIDTHS, "bfloat16": (1, 2, 4)}
+#: Constraints of `unpack4` for `tl.inline_asm_elementwise`: two 32-bit outputs, one 32-bit input.
 CONSTRAINTS = "=r,=r,r"
-#: Constraints of `unpack4_f16_by_operand` with pack=4: two 32-bit outputs, the four bytes in one 32-bit register
+#: Constraints of `unpack4_by_operand` with pack=4: two 32-bit outputs, the four bytes in one 32-bit register
 #: (Triton packs inputs narrower than 32 bits), then the four elements' int32 shifts, of which the PTX reads the first.
 OPERAND_CONSTRAINTS = "=r,=r,r,r,r,r,r"
 
 
-def unpack4_f16(shift: int, width: int) -> str:
-    """PTX of four codes (byte >> shift) & (2**width - 1), bytes 0-3 of the word $2, as float16 in $0 (bytes 0 and
-    1, low half first) and $1 (bytes 2 and 3)."""
-    if width not in WIDTHS or not 0 <= shift <= 8 - width or shift % width:
-        raise ValueError(f"a field of {width} bits at shift {shift} is not one of a packed byte's fields")
-    return _unpack4(str(shift), width)
+def _widths(dtype: str) -> tuple[int, ...]:
+    if dtype not in DTYPE_WIDTHS:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_WIDTHS)}, got {dtype!r}")
+    return DTYPE_WIDTHS[dtype]
 
 
-def unpack4_f16_by_operand(width: int) -> str:
-    """`unpack4_f16` with the shift read from the register $3 (the first of the four elements' shifts): for a tile
+def unpack4(shift: int, width: int, dtype: str = "float16") -> str:
+    """PTX of four codes (byte >> shift) & (2**width - 1), bytes 0-3 of the word $2, as `dtype` numbers in $0 (bytes 0
+    and 1, low half first) and $1 (bytes 2 and 3)."""
+    if width not in _widths(dtype) or not 0 <= shift <= 8 - width or shift % width:
+        raise ValueError(f"a field of {width} bits at shift {shift} is not one of a packed byte's fields ({dtype})")
+    return _unpack4(str(shift), width, dtype)
+
+
+def unpack4_by_operand(width: int, dtype: str = "float16") -> str:
+    """`unpack4` with the shift read from the register $3 (the first of the four elements' shifts): for a tile
     whose shift varies by column, exact where each four elements Triton hands the PTX share one shift
     (`pnmix.kernels.ttgir` checks that in the compiled kernel)."""
-    if width not in WIDTHS:
-        raise ValueError(f"{width} bits is not a plane width of the packing ({WIDTHS})")
-    return _unpack4("$3", width)
+    if width not in _widths(dtype):
+        raise ValueError(f"{width} bits is not a plane width the {dtype} unpack takes ({_widths(dtype)})")
+    return _unpack4("$3", width, dtype)
 
 
-def _unpack4(shift: str, width: int) -> str:
+def _unpack4(shift: str, width: int, dtype: str) -> str:
     mask = ((1 << width) - 1) * 0x01010101
-    return (
-        "{\n"
-        ".reg .b32 w, e, k;\n"
-        f"shr.b32 w, $2, {shift};\n"
-        f"and.b32 w, w, {mask:#010x};\n"
-        "mov.b32 e, 0x64646464;\n"
-        "mov.b32 k, 0x64006400;\n"
-        "prmt.b32 $0, w, e, 0x4140;\n"
-        "prmt.b32 $1, w, e, 0x4342;\n"
-        "sub.f16x2 $0, $0, k;\n"
-        "sub.f16x2 $1, $1, k;\n"
-        "}"
-    )
+    if dtype == "float16":  # 1024 + code, minus 1024
+        under, regs, subtract = (
+            "0x64646464",
+            "w, e, k",
+            ["mov.b32 k, 0x64006400;", "sub.f16x2 $0, $0, k;", "sub.f16x2 $1, $1, k;"],
+        )
+    else:  # 128 + code, times 1 minus 128
+        under, regs = "0x43434343", "w, e, k, u"
+        subtract = [
+            "mov.b32 k, 0xC300C300;",
+            "mov.b32 u, 0x3F803F80;",
+            "fma.rn.bf16x2 $0, $0, u, k;",
+            "fma.rn.bf16x2 $1, $1, u, k;",
+        ]
+    lines = [
+        "{",
+        f".reg .b32 {regs};",
+        f"shr.b32 w, $2, {shift};",
+        f"and.b32 w, w, {mask:#010x};",
+        f"mov.b32 e, {under};",
+        *[line for line in subtract if line.startswith("mov")],
+        "prmt.b32 $0, w, e, 0x4140;",
+        "prmt.b32 $1, w, e, 0x4342;",
+        *[line for line in subtract if not line.startswith("mov")],
+        "}",
+    ]
+    return "\n".join(lines)
 
 
 _LINE = re.compile(r"^\s*([a-z0-9.]+)\s+(.*?);\s*$")
@@ -84,6 +110,48 @@ def _sub_f16x2(a: int, b: int) -> int:
     diff = (halves[:2].astype(np.float32) - halves[2:].astype(np.float32)).astype(np.float16)
     low, high = diff.view(np.uint16).tolist()
     return high << 16 | low
+
+
+def _bf16_value(bits: int) -> Fraction:
+    """The exact value of a finite bfloat16 bit pattern."""
+    sign, exponent, mantissa = bits >> 15 & 1, bits >> 7 & 0xFF, bits & 0x7F
+    if exponent == 0xFF:
+        raise ValueError(f"bfloat16 {bits:#06x} is not finite: not emulated")
+    value = (
+        Fraction(mantissa, 128) * Fraction(2) ** -126
+        if exponent == 0
+        else (1 + Fraction(mantissa, 128)) * Fraction(2) ** (exponent - 127)
+    )
+    return -value if sign else value
+
+
+def _bf16_round(x: Fraction) -> int:
+    """x rounded to the nearest bfloat16, ties to even, as a bit pattern (normal numbers and zero only)."""
+    if x == 0:
+        return 0
+    sign, a = (1 << 15 if x < 0 else 0), abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if a >= Fraction(2) ** (e + 1):
+        e += 1
+    elif a < Fraction(2) ** e:
+        e -= 1
+    scaled = a / Fraction(2) ** (e - 7)  # in [128, 256)
+    m = round(scaled)  # Fraction.__round__ rounds half to even
+    if m == 256:
+        m, e = 128, e + 1
+    if not -126 <= e <= 127:
+        raise ValueError(f"{float(x)} is outside bfloat16's normal range: not emulated")
+    return sign | (e + 127) << 7 | (m - 128)
+
+
+def _fma_bf16x2(a: int, b: int, c: int) -> int:
+    """fma.rn.bf16x2: each bfloat16 half a * b + c computed exactly and rounded once to nearest even."""
+    halves = [
+        _bf16_round(_bf16_value(x >> s & 0xFFFF) * _bf16_value(y >> s & 0xFFFF) + _bf16_value(z >> s & 0xFFFF))
+        for s in (0, 16)
+        for x, y, z in [(a, b, c)]
+    ]
+    return halves[1] << 16 | halves[0]
 
 
 def emulate(ptx: str, *inputs: int, outputs: int = 2) -> list[int]:
@@ -118,6 +186,8 @@ def emulate(ptx: str, *inputs: int, outputs: int = 2) -> list[int]:
             result = _prmt(*args)
         elif op == "sub.f16x2":
             result = _sub_f16x2(*args)
+        elif op == "fma.rn.bf16x2":
+            result = _fma_bf16x2(*args)
         else:
             raise ValueError(f"{op} is not emulated")
         regs[dst] = result & 0xFFFFFFFF
@@ -128,3 +198,11 @@ def float16_halves(words: list[int]) -> list[float]:
     """The float16 numbers of 32-bit words, low half first."""
     halves = np.array([h for w in words for h in (w & 0xFFFF, w >> 16)], dtype=np.uint16)
     return halves.view(np.float16).astype(np.float32).tolist()
+
+
+def halves(words: list[int], dtype: str = "float16") -> list[float]:
+    """The `dtype` numbers (float16 or bfloat16) of 32-bit words, low half first."""
+    if dtype == "float16":
+        return float16_halves(words)
+    raw = torch.tensor([h for w in words for h in (w & 0xFFFF, w >> 16)], dtype=torch.int32).to(torch.int16)
+    return raw.view(torch.bfloat16).float().tolist()

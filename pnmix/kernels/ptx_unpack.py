@@ -1,14 +1,15 @@
-"""The switch of the PTX unpack: whether the decode kernel turns its value codes into float16 by inline PTX
+"""The switch of the PTX unpack: whether the decode kernel turns its value codes into float16 or bfloat16 by inline PTX
 (`pnmix.kernels.unpack.field_codes`, pnmix/kernels/NOTES.md "The PTX unpack behind a switch") or plainly.
 
-Off unless asked for: PNMIX_PTX_UNPACK=1 in the environment, or `request(True)`. Even then never on under the Triton
+On by default, off with PNMIX_PTX_UNPACK=0 in the environment or `request(False)`. Never on under the Triton
 interpreter (it cannot run inline PTX), and on a CUDA device only after its self-test passed there: at the first
 launch that asks for it, the probe kernel (`unpack.probe`) unpacks every byte at every shift of every plane width
-both ways, and the PTX path is kept only where both agree with the host's codes bit for bit. Each compiled decode
-kernel that takes the path is checked once more, from its TTGIR, for four elements of one shift per inline-asm call
-(`pnmix.kernels.ttgir`); a kernel that fails is launched again plainly (`attention.decode_attention`). Either failure
-turns the path off for that device with exactly one warning naming the device and what differed; each device's
-decision is kept for the process. While launches are recorded (`pnmix.aot`) the request alone decides: nothing runs.
+of each dtype both ways, and the PTX path is kept only where both agree with the host's codes bit for bit. Each
+compiled decode kernel that takes the path is checked once more, from its TTGIR, for four elements of one shift
+per inline-asm call (`pnmix.kernels.ttgir`); a kernel that fails is launched again plainly
+(`attention.decode_attention`). Either failure turns the path off for that device with exactly one warning naming
+the device and what differed; each device's decision is kept for the process. While launches are recorded
+(`pnmix.aot`) the request alone decides: nothing runs.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from contextlib import contextmanager
 import torch
 
 from pnmix import _runtime
-from pnmix.kernels import ptx, ttgir, unpack
+from pnmix.kernels import ttgir, unpack
 
 ENV = "PNMIX_PTX_UNPACK"
-_ON = ("1", "on", "true", "yes")
-_OFF = ("", "0", "off", "false", "no")
+_ON = ("", "1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
 _requested: bool | None = None  # request()'s setting; None: the environment's
 #: Each device's decision, (on, why), by `device_key`.
 _decisions: dict[str, tuple[bool, str]] = {}
@@ -34,7 +35,7 @@ _kernels: dict[str, bool] = {}
 
 
 def requested() -> bool:
-    """Whether the PTX unpack is asked for: `request`'s setting, else PNMIX_PTX_UNPACK (off when unset)."""
+    """Whether the PTX unpack is asked for: `request`'s setting, else PNMIX_PTX_UNPACK (on when unset or empty)."""
     if _requested is not None:
         return _requested
     value = os.environ.get(ENV, "").strip().lower()
@@ -74,13 +75,18 @@ def active() -> bool:
     return decide(key, lambda: run_probe(torch.device("cuda", index)))
 
 
-def run_probe(device: torch.device) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The probe's codes for every plane width, (PTX, plain), on the host (the CUDA part of the self-test)."""
-    return {bits: tuple(unpack.probe(bits, use, device).cpu() for use in (True, False)) for bits in ptx.WIDTHS}
+def run_probe(device: torch.device) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
+    """The probe's codes for every dtype and plane width the PTX takes (`unpack.PROBED`), (PTX, plain), on the host
+    (the CUDA part of the self-test)."""
+    return {
+        (dtype, bits): tuple(unpack.probe(bits, use, device, dtype).cpu() for use in (True, False))
+        for dtype, bits in unpack.PROBED
+    }
 
 
-def decide(device: str, probe: Callable[[], Mapping[int, tuple[torch.Tensor, torch.Tensor]]]) -> bool:
-    """The PTX unpack's decision for `device`, made once per process from probe() (codes by width: PTX, plain),
+def decide(device: str, probe: Callable[[], Mapping[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]]) -> bool:
+    """The PTX unpack's decision for `device`, made once per process from probe() (codes by dtype and width: PTX,
+    plain),
     then kept; off with one warning when the codes differ or the probe fails (a device whose ptxas refuses the PTX)."""
     if device not in _decisions:
         try:
@@ -95,28 +101,29 @@ def decide(device: str, probe: Callable[[], Mapping[int, tuple[torch.Tensor, tor
     return _decisions[device][0]
 
 
-def compare(results: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> tuple[bool, str]:
-    """(on, why) from the probe's codes of each plane width: on where every width was probed and, for each, the PTX
-    codes, the plain ones and the host's (`unpack.expected_codes`) are the same float16 bits."""
-    missing = sorted(set(ptx.WIDTHS) - set(results))
+def compare(results: Mapping[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]) -> tuple[bool, str]:
+    """(on, why) from the probe's codes of each dtype and plane width: on where every pair of `unpack.PROBED` was
+    probed and, for each, the PTX codes, the plain ones and the host's (`unpack.expected_codes`) are the same bits."""
+    missing = sorted(set(unpack.PROBED) - set(results))
     if missing:
-        return False, f"its self-test left out plane widths {missing}"
-    for bits in ptx.WIDTHS:
-        expected = unpack.expected_codes(bits)
-        for name, got in zip(("PTX", "plain"), results[bits], strict=True):
+        return False, f"its self-test left out (dtype, plane width) {missing}"
+    for dtype, bits in unpack.PROBED:
+        expected = unpack.expected_codes(bits, dtype)
+        for name, got in zip(("PTX", "plain"), results[dtype, bits], strict=True):
             if got.shape != expected.shape or got.dtype != expected.dtype:
-                return False, f"{bits}-bit codes by the {name} unpack came back {got.dtype} {tuple(got.shape)}"
+                return False, f"{bits}-bit {dtype} codes by the {name} unpack came back {got.dtype} {tuple(got.shape)}"
             wrong = (got.view(torch.int16) != expected.view(torch.int16)).nonzero()
             if len(wrong):
                 row, col = wrong[0].tolist()
                 shift = col // (unpack.PROBE_COLUMNS // (8 // bits)) * bits
                 byte = int(unpack.probe_bytes(bits)[row, col % (unpack.PROBE_COLUMNS // (8 // bits))])
                 return False, (
-                    f"{len(wrong)} of {expected.numel()} {bits}-bit codes by the {name} unpack differ from the host's "
+                    f"{len(wrong)} of {expected.numel()} {bits}-bit {dtype} codes by the {name} unpack differ from the "
+                    "host's "
                     f"(first: byte {byte:#04x} at shift {shift}, {float(got[row, col])} instead of "
                     f"{float(expected[row, col])})"
                 )
-    return True, "self-test passed: PTX and plain codes equal for every byte, shift and plane width"
+    return True, "self-test passed: PTX and plain codes equal for every byte, shift, plane width and dtype"
 
 
 def kernel_groups_by_shift(compiled) -> bool:
@@ -143,7 +150,7 @@ def state() -> dict:
     device = device_key(torch.cuda.current_device()) if compiled else None
     on = active()
     if not requested():
-        why = f"not asked for ({ENV} unset or 0)"
+        why = f"turned off ({ENV}=0 or request(False))"
     elif not compiled:
         why = "the Triton interpreter runs no inline PTX"
     else:

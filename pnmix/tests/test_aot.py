@@ -51,9 +51,9 @@ def gate(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gate_ptx(tmp_path_factory):
-    """The gate with the PTX unpack of the decode kernels' value codes asked for (`pnmix.kernels.ptx_unpack`)."""
-    return run_gate(tmp_path_factory, "--ptx-unpack")
+def gate_plain(tmp_path_factory):
+    """The gate with the plain unpack of the decode kernels' value codes (the PTX unpack's fallback)."""
+    return run_gate(tmp_path_factory, "--plain-unpack")
 
 
 @pytest.mark.gpu_gate
@@ -89,8 +89,8 @@ def test_the_gate_prints_both_bounds_and_every_target(gate):
         assert sum(n for p, n in e["pipes"].items() if p != "imad") <= e["warp_instructions_per_tile"], e
         assert e["in_flight_per_sm"] == e["programs_per_sm"] * e["stages"] * e["tile_bytes"] > 0, e
     # each default case x GPU: the memory target, and the ceiling target where one is set
-    per_case = len(GPUS) + len(REQUIRED_CEILING)
-    assert len(result["targets"]) == len(aot.DTYPES) * len(aot.GQA) * per_case
+    per_gqa = sum(len(GPUS) + len(REQUIRED_CEILING.get(dtype, {})) for dtype in aot.DTYPES)
+    assert len(result["targets"]) == len(aot.GQA) * per_gqa
     assert result["below_target"] == [c["text"] for c in result["targets"] if not c["passed"]]
     for c in result["targets"]:
         assert f"{'PASS' if c['passed'] else 'FAIL'} target: {c['text']}" in proc.stdout
@@ -111,33 +111,53 @@ def test_the_default_launch_keeps_enough_bytes_in_flight_on_every_gpu(gate):
         assert e["stages"] >= 2 and e["programs_per_sm"] * e["stages"] * e["tile_bytes"] == e["in_flight_per_sm"], e
 
 
-@pytest.mark.gpu_gate
-@needs_tools
-@pytest.mark.xfail(reason="the decode kernel is below its ceiling targets (pnmix/kernels/NOTES.md)", strict=True)
-def test_the_default_decode_kernel_meets_its_targets(gate):
-    _, result = gate
+def default_entries(result: dict) -> list[dict]:
     entries = [e for e in result["decode"] if e["method"] == aot.DEFAULT_METHOD and e["head_dim"] == 128]
     assert {(e["dtype"], e["gqa"]) for e in entries} == {(t, g) for t in aot.DTYPES for g in aot.GQA}
-    for e in entries:
-        for gpu, b in e["bounds"].items():
-            assert b["memory"] >= REQUIRED_MEMORY_BOUND, (gpu, e)
-            assert b["ceiling"] >= REQUIRED_CEILING.get(gpu, 0), (gpu, e)
+    return entries
 
 
 @pytest.mark.gpu_gate
 @needs_tools
-def test_with_the_ptx_unpack_every_kernel_compiles_without_spills_and_groups_fours_of_one_shift(gate, gate_ptx):
-    proc, result = gate_ptx
+def test_the_default_decode_kernel_meets_its_targets(gate):
+    proc, result = gate
+    for e in default_entries(result):
+        for gpu, b in e["bounds"].items():
+            assert b["memory"] >= REQUIRED_MEMORY_BOUND, (gpu, e)
+            assert b["ceiling"] >= REQUIRED_CEILING[e["dtype"]].get(gpu, 0), (gpu, e)
+    assert result["below_target"] == [] and "FAIL target" not in proc.stdout
+
+
+#: The goal past the targets: the decode loop's issue bound at 70 % of HBM on an A100 and 50 % on an H100.
+GOAL = {"A100-SXM4-40GB": 0.70, "H100-SXM": 0.50}
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+@pytest.mark.xfail(reason="the decode kernel is below the 70 % / 50 % goal (pnmix/kernels/NOTES.md)", strict=True)
+def test_the_default_decode_kernel_reaches_the_goal(gate):
+    for e in default_entries(gate[1]):
+        for gpu, b in e["bounds"].items():
+            assert b["ceiling"] >= GOAL.get(gpu, 0), (gpu, e)
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_with_either_unpack_every_kernel_compiles_without_spills_and_the_ptx_groups_fours_of_one_shift(
+    gate, gate_plain
+):
+    proc, result = gate
     assert result is not None, proc.stderr[-3000:]
     assert result["ptx_unpack"] is True and result["failures"] == [], "\n".join(result["failures"])
-    assert proc.returncode == 0 and "PTX unpack asked for (--ptx-unpack)" in proc.stdout
+    assert proc.returncode == 0 and "PTX unpack (the default" in proc.stdout
     for row in result["kernels"]:
         assert row["grouping"] == [] and row["local_bytes"] == 0, row
-    # float16 decode kernels unpack their values by inline PTX; bfloat16 ones (the PTX gives float16) do not
-    for e in result["decode"]:
-        assert (e["inline_asm"] > 0) is (e["dtype"] == "float16"), e
-    assert all(e["inline_asm"] == 0 for e in gate[1]["decode"])  # without the flag: none
-    assert gate[1]["ptx_unpack"] is False
+    # the default decode kernels unpack their 2-bit values by inline PTX, in float16 and in bfloat16
+    assert all(e["inline_asm"] > 0 for e in result["decode"]), result["decode"]
+    plain_proc, plain = gate_plain
+    assert plain is not None and plain_proc.returncode == 0, plain_proc.stderr[-3000:]
+    assert plain["ptx_unpack"] is False and plain["failures"] == [], "\n".join(plain["failures"])
+    assert all(e["inline_asm"] == 0 for e in plain["decode"])  # the fallback: none
 
 
 #: Compiles the default float16 decode kernel with the PTX unpack for sm_80 and writes its TTGIR.
@@ -256,7 +276,8 @@ def test_the_issue_bound_is_bytes_per_warp_instruction_times_the_issue_rate_over
     # 4.6 KB per 13.3K warp-instructions (the issue's measurement of the first kernel): about 14 %
     assert issue_bound(a100, 4608, 13292) == pytest.approx(4608 / 13292 * 108 * 4 * 1.41e9 / 1555e9)
     assert 0.13 < issue_bound(a100, 4608, 13292) < 0.14
-    assert set(REQUIRED_CEILING) <= {g.name for g in GPUS}
+    assert set(REQUIRED_CEILING) == set(aot.DTYPES)
+    assert all(set(need) <= {g.name for g in GPUS} for need in REQUIRED_CEILING.values())
 
 
 @pytest.mark.parametrize(
@@ -321,7 +342,13 @@ def test_the_lower_bound_binds_and_the_targets_say_pass_or_fail():
         ("H100-SXM", "memory"): True,
         ("H100-SXM", "ceiling"): True,
         ("H200", "memory"): False,
+        ("H200", "ceiling"): True,
     }
+    # the targets are per dtype: an issue bound of 27 % on the A100 passes bfloat16's 25 %, not float16's 30 %
+    for dtype, passed in (("bfloat16", True), ("float16", False)):
+        entry = aot.decode_entry(aot.Case(aot.DEFAULT_METHOD, dtype, 128, 4), 80, _row(80, loop=1671), 4608)
+        ceiling = next(c for c in aot.targets([entry]) if c["bound"] == "ceiling")
+        assert ceiling["got"] == pytest.approx(0.27, abs=0.005) and ceiling["passed"] is passed, ceiling
     result = {
         "archs": [80, 90],
         "kernels": [_row(80) | {"local_bytes": 0, "smem_limit": 1, "instructions": 9}],

@@ -5,6 +5,7 @@ torch.equal; attention uses the suite's measured-tolerance policy.
 """
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -328,13 +329,23 @@ def test_every_code_converts_exactly_to_the_dot_dtype(dot):
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("block_n", 24), ("block_n", 8), ("num_warps", 3), ("num_stages", 0), ("num_splits", 1.5)]
+    ("name", "value"),
+    [
+        ("block_n", 24),
+        ("block_n", 8),
+        ("num_warps", 3),
+        ("num_stages", 0),
+        ("num_splits", 1.5),
+        ("swap", (1, 0)),
+        ("swap", True),
+        ("swap", (True, False, True)),
+    ],
 )
 def test_decode_launch_choices_are_checked_by_name(name, value):
     cfg = R.PNMixConfig(group_size=16, residual_length=16, n_sink=2)
     q, k = data((1, 2, 40, 16), torch.float16, 1, 1.0), data((1, 1, 40, 16), torch.float16, 2)
     cache = PNMixCache.from_prefill(q, k, k, cfg)
-    with pytest.raises(ValueError, match=rf"^{name} must be .*got {value!r}"):
+    with pytest.raises(ValueError, match=rf"^{name} must be .*got {re.escape(repr(value))}"):
         decode_attention(q[:, :, -1:], cache.region(), cache.cache_layout, **{name: value})
 
 
@@ -351,3 +362,24 @@ def test_every_launch_choice_computes_the_same_attention(block_n, splits):
     oracle = R.attention_ref(new_q.double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
     low = R.attention_ref(new_q, k_hat.to(torch.float16), v_hat.to(torch.float16), causal=True, upcast=True)
     assert (out.double() - oracle).abs().max().item() <= attention_bound(oracle, low, torch.float16)
+
+
+@pytest.mark.parametrize("swap", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize(
+    ("dtype", "scale_dtype"),
+    [(torch.float16, torch.float16), (torch.bfloat16, torch.float16), (torch.float16, torch.float32)],
+)
+def test_every_operand_order_computes_the_same_attention(swap, dtype, scale_dtype):
+    """The keys' and the values' dots with their MMA operand roles exchanged or not (`launch_config` picks per
+    architecture; the interpreter runs keys swapped, values not): the 1-bit plane as an exact product (float16
+    scales and queries), q * s as hi + lo (bfloat16 queries), the values' headroom (float32 scales)."""
+    cfg = R.PNMixConfig(group_size=16, residual_length=16, n_sink=5, scale_dtype=scale_dtype)
+    q = data((2, 6, 133, 16), dtype, 1, 1.0)
+    k, v = data((2, 2, 133, 16), dtype, 2), data((2, 2, 133, 16), dtype, 3)
+    cache = PNMixCache.from_prefill(q, k, v, cfg)
+    new_q = data((2, 6, 2, 16), dtype, 4, 1.0)
+    out = decode_attention(new_q, cache.region(), cache.cache_layout, num_splits=2, swap=swap).cpu()
+    k_hat, v_hat = R.ReferenceCache.from_prefill(q.cpu(), k.cpu(), v.cpu(), cfg).dequantize()
+    oracle = R.attention_ref(new_q.cpu().double(), k_hat.double(), v_hat.double(), causal=True, upcast=False)
+    low = R.attention_ref(new_q.cpu(), k_hat.to(dtype), v_hat.to(dtype), causal=True, upcast=False)
+    assert (out.double() - oracle).abs().max().item() <= attention_bound(oracle, low, dtype)
