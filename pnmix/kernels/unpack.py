@@ -39,11 +39,13 @@ def code_to(code, DOT: tl.constexpr):
 
 
 @triton.jit
-def _ptx4(packed, shift, ASM: tl.constexpr, DOT: tl.constexpr):
+def _ptx4(packed, shift, F16: tl.constexpr, BF16: tl.constexpr, DOT: tl.constexpr):
+    """Four codes of one shift per call as DOT numbers by the PTX `F16` (float16) or `BF16` (bfloat16)."""
     if DOT == tl.bfloat16:
-        return tl.inline_asm_elementwise(ASM, _CONSTRAINTS, [packed, shift], dtype=tl.bfloat16, is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(BF16, _CONSTRAINTS, [packed, shift], dtype=tl.bfloat16, is_pure=True, pack=4)
     else:
-        return tl.inline_asm_elementwise(ASM, _CONSTRAINTS, [packed, shift], dtype=tl.float16, is_pure=True, pack=4)
+        tl.static_assert(DOT == tl.float16, "the PTX unpack gives float16 or bfloat16 codes")
+        return tl.inline_asm_elementwise(F16, _CONSTRAINTS, [packed, shift], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -55,24 +57,15 @@ def field_codes(packed, shift, BITS: tl.constexpr, DOT: tl.constexpr, PTX: tl.co
     adjacent columns (starting at a multiple of 4), and the compiled layout must hand the PTX such fours
     (`pnmix.kernels.ttgir`)."""
     if PTX:
-        if DOT == tl.bfloat16:
-            tl.static_assert(BITS <= 4, "bfloat16 codes by the PTX unpack: 1, 2 or 4 bits")
-            if BITS == 1:
-                return _ptx4(packed, shift, _ASM_BF16_1, DOT)
-            elif BITS == 2:
-                return _ptx4(packed, shift, _ASM_BF16_2, DOT)
-            else:
-                return _ptx4(packed, shift, _ASM_BF16_4, DOT)
+        if BITS == 1:
+            return _ptx4(packed, shift, _ASM_1, _ASM_BF16_1, DOT)
+        elif BITS == 2:
+            return _ptx4(packed, shift, _ASM_2, _ASM_BF16_2, DOT)
+        elif BITS == 4:
+            return _ptx4(packed, shift, _ASM_4, _ASM_BF16_4, DOT)
         else:
-            tl.static_assert(DOT == tl.float16, "the PTX unpack gives float16 or bfloat16 codes")
-            if BITS == 1:
-                return _ptx4(packed, shift, _ASM_1, DOT)
-            elif BITS == 2:
-                return _ptx4(packed, shift, _ASM_2, DOT)
-            elif BITS == 4:
-                return _ptx4(packed, shift, _ASM_4, DOT)
-            else:
-                return _ptx4(packed, shift, _ASM_8, DOT)
+            tl.static_assert(DOT == tl.float16, "bfloat16 codes by the PTX unpack: 1, 2 or 4 bits")
+            return _ptx4(packed, shift, _ASM_8, _ASM_8, DOT)
     else:
         return code_to((packed.to(tl.int32) >> shift) & ((1 << BITS) - 1), DOT)
 
