@@ -162,6 +162,23 @@ class QuantizedLayerCache:
         k, v = self._states()
         return k.float(), v.float()
 
+    # The protocol's optional checkpoints: the continuations of one context share one pass over it (the evaluation
+    # path rolls back instead of running the context again per continuation). `QuantizedLayer.update` replaces its
+    # tensors and quantized states (torch.cat, `_quantize`) and never writes into them, so the layer's attributes
+    # as they are hold its whole state; conformance property 12 checks the round trip bit for bit.
+    def checkpoint(self) -> dict:
+        self._require_prefill()
+        return dict(vars(self.layer))
+
+    def roll_back(self, saved: dict) -> None:
+        self._require_prefill()
+        state = vars(self.layer)
+        state.clear()
+        state.update(saved)
+
+    def release(self, saved: dict) -> None:
+        """Nothing to free: a checkpoint holds references only."""
+
     def attend(self, q: torch.Tensor) -> torch.Tensor:
         self._require_prefill()
         return model_attention(q, *self._states())
