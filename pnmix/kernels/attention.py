@@ -19,8 +19,8 @@ import triton.language as tl
 from pnmix import _runtime
 from pnmix.kernels import ptx, ptx_unpack
 from pnmix.kernels.common import round_to, saturate, unpack_field
+from pnmix.kernels.unpack import TORCH_DTYPES, field_codes
 from pnmix.kernels.unpack import code_to as _code_to
-from pnmix.kernels.unpack import field_codes
 from reference.channels.layout import CacheLayout, TokenLayout
 from reference.equations.packing import bit_planes
 
@@ -969,7 +969,7 @@ def value_ptx(layout: CacheLayout, dtype: torch.dtype) -> bool:
     run of columns (V_DP) a multiple of 4, so that every four adjacent columns starting at a multiple of 4 share one
     shift."""
     d = layout.head_dim
-    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype)
+    name = next((n for n, t in TORCH_DTYPES.items() if t == dtype), None)
     if name is None or layout.config.value_bits not in ptx.DTYPE_WIDTHS[name] or not value_fields(layout, d):
         return False
     run = max(16, triton.next_power_of_2(d)) // (8 // layout.config.value_bits)

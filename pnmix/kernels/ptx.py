@@ -146,12 +146,11 @@ def _bf16_round(x: Fraction) -> int:
 
 def _fma_bf16x2(a: int, b: int, c: int) -> int:
     """fma.rn.bf16x2: each bfloat16 half a * b + c computed exactly and rounded once to nearest even."""
-    halves = [
-        _bf16_round(_bf16_value(x >> s & 0xFFFF) * _bf16_value(y >> s & 0xFFFF) + _bf16_value(z >> s & 0xFFFF))
+    low, high = (
+        _bf16_round(_bf16_value(a >> s & 0xFFFF) * _bf16_value(b >> s & 0xFFFF) + _bf16_value(c >> s & 0xFFFF))
         for s in (0, 16)
-        for x, y, z in [(a, b, c)]
-    ]
-    return halves[1] << 16 | halves[0]
+    )
+    return high << 16 | low
 
 
 def emulate(ptx: str, *inputs: int, outputs: int = 2) -> list[int]:
