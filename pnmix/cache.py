@@ -152,6 +152,18 @@ class _NoBackward(torch.autograd.Function):
         )
 
 
+def why_not_capturable(config: PNMixConfig) -> str | None:
+    """What a cache of `config` lacks to be capturable (`PNMixCache`'s capturable=True), or None
+    where it can be: a selection fixed at prefill and values flushed with their keys."""
+    if config.selector.per_group or config.value_residual != "shared":
+        return (
+            "a selection fixed at prefill and values flushed with their keys (value_residual='shared'); "
+            f"this configuration ({config.selector.name} selection, value_residual={config.value_residual!r}) "
+            "decides on the host what a page completion writes"
+        )
+    return None
+
+
 class PNMixCache:
     """PN-Mix cache for one attention layer (batch of equal-length sequences).
 
@@ -222,13 +234,8 @@ class PNMixCache:
             raise TypeError(f"capturable must be a bool, got {capturable!r}")
         if capturable and max_cache_len is None:
             raise ValueError("capturable=True needs max_cache_len: a captured step writes into preallocated buffers")
-        if capturable and (self.config.selector.per_group or self.config.value_residual != "shared"):
-            raise ValueError(
-                "capturable=True needs a selection fixed at prefill and values flushed with their keys "
-                f"(value_residual='shared'); this configuration ({self.config.selector.name} selection, "
-                f"value_residual={self.config.value_residual!r}) decides on the host what a page "
-                "completion writes"
-            )
+        if capturable and (reason := why_not_capturable(self.config)):
+            raise ValueError(f"capturable=True needs {reason}")
         self.capacity = max_cache_len
         self.capturable = capturable
         self._page: _PageWork | None = None  # capturable: set by prefill where a page fits

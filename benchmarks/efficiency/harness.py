@@ -407,7 +407,10 @@ class Generation:
     on the device and read back on request; "eager", before every call; False; the FP16 path has none).
     plugin: a `benchmarks.efficiency.plugins.Plugin` whose caches the model runs instead (`method` is then
     its name): `PNMixHFCache(impl=)`, not preallocated (the protocol has no capacity; `capacity`
-    still bounds the generation), its input checks its own."""
+    still bounds the generation), its input checks its own.
+    capturable: the packed caches built capturable (`pnmix.PNMixCache`'s capturable: every decode step
+    launches a page completion's work, so one captured step replays across completions); FP16's
+    StaticCache is so already. Not for a plug-in."""
 
     def __init__(
         self,
@@ -419,6 +422,7 @@ class Generation:
         seed: int = 0,
         check_finite: bool | str = CHECK_FINITE,
         plugin=None,
+        capturable: bool = False,
     ) -> None:
         from transformers import StaticCache
 
@@ -426,6 +430,8 @@ class Generation:
 
         if prompt >= capacity:
             raise ValueError(f"capacity ({capacity}) must exceed the prompt ({prompt})")
+        if capturable and plugin is not None:
+            raise ValueError(f"capturable=True is for the built-in caches; plugin {plugin.name!r} builds its own")
         self.model, self.method, self.batch, self.capacity = model, method, batch, capacity
         self.plugin = plugin
         self.config = point_config(method, plugin)
@@ -439,7 +445,12 @@ class Generation:
             self.cache = StaticCache(config=cfg, max_cache_len=capacity)
         else:
             self.cache = PNMixHFCache(
-                cfg, self.config, backend="triton", max_cache_len=capacity, check_finite=check_finite
+                cfg,
+                self.config,
+                backend="triton",
+                max_cache_len=capacity,
+                check_finite=check_finite,
+                capturable=capturable,
             )
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.length = 0
@@ -554,6 +565,55 @@ class Generation:
                 else:
                     layer.cache.append(k, v)
             self.length += n
+
+
+class LatencyWalk:
+    """Fig. 7's walk of one method along the decode steps: `eager`, the Generation whose steps are
+    timed as a transformers user runs them, and `graphed`, the one whose step a CUDA graph replays.
+
+    A graph decode loop (gpt-fast's) replays one captured step at every position, so the graph is
+    timed on a capturable twin where the method's cache can be (its every step pays a page
+    completion's work); the eager walk stays the non-capturable cache, whose completions run only
+    where a page fills, as the baselines' do. FP16's StaticCache and a plug-in (no graph) are walked
+    once. A cache that cannot be capturable (`pnmix.cache.why_not_capturable`) has its eager step
+    captured between completions: `graph_note` says that the replay leaves their work out.
+    """
+
+    def __init__(self, model, method: str, prompt: int, capacity: int, plugin=None) -> None:
+        from pnmix.cache import why_not_capturable
+
+        self.eager = Generation(model, method, 1, prompt, capacity, plugin=plugin)
+        self.not_capturable = None if method == FP16 or plugin is not None else why_not_capturable(self.eager.config)
+        twin = method != FP16 and plugin is None and self.not_capturable is None
+        self.graphed = Generation(model, method, 1, prompt, capacity, capturable=True) if twin else self.eager
+
+    @property
+    def model(self):
+        return self.eager.model
+
+    @property
+    def length(self) -> int:
+        return self.eager.length
+
+    def fill_to(self, length: int) -> None:
+        for gen in {id(g): g for g in (self.eager, self.graphed)}.values():
+            gen.fill_to(length)
+
+    def graph_step(self) -> dict:
+        """`Generation.graph_step` of `graphed` at the eager walk's length, with graph_capturable (whether
+        the replayed step is one every position can replay) and graph_steps (the steps it ran on the eager
+        walk: none when a twin was captured)."""
+        self.graphed.fill_to(max(self.graphed.length, self.eager.length))
+        result = self.graphed.graph_step()
+        capturable = self.eager.plugin is None and self.not_capturable is None
+        if self.not_capturable and result["graph_ms"] is not None:
+            result["graph_note"] = (
+                f"{self.eager.method}'s cache is not capturable (it lacks {self.not_capturable}): the replay is "
+                "a step between page completions, without their work"
+            )
+        if self.graphed is not self.eager:
+            result["graph_steps"] = 0
+        return {**result, "graph_capturable": capturable}
 
 
 def pnmix_attention() -> str:

@@ -4,11 +4,13 @@ Each step is its own test; one cache per method walks forward through the steps 
 keys and values fill the gaps), so a sweep costs one fill, not one per point. The slope over
 steps 11K-31K (`benchmarks.efficiency.analysis.latency_slope_us`) is computed from these points by the report.
 step_ms is the eager step as a transformers user runs it (CUDA events around the call, launch
-overhead included, as the paper measures); graph_ms is the same step replayed from a CUDA graph
-(launch overhead removed, as gpt-fast reports decode), with graph_note saying why when there is
-none. Out of memory anywhere in a point is recorded as {"oom": true}. A plug-in (--impl,
-`benchmarks.efficiency.plugins`) runs PN-Mix's points with its own caches in the model (`PNMixHFCache(impl=)`,
-not preallocated, no graph: graph_note says why); roofline_step_ms counts the bytes its caches hold.
+overhead included, as the paper measures); graph_ms is the step at the same position replayed from
+a CUDA graph (launch overhead removed, as gpt-fast reports decode) on a capturable twin of the
+cache where the method's can be (`harness.LatencyWalk`: graph_capturable says so), with graph_note
+saying why when there is none or what the replay leaves out. Out of memory anywhere in a point is
+recorded as {"oom": true}. A plug-in (--impl, `benchmarks.efficiency.plugins`) runs PN-Mix's
+points with its own caches in the model (`PNMixHFCache(impl=)`, not preallocated, no graph:
+graph_note says why); roofline_step_ms counts the bytes its caches hold.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from benchmarks.suites.test_fig6c_throughput import skip_unless_model_claimed, s
 
 @pytest.fixture(scope="module")
 def walkers():
-    """The Generation of each (scale, method) in use, reused while steps only move forward."""
+    """The LatencyWalk of each (scale, method) in use, reused while steps only move forward."""
     state = {}
     yield state
     state.clear()
@@ -39,14 +41,14 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
         model = models.get(scale)
         gen = walkers.get(key)
         if gen is None or gen.length > target or gen.model is not model:
-            walkers.clear()  # one cache at a time
+            walkers.clear()  # one method's caches at a time
             harness.release(bench_device)
-            gen = walkers[key] = harness.Generation(
-                model, work.method, 1, scale.prompt, scale.prompt + work.generation, plugin=plugin
+            gen = walkers[key] = harness.LatencyWalk(
+                model, work.method, scale.prompt, scale.prompt + work.generation, plugin=plugin
             )
         gen.fill_to(target)
-        roofline = step_roofline_ms(scale.arch, gen.read_bytes(), copy_gbps)
-        timing = harness.time_ms(gen.step, bench_device, scale.reps, scale.warmup)
+        roofline = step_roofline_ms(scale.arch, gen.eager.read_bytes(), copy_gbps)
+        timing = harness.time_ms(gen.eager.step, bench_device, scale.reps, scale.warmup)
         graph = gen.graph_step()
         return {
             "step_ms": timing["ms"],
@@ -55,7 +57,7 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
             **graph,
             "steps_run": gen.length - target,
             "roofline_step_ms": roofline,
-            "check_finite": gen.check_finite,
+            "check_finite": gen.eager.check_finite,
         }
 
     def run() -> dict:
@@ -68,6 +70,7 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
             graph_ms=None,
             graph_note="out of memory",
             graph_steps=0,
+            graph_capturable=None,
             roofline_step_ms=None,
             check_finite=None if plugin else harness.CHECK_FINITE,
         )

@@ -261,6 +261,40 @@ def test_generation_leaves_finite_checks_off_and_has_no_graph_on_the_cpu(model):
     assert gen.length == 20 and harness.Generation(model, "FP16", 1, 20, 64).check_finite is False
 
 
+@pytest.mark.parametrize(
+    ("method", "twin", "capturable"), [("PN-Mix", True, True), ("Kitty", False, False), ("FP16", False, True)]
+)
+def test_fig7_graphs_a_capturable_twin_where_the_cache_can_be_and_times_the_eager_cache(
+    model, method, twin, capturable
+):
+    walk = harness.LatencyWalk(model, method, 20, 64)
+    assert (walk.graphed is not walk.eager) is twin
+    if method != "FP16":  # the timed steps stay the cache a transformers user runs; the graph replays every position
+        assert not any(layer.cache.capturable for layer in walk.eager.cache.layers)
+        assert all(layer.cache.capturable for layer in walk.graphed.cache.layers) is twin
+    walk.fill_to(30)
+    walk.eager.step()
+    graph = walk.graph_step()
+    assert walk.graphed.length == walk.eager.length == 31  # the graph is taken where the eager step was timed
+    assert graph == {
+        "graph_ms": None,
+        "graph_note": "no CUDA graphs on the CPU",
+        "graph_steps": 0,
+        "graph_capturable": capturable,
+    }
+    # on a GPU: a replay on the eager cache itself ran its steps there; one on a non-capturable cache says what it
+    # leaves out
+    walk.graphed.graph_step = lambda: {"graph_ms": 1.0, "graph_note": None, "graph_steps": 2}
+    graph = walk.graph_step()
+    assert graph["graph_steps"] == (0 if twin else 2)
+    assert (graph["graph_note"] is not None) is (method == "Kitty")
+    if method == "Kitty":
+        assert "Kitty's cache is not capturable" in graph["graph_note"] and "without their work" in graph["graph_note"]
+    if twin:
+        with pytest.raises(ValueError, match="capturable=True is for the built-in caches"):
+            harness.Generation(model, method, 1, 20, 64, plugin=SimpleNamespace(name="x"), capturable=True)
+
+
 def test_kernel_benchmark_cache_is_preallocated_without_finite_checks():
     cache, q = harness.build_decode_cache("PN-Mix", 1, 150, (2, 2, 16), torch.device("cpu"), prompt=40)
     assert cache.capacity == cache.length == 150 and cache.check_finite is False
