@@ -580,7 +580,7 @@ class LatencyWalk:
     """
 
     def __init__(self, model, method: str, prompt: int, capacity: int, plugin=None) -> None:
-        from pnmix.cache import why_not_capturable
+        from pnmix.cache import why_not_capturable  # deferred: pnmix imports triton, as pnmix.hf does
 
         self.eager = Generation(model, method, 1, prompt, capacity, plugin=plugin)
         self.not_capturable = None if method == FP16 or plugin is not None else why_not_capturable(self.eager.config)
