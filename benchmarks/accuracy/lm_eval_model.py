@@ -100,6 +100,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
+from benchmarks.commands.heap import trimmed
 from benchmarks.efficiency.plugins import load, unclaimed
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DECODE_MARK
@@ -884,7 +885,7 @@ class PNMixLM(TemplateLM):
             groups.setdefault((tuple(context_enc), prompt), []).append(i)
         results: list = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="pnmix loglikelihood")
-        for (context_enc, prompt), members in groups.items():
+        for (context_enc, prompt), members in trimmed(groups.items()):
             args = requests[members[0]][0]
             # the text _encode_pair encoded: marks removed, trailing spaces moved into the continuation
             text = "" if args is None else args[0].replace(DECODE_MARK, "").rstrip()
@@ -915,7 +916,7 @@ class PNMixLM(TemplateLM):
         """lm-eval's rolling windows (`get_rolling_token_windows`, max_length tokens each, one token of
         context): each window's context prefilled, its predicted tokens decoded through the cache."""
         out = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="pnmix loglikelihood_rolling"):
+        for request in trimmed(tqdm(requests, disable=disable_tqdm, desc="pnmix loglikelihood_rolling")):
             (string,) = request.args
             if DECODE_MARK in string:
                 raise ValueError(
@@ -939,7 +940,7 @@ class PNMixLM(TemplateLM):
         """Greedy decoding through the cache, one token a forward, until a stop string (and the end-of-text
         token, as HFLM adds it), the end-of-text token or max_gen_toks."""
         out = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="pnmix generate_until"):
+        for request in trimmed(tqdm(requests, disable=disable_tqdm, desc="pnmix generate_until")):
             ask = self.generation(request)
             cache, last = self._context(ask.text, ask.context_enc, ask.prompt)
             out.append(self.generated(cache, last, ask))

@@ -50,6 +50,7 @@ from tqdm import tqdm
 from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import interrupts, preflight
+from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK, data_file, parse_task_name
@@ -311,7 +312,7 @@ class Shared:
             n = len(self.base.tok_encode(r.args[0].replace(DECODE_MARK, "") + r.args[1]))
             if n > self.base.max_length + 1:  # as pnmix-lm-eval refuses it: nothing is truncated
                 self.base._refuse_length((r.task_name, r.doc_id), n - 1, "context + continuation")
-        for context, pairs in tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr):
+        for context, pairs in trimmed(tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr)):
             kept = self._kept(pairs)
             missing = self._reuse(kept)
             for label in self.views.keys() - set(missing):
@@ -346,7 +347,7 @@ class Shared:
     def _generate(self, requests) -> None:
         """Each run decodes greedily through its own cache, from the one exact forward over the prompt
         (`PNMixLM.record_prompt`) and the decode section as its own steps (`PNMixLM.replayed`)."""
-        for r in tqdm(requests, desc="generations", unit="context", file=sys.stderr):
+        for r in trimmed(tqdm(requests, desc="generations", unit="context", file=sys.stderr)):
             key = _request_key(r.args)
             kept = self._kept([r.args])
             missing = self._reuse(kept)

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.commands import preflight
+from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # the prompts fill the context: known once the tokenizer has counted them
         parser.error(str(err))
     per_prompt, lengths = [], []
-    for ids, prompt_len in tqdm(sequences, desc="teacher-forced methods", unit="prompt"):
+    for ids, prompt_len in trimmed(tqdm(sequences, desc="teacher-forced methods", unit="prompt")):
         lengths.append(ids.shape[1] - prompt_len)
         per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
     given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}
