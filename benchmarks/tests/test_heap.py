@@ -1,6 +1,8 @@
 """Long runs hand the C heap's free memory back after each unit: resident memory follows what is live."""
 
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -24,6 +26,23 @@ def test_memory_freed_inside_the_heap_is_handed_back():
     heap.return_free_heap()
     assert resident_mib() - before < held / 4
     assert len(kept) == 250
+
+
+def test_tensors_held_by_a_reference_cycle_are_freed_after_each_unit():
+    class Cache:  # a cache and an object pointing back at it: garbage only the cyclic collector finds
+        def __init__(self) -> None:
+            self.keys = torch.empty(1000)
+            self.owner = self
+
+    freed = []
+    gc.disable()  # the collector's own schedule must not do the work
+    try:
+        for _ in heap.trimmed(range(3)):
+            weakref.finalize(Cache().keys, freed.append, 1)
+            assert len(freed) == _  # the one just built is still held by its cycle
+    finally:
+        gc.enable()
+    assert len(freed) == 3
 
 
 def test_trimmed_yields_every_item_and_trims_after_each(monkeypatch):
