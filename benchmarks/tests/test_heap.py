@@ -37,9 +37,9 @@ def test_tensors_held_by_a_reference_cycle_are_freed_after_each_unit():
     freed = []
     gc.disable()  # the collector's own schedule must not do the work
     try:
-        for _ in heap.trimmed(range(3)):
+        for built in heap.trimmed(range(3)):
             weakref.finalize(Cache().keys, freed.append, 1)
-            assert len(freed) == _  # the one just built is still held by its cycle
+            assert len(freed) == built  # the one just built is still held by its cycle
     finally:
         gc.enable()
     assert len(freed) == 3
