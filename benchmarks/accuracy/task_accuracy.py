@@ -247,10 +247,12 @@ class Scores:
         for run, args, score in rows:
             self.kept.setdefault(run, {})[_request_key(args)] = score
 
-    def recorded_seconds(self) -> float:
-        """The seconds every kept context took, read from every file now (every process's, every piece's)."""
+    def recorded(self) -> tuple[int, float]:
+        """How many contexts are kept and the seconds they took, read from every file now (every process's,
+        every piece's)."""
         paths = self.path.parent.glob(self.pattern)
-        return sum(s for path in paths for run, _, s in _rows(path.read_text().splitlines()) if run == TIME)
+        times = [s for path in paths for run, _, s in _rows(path.read_text().splitlines()) if run == TIME]
+        return len(times), sum(times)
 
     def remove(self) -> None:
         for path in self.path.parent.glob(self.pattern):
@@ -595,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     base.barrier()
+    contexts, seconds = scores.recorded() if base.rank == 0 else (0, 0.0)
+    base.barrier()  # rank 0 has read every process's file before any is removed
     if base.rank != 0:  # lm-eval gathered every document's outcome on rank 0, which writes the result
         scores.path.unlink(missing_ok=True)
         return 0
@@ -619,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
         task_files=task_files(tasks),
         lm_eval_version=__import__("lm_eval").__version__,
         seconds=round(time.monotonic() - start, 1),
-        # the seconds of scoring every context, summed over processes and pieces (a resumed sweep's whole work)
-        scoring_seconds=round(scores.recorded_seconds(), 1),
+        # the contexts scored and their seconds, summed over processes and pieces (a resumed sweep's whole work)
+        scored_contexts=contexts,
+        scoring_seconds=round(seconds, 1),
         behaviour=behaviour,
     )
     write_result(p.prog, args.out, "task-accuracy", data, markdown(data))

@@ -217,7 +217,7 @@ def test_kept_scores_are_read_back_as_written(tmp_path):
     again = task_accuracy.Scores(tmp_path, identity, behaviour)
     assert again.read == 2 and again.get("FP16", choice) == (-1.5, True) and again.get("FP16", generation) == " 4213."
     again.add([("KIVI", choice, (-2.0, False))], 1.5)
-    assert again.seconds == 4.0 == again.recorded_seconds()  # each context's time, every process's file
+    assert (2, 4.0) == again.recorded() and again.seconds == 4.0  # each context's time, every process's file
     assert again.path != scores.path  # one process now: its own file, beside the two processes' ones
     other = task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour)  # files under its own name
     assert other.read == 0
@@ -275,11 +275,13 @@ def test_two_processes_sweep_as_one(tiny, tmp_path):
         (path,) = (tmp_path / out).glob("task-accuracy-*.json")
         assert not list((tmp_path / out).glob(".task-accuracy-*"))  # every resume file removed
         data = json.loads(path.read_text())
-        return [data["tasks"], [(r["label"], r["results"]) for r in data["runs"]], data["processes"]]
+        return [data["tasks"], [(r["label"], r["results"]) for r in data["runs"]], data["processes"], data]
 
     one = run([sys.executable], "one")
     two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
     assert two[:2] == one[:2] and (one[2], two[2]) == (1, 2)
+    # every process's contexts are counted in the time, not rank 0's alone
+    assert two[3]["scored_contexts"] == one[3]["scored_contexts"] > 0
 
 
 @pytest.mark.slow
