@@ -91,6 +91,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def task_index(include_path: list[str], tasks) -> object:
+    """lm-eval's task index over `include_path`, and over lm-eval's own tasks only when a task named is not
+    among those: indexing lm-eval's own reads every YAML it ships (seconds, in every process of a launch)."""
+    from lm_eval.tasks import TaskManager  # deferred: lm-eval takes seconds to import
+
+    ours = TaskManager(include_path=include_path, include_defaults=False)
+    if all(t in ours.all_tasks for t in tasks):
+        return ours
+    return TaskManager(include_path=include_path)
+
+
 def suite_tasks(lengths, manager) -> list[str]:
     names = sorted(n for n in manager.all_tasks if n.startswith("pnmix_") and n.rsplit("_", 1)[-1] in lengths)
     return [n for n in names if n in manager.all_subtasks]
@@ -526,9 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     check_ranges(p, args)
     source = preflight.model(p, args.model)  # the suite's prompts are plain text: no chat template needed
     args.out = preflight.output_folder(p, args.out)
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=[str(CONFIGS), *map(str, args.include_path)])
+    manager = task_index([str(CONFIGS), *map(str, args.include_path)], args.tasks or ())
     tasks, config = check_args(p, args, manager, source)
     limit = args.limit
     from benchmarks.accuracy.lm_eval_model import (  # deferred: lm-eval takes seconds to import

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import functools
 import tempfile
 from pathlib import Path
 
@@ -108,24 +107,21 @@ def save_tiny(folder: Path) -> Path:
     return folder
 
 
-@functools.lru_cache(maxsize=1)
-def _tiny_folder() -> Path:
-    return save_tiny(Path(tempfile.mkdtemp(prefix="pnmix-canary-")))
-
-
 def task_accuracy() -> dict:
     from lm_eval.api.instance import Instance
 
     from benchmarks.accuracy.lm_eval_model import PNMixLM  # deferred: lm-eval takes seconds to import
 
-    lm = PNMixLM(pretrained=str(_tiny_folder()), method="FP16", chunk=4)
-    scored = lm.loglikelihood(
-        [Instance("loglikelihood", {}, item, i, metadata=("canary", i, 1)) for i, item in enumerate(ITEMS)],
-        disable_tqdm=True,
-    )
-    generated = lm.generate_until(
-        [Instance("generate_until", {}, GENERATE, 0, metadata=("canary", 0, 1))], disable_tqdm=True
-    )
+    # this process's own copy of the tiny model (every process of a launch runs its canaries), removed after
+    with tempfile.TemporaryDirectory(prefix="pnmix-canary-") as folder:
+        lm = PNMixLM(pretrained=str(save_tiny(Path(folder))), method="FP16", chunk=4)
+        scored = lm.loglikelihood(
+            [Instance("loglikelihood", {}, item, i, metadata=("canary", i, 1)) for i, item in enumerate(ITEMS)],
+            disable_tqdm=True,
+        )
+        generated = lm.generate_until(
+            [Instance("generate_until", {}, GENERATE, 0, metadata=("canary", 0, 1))], disable_tqdm=True
+        )
     return outcome(
         {
             "greedy": [bool(g) for _, g in scored],

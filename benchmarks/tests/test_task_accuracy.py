@@ -95,6 +95,15 @@ def test_a_model_whose_windowed_layers_keep_exact_caches_says_what_its_bits_cove
     assert note in task_accuracy.markdown(data)
 
 
+def test_lm_evals_own_tasks_are_indexed_only_when_a_task_named_is_not_the_suites():
+    """Indexing lm-eval's own tasks reads every YAML it ships (seconds per process); a stock task named is
+    found all the same (the refusal of `--tasks hellaswag` below reads its dataset's name from that index)."""
+    suite = [str(task_accuracy.CONFIGS)]
+    ours = task_accuracy.task_index(suite, ["pnmix_passkey_1k"])
+    assert "pnmix_passkey_1k" in ours.all_tasks and "hellaswag" not in ours.all_tasks
+    assert task_accuracy.task_index(suite, []).all_tasks == ours.all_tasks  # the suite's default tasks
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
