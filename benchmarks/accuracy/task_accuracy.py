@@ -92,12 +92,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def task_index(include_path: list[str], tasks) -> object:
-    """lm-eval's task index over `include_path`, and over lm-eval's own tasks only when a task named is not
-    among those: indexing lm-eval's own reads every YAML it ships (seconds, in every process of a launch)."""
+    """lm-eval's task index over `include_path`, and over lm-eval's own tasks too unless every task named is a
+    single task there: indexing lm-eval's own reads every YAML it ships (seconds, in every process of a launch).
+    A group or tag is indexed whole, since its members may be lm-eval's own tasks."""
     from lm_eval.tasks import TaskManager  # deferred: lm-eval takes seconds to import
 
     ours = TaskManager(include_path=include_path, include_defaults=False)
-    if all(t in ours.all_tasks for t in tasks):
+    if all(t in ours.all_subtasks for t in tasks):
         return ours
     return TaskManager(include_path=include_path)
 

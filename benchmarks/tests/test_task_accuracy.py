@@ -95,13 +95,17 @@ def test_a_model_whose_windowed_layers_keep_exact_caches_says_what_its_bits_cove
     assert note in task_accuracy.markdown(data)
 
 
-def test_lm_evals_own_tasks_are_indexed_only_when_a_task_named_is_not_the_suites():
+def test_lm_evals_own_tasks_are_indexed_only_when_a_task_named_is_not_a_single_task_of_ours(tmp_path):
     """Indexing lm-eval's own tasks reads every YAML it ships (seconds per process); a stock task named is
-    found all the same (the refusal of `--tasks hellaswag` below reads its dataset's name from that index)."""
+    found all the same (the refusal of `--tasks hellaswag` below reads its dataset's name from that index), and
+    so are the members of a group of ours made of lm-eval's own tasks."""
     suite = [str(task_accuracy.CONFIGS)]
     ours = task_accuracy.task_index(suite, ["pnmix_passkey_1k"])
     assert "pnmix_passkey_1k" in ours.all_tasks and "hellaswag" not in ours.all_tasks
     assert task_accuracy.task_index(suite, []).all_tasks == ours.all_tasks  # the suite's default tasks
+    (tmp_path / "stock_group.yaml").write_text("group: pnmix_test_stock_group\ntask:\n  - hellaswag\n")
+    both = task_accuracy.task_index([*suite, str(tmp_path)], ["pnmix_test_stock_group"])
+    assert {"pnmix_test_stock_group", "hellaswag"} <= set(both.all_tasks)
 
 
 @pytest.mark.parametrize(
