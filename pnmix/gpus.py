@@ -115,6 +115,11 @@ ARCHS = tuple(sorted({g.arch for g in GPUS}))
 #: Targets at the default configuration (fp16 and bf16), as fractions of HBM bandwidth: the memory bound on every
 #: GPU, and the binding ceiling (the lower of the two bounds) per dtype where named.
 REQUIRED_MEMORY_BOUND = 0.90
+#: The target the decode kernel is judged by: its predicted decode-attention speed-up over FP16 SDPA
+#: (`pnmix.perfmodel.decode_step`) at this GPU and workload; the project's goal past it.
+REQUIRED_SPEEDUP = {"gpu": "H100-SXM", "workload": "Qwen3-8B layer, B=64, 32K", "speedup": 2.0}
+GOAL_SPEEDUP = 3.0
+#: The binding ceilings the kernel was once held to (bounds, not predictions: kept as facts the gate prints).
 REQUIRED_CEILING = {
     "float16": {"A100-SXM4-40GB": 0.30, "H100-SXM": 0.25, "H200": 0.18},
     "bfloat16": {"A100-SXM4-40GB": 0.25, "H100-SXM": 0.20},
@@ -232,3 +237,45 @@ def memory_bound(gpu: GPU, programs: int, stages: int, bytes_per_tile: float) ->
     """Fraction of HBM bandwidth reachable with programs x stages tiles of bytes_per_tile in flight per SM
     (Little's law; at most 1)."""
     return min(1.0, programs * stages * bytes_per_tile / gpu.bytes_in_flight_per_sm)
+
+
+#: FP16 decode attention's rate as a fraction of datasheet HBM bandwidth, the baseline the gate's predictions are
+#: compared with, per GPU and (batch 1 | batch > 1) x (context < 16K | >= 16K). Where no figure exists for a cell the
+#: table takes the FP16-favourable one named (which can only lower PN-Mix's predicted speed-up).
+_FI = "FlashInfer blog 'Accelerating Self-Attentions for LLM Serving with FlashInfer' (2024-02-02), read off the plot"
+FP16_DECODE_RATES = {
+    ("H200", 1, "long"): (
+        0.557,
+        "measured: FP16 SDPA, B=1, 32K, one Qwen3-8B layer, 2,672 GB/s on an NVIDIA H200 (4,800 GB/s datasheet), "
+        "torch 2.11, 2026-11-30 (benchmarks/results/h200-2026-11-30)",
+    ),
+    ("H100-SXM", 1, "long"): (0.39, f"{_FI}, Fig. 8: FlashAttention 2.4.2, GQA 32/4, d=128, B=1, 32K, H100 SXM: ~39 %"),
+    ("A100-SXM4-40GB", 1, "long"): (
+        0.43,
+        f"{_FI}, Fig. 8: FlashAttention 2.4.2, GQA 32/4, d=128, B=1, 32K, A100 PCIe 80GB: ~43 % "
+        "(taken for the SXM4 40GB)",
+    ),
+    ("H100-SXM", 1, "short"): (0.18, f"{_FI}, Fig. 8: FlashAttention 2.4.2, GQA, B=1, 8K (no 4K point), H100: ~18 %"),
+    ("H200", 1, "short"): (0.18, "no H200 figure: H100-SXM's (same chip)"),
+    ("A100-SXM4-40GB", 1, "short"): (
+        0.25,
+        f"{_FI}, Fig. 8: FlashAttention 2.4.2, GQA, B=1, 8K (no 4K point), A100: ~25 %",
+    ),
+    ("H100-SXM", 64, "any"): (
+        0.88,
+        f"{_FI}, Fig. 9: FlashInfer tensor-core decode, GQA, B=64, 8K, H100: ~88 % (no SDPA figure at large batch)",
+    ),
+    ("H200", 64, "any"): (0.88, "no H200 figure at large batch: H100-SXM's (same chip)"),
+    ("A100-SXM4-40GB", 64, "any"): (
+        0.79,
+        f"{_FI}, Fig. 9: FlashInfer tensor-core decode, GQA, B=64, 8K, A100 PCIe: ~79 % "
+        "(no SDPA figure at large batch)",
+    ),
+}
+
+
+def fp16_decode_rate(gpu: GPU, batch: int, context: int) -> tuple[float, str]:
+    """(fraction of datasheet HBM bandwidth, its source) of FP16 decode attention at this point."""
+    if batch > 1:
+        return FP16_DECODE_RATES[(gpu.name, 64, "any")]
+    return FP16_DECODE_RATES[(gpu.name, 1, "long" if context >= 16384 else "short")]

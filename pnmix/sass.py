@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -43,12 +44,14 @@ def _tool(name: str) -> str:
     return tools[name]
 
 
-def disassemble(cubin: bytes) -> str:
-    """The SASS of a cubin, as nvdisasm prints it (-c: code sections only)."""
+def disassemble(cubin: bytes, encoding: bool = False) -> str:
+    """The SASS of a cubin, as nvdisasm prints it (-c: code sections only; encoding: with each instruction's
+    128-bit encoding, -hex, which `instructions` reads the control codes from)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
-        done = subprocess.run([_tool("nvdisasm"), "-c", str(path)], capture_output=True, text=True)
+        flags = ["-c", "-hex"] if encoding else ["-c"]
+        done = subprocess.run([_tool("nvdisasm"), *flags, str(path)], capture_output=True, text=True)
     if done.returncode != 0 or not done.stdout.strip():
         raise RuntimeError(f"nvdisasm could not read the cubin: {done.stderr.strip() or 'no output'}")
     return done.stdout
@@ -60,6 +63,64 @@ def resource_usage(cubin: bytes) -> str:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
         return subprocess.run([_tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True).stdout
+
+
+_ENCODED = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* (0x[0-9a-f]{16}) \*/")
+_HIGH_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
+_GUARD = re.compile(r"^@!?U?P[T0-9]+\s+")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One SASS instruction of sm_70 and later with the control code ptxas scheduled it with.
+
+    The control code is the top 23 bits of the 128-bit encoding (bits 105-127; Jia et al., "Dissecting the NVIDIA
+    Volta GPU Architecture via Microbenchmarking", 2018, section 2.2, and CuAssembler's documentation, which carry it
+    to Turing, Ampere and Hopper): from the least significant, 4 bits of stall count (cycles before the warp may
+    issue its next instruction), 1 yield bit, 3 bits of write-barrier index and 3 of read-barrier index (7: none;
+    six scoreboards per warp that a variable-latency instruction releases when its result is written, or its
+    operands read), 6 bits of wait mask (the scoreboards that must be released before this instruction issues) and
+    4 operand-reuse bits."""
+
+    text: str  # as nvdisasm prints it, without the ";"
+    stall: int
+    write_barrier: int | None
+    read_barrier: int | None
+    wait_mask: int
+
+    @property
+    def opcode(self) -> str:
+        """The opcode with its modifiers, without a guard predicate: "IMAD.MOV.U32"."""
+        return _GUARD.sub("", self.text).split(" ", 1)[0]
+
+    @property
+    def base(self) -> str:
+        """The opcode without modifiers: "IMAD"."""
+        return self.opcode.split(".", 1)[0]
+
+
+def control_code(high_word: int) -> tuple[int, int | None, int | None, int]:
+    """(stall, write barrier, read barrier, wait mask) of the upper 64 bits of an instruction's encoding."""
+    code = high_word >> 41
+    write, read = (code >> 5) & 7, (code >> 8) & 7
+    return code & 15, None if write == 7 else write, None if read == 7 else read, (code >> 11) & 63
+
+
+def instructions(encoded: str) -> list[Instruction | str]:
+    """The instructions of a `disassemble(..., encoding=True)` listing, with their control codes, and its branch
+    labels (as strings), in order."""
+    out: list[Instruction | str] = []
+    lines = encoded.splitlines()
+    for i, line in enumerate(lines):
+        if m := LABEL.match(line):
+            out.append(m.group(1))
+        elif m := _ENCODED.match(line):
+            high = _HIGH_WORD.match(lines[i + 1]) if i + 1 < len(lines) else None
+            if high is None:
+                raise ValueError(f"SASS line {i + 1} has no second encoding word: not an sm_70+ -hex listing")
+            stall, write, read, wait = control_code(int(high.group(1), 16))
+            out.append(Instruction(m.group(2).strip(), stall, write, read, wait))
+    return out
 
 
 def code_lines(sass: str) -> list[str]:

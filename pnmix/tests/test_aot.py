@@ -11,12 +11,13 @@ import sys
 
 import pytest
 
-from pnmix import aot
+from pnmix import aot, calibration, perfmodel
 from pnmix.gpus import (
     GPUS,
     PIPES,
     REQUIRED_CEILING,
     REQUIRED_MEMORY_BOUND,
+    REQUIRED_SPEEDUP,
     SM_LIMITS,
     issue_bound,
     memory_bound,
@@ -53,7 +54,7 @@ def gate(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gate_plain(tmp_path_factory):
     """The gate with the plain unpack of the decode kernels' value codes (the PTX unpack's fallback)."""
-    return run_gate(tmp_path_factory, "--plain-unpack")
+    return run_gate(tmp_path_factory, "--plain-unpack", "--no-calibration")
 
 
 @pytest.mark.gpu_gate
@@ -88,9 +89,8 @@ def test_the_gate_prints_both_bounds_and_every_target(gate):
         assert e["pipes"]["imad"] <= e["pipes"]["fma"], e
         assert sum(n for p, n in e["pipes"].items() if p != "imad") <= e["warp_instructions_per_tile"], e
         assert e["in_flight_per_sm"] == e["programs_per_sm"] * e["stages"] * e["tile_bytes"] > 0, e
-    # each default case x GPU: the memory target, and the ceiling target where one is set
-    per_gqa = sum(len(GPUS) + len(REQUIRED_CEILING.get(dtype, {})) for dtype in aot.DTYPES)
-    assert len(result["targets"]) == len(aot.GQA) * per_gqa
+    # each default case x GPU: the memory target; and the predicted speed-up on its one GPU
+    assert len(result["targets"]) == len(aot.GQA) * len(aot.DTYPES) * (len(GPUS) + 1)
     assert result["below_target"] == [c["text"] for c in result["targets"] if not c["passed"]]
     for c in result["targets"]:
         assert f"{'PASS' if c['passed'] else 'FAIL'} target: {c['text']}" in proc.stdout
@@ -119,13 +119,67 @@ def default_entries(result: dict) -> list[dict]:
 
 @pytest.mark.gpu_gate
 @needs_tools
-def test_the_default_decode_kernel_meets_its_targets(gate):
+def test_the_default_decode_kernel_keeps_enough_bytes_in_flight(gate):
     proc, result = gate
     for e in default_entries(result):
         for gpu, b in e["bounds"].items():
             assert b["memory"] >= REQUIRED_MEMORY_BOUND, (gpu, e)
-            assert b["ceiling"] >= REQUIRED_CEILING[e["dtype"]].get(gpu, 0), (gpu, e)
-    assert result["below_target"] == [] and "FAIL target" not in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("FAIL target: memory")]
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_the_gate_predicts_every_workload_on_every_gpu(gate):
+    """Per default decode kernel, GPU and workload: the predicted time (split, merge, launches), % of HBM and the
+    ratio to FP16 SDPA, printed beside the bounds."""
+    proc, result = gate
+    for e in default_entries(result):
+        assert set(e["predictions"]) == {g.name for g in GPUS if g.arch == e["arch"]}, e
+        for gpu, rows in e["predictions"].items():
+            assert [p["workload"] for p in rows] == [w.name for w in perfmodel.WORKLOADS]
+            for p in rows:
+                assert p["time_us"] == pytest.approx(
+                    max(p["split_us"], p["bytes"] / next(g for g in GPUS if g.name == gpu).hbm_gbps / 1e3)
+                    + p["merge_us"]
+                    + p["launch_us"],
+                    abs=2e-3,
+                )
+                assert p["speedup_vs_fp16"] == pytest.approx(p["fp16_us"] / p["time_us"], rel=1e-2)
+                assert 0 < p["fraction_of_hbm"] <= 1 and p["fp16_source"]
+                # below the binding bound: a prediction cannot beat what the compiled code can reach at best
+                assert p["fraction_of_hbm"] <= e["bounds"][gpu]["ceiling"] + 1e-9, (gpu, p)
+    for column in ("split / merge / launch us", "% of HBM", "FP16 us", "vs FP16", "lowest bound"):
+        assert f" {column} " in proc.stdout
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_every_calibration_point_is_predicted_within_its_tolerance(gate):
+    """Each kernel a GPU timed (pnmix.calibration), compiled from its commit and predicted at the point it was
+    timed: within TOLERANCE of the measurement, so the model cannot drift away from what a GPU showed."""
+    proc, result = gate
+    points = result["calibration"]
+    assert len(points) == len(calibration.POINTS)
+    unavailable = [p["error"] for p in points if "error" in p]
+    if unavailable:
+        pytest.skip(f"calibration kernels unavailable: {unavailable[0]}")
+    for p in points:
+        assert p["holds"] and 1 / calibration.TOLERANCE <= p["ratio"] <= calibration.TOLERANCE, p
+        assert f"calibration: {p['label']}" in proc.stdout
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_the_default_kernel_is_predicted_at_its_speedup_target(gate):
+    """The target: PN-Mix's decode attention predicted REQUIRED_SPEEDUP x faster than FP16 SDPA (H100, B = 64,
+    32K). An expected failure until the kernel gets there, whose reason is the predicted figure."""
+    _, result = gate
+    checks = [c for c in result["targets"] if c["bound"] == "speedup"]
+    assert len(checks) == len(aot.DTYPES) * len(aot.GQA) and all(c["got"] is not None for c in checks)
+    below = [c["text"] for c in checks if not c["passed"]]
+    if below:
+        pytest.xfail("; ".join(below))
+    assert all(c["got"] >= REQUIRED_SPEEDUP["speedup"] for c in checks)
 
 
 #: The goal past the targets: the decode loop's issue bound at 70 % of HBM on an A100 and 50 % on an H100.
@@ -336,19 +390,21 @@ def test_the_lower_bound_binds_and_the_targets_say_pass_or_fail():
     assert h200["issue"] > 1 and h200["binds"] == "memory" and h200["ceiling"] == h200["memory"] == 0.7283
     checks = aot.targets([sm80, sm90, aot.decode_entry(aot.Case("KIVI-2", "float16", 128, 4), 80, _row(80), 4608)])
     got = {(c["gpu"], c["bound"]): c["passed"] for c in checks}  # the non-default case is not a target
+    # without predictions the speed-up target is "not predicted", a failure
     assert got == {
         ("A100-SXM4-40GB", "memory"): True,
-        ("A100-SXM4-40GB", "ceiling"): False,
         ("H100-SXM", "memory"): True,
-        ("H100-SXM", "ceiling"): True,
+        ("H100-SXM", "speedup"): False,
         ("H200", "memory"): False,
-        ("H200", "ceiling"): True,
     }
-    # the targets are per dtype: an issue bound of 27 % on the A100 passes bfloat16's 25 %, not float16's 30 %
-    for dtype, passed in (("bfloat16", True), ("float16", False)):
-        entry = aot.decode_entry(aot.Case(aot.DEFAULT_METHOD, dtype, 128, 4), 80, _row(80, loop=1671), 4608)
-        ceiling = next(c for c in aot.targets([entry]) if c["bound"] == "ceiling")
-        assert ceiling["got"] == pytest.approx(0.27, abs=0.005) and ceiling["passed"] is passed, ceiling
+    assert "not predicted" in next(c["text"] for c in checks if c["bound"] == "speedup")
+    # a prediction at the target's workload decides it, either way
+    point = {"workload": REQUIRED_SPEEDUP["workload"], "speedup_vs_fp16": REQUIRED_SPEEDUP["speedup"]}
+    for speedup, passed in ((REQUIRED_SPEEDUP["speedup"], True), (REQUIRED_SPEEDUP["speedup"] - 0.01, False)):
+        sm90["predictions"] = {"H100-SXM": [point | {"speedup_vs_fp16": speedup}]}
+        (check,) = [c for c in aot.targets([sm90]) if c["bound"] == "speedup"]
+        assert check["passed"] is passed and check["got"] == speedup
+    del sm90["predictions"]
     result = {
         "archs": [80, 90],
         "kernels": [_row(80) | {"local_bytes": 0, "smem_limit": 1, "instructions": 9}],
@@ -357,7 +413,7 @@ def test_the_lower_bound_binds_and_the_targets_say_pass_or_fail():
         "targets": checks,
     }
     text = aot.render(result)
-    assert "FAIL target: binding ceiling 21% < 30% on A100-SXM4-40GB (float16, GQA 4)" in text
+    assert "FAIL target: predicted speed-up over FP16 SDPA not predicted < 2.0x on H100-SXM" in text
     assert "PASS target: memory bound 100% >= 90% on A100-SXM4-40GB (float16, GQA 4)" in text
     assert "FAIL target: memory bound 73% < 90% on H200 (float16, GQA 4)" in text
     h200_rows = [line for line in text.splitlines() if "| H200 " in line]
