@@ -103,8 +103,8 @@ def historical_kernels(point: Point, arch: int, sms: int) -> tuple[Kernel, Kerne
         )
         if done.returncode != 0:
             raise Unavailable(f"git archive {point.commit[:7]}: {done.stderr.strip() or 'failed'}")
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+        with tarfile.open(archive) as tar:  # our own tree: the "data" filter where this Python has it
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         spec = {"method": point.method, "dtype": point.dtype, "arch": arch, "sms": sms}
         env = dict(os.environ, PYTHONPATH=tmp, TRITON_INTERPRET="0")
         ran = subprocess.run(
