@@ -289,7 +289,7 @@ def problems(row: dict) -> list[str]:
     return found
 
 
-def run(scope: str, jobs: int, ptx: bool = True) -> dict:
+def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> dict:
     """Record, compile and judge every launch of `scope` (ptx: with the PTX unpack, the default; False: the plain
     unpack, its fallback); the result as a
     JSON-ready dict."""
@@ -324,7 +324,8 @@ def run(scope: str, jobs: int, ptx: bool = True) -> dict:
     decode, model_cache = [], {}
     for case, arch, key, nbytes, merge, storage in uses:
         entry = decode_entry(case, arch, rows[key], nbytes)
-        if (scope == "default" or case.default) and merge is not None and "error" not in rows[key]:
+        wanted = predictions and (scope == "default" or case.default)
+        if wanted and merge is not None and "error" not in rows[key]:
             entry["predictions"] = predict(rows[key], rows[merge], storage, arch, model_cache)
         decode.append(entry)
     failures = [f"{r['kernel']} sm_{r['arch']}: {p}" for r in rows.values() for p in problems(r)]
@@ -677,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
         "the path a GPU takes where the PTX's self-test fails",
     )
     parser.add_argument(
+        "--bounds-only",
+        action="store_true",
+        help="the bounds without the predictions (pnmix.perfmodel) and without the calibration",
+    )
+    parser.add_argument(
         "--no-calibration",
         action="store_true",
         help="leave out the calibration points (pnmix.calibration: kernels a GPU timed, compiled from git history)",
@@ -694,8 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, "-m", "pnmix.aot", *argv], env=env).returncode
     if args.digests is not None:
         return _digests_main(args.digests)
-    result = run(args.scope or "all", args.jobs, not args.plain_unpack)
-    if not args.no_calibration:
+    result = run(args.scope or "all", args.jobs, not args.plain_unpack, not args.bounds_only)
+    if not (args.no_calibration or args.bounds_only):
         result["calibration"] = calibrate()
     print(render(result))
     if args.json is not None:

@@ -54,7 +54,7 @@ def gate(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gate_plain(tmp_path_factory):
     """The gate with the plain unpack of the decode kernels' value codes (the PTX unpack's fallback)."""
-    return run_gate(tmp_path_factory, "--plain-unpack", "--no-calibration")
+    return run_gate(tmp_path_factory, "--plain-unpack", "--bounds-only")
 
 
 @pytest.mark.gpu_gate
