@@ -580,6 +580,7 @@ def render(result: dict) -> str:
             f"{p['fraction_of_hbm']:.1%}",
             f"{p['fp16_us']:.1f}",
             f"{p['speedup_vs_fp16']:.2f}x",
+            f"{p['limit']} {p['main_loop_causes'].get(p['limit'], 0):.0%}",
             e["bounds"][gpu]["binds"] + " " + _pct(e["bounds"][gpu]["ceiling"]),
         ]
         for e in result["decode"]
@@ -608,7 +609,9 @@ def render(result: dict) -> str:
             "grid's waves, merge and launches; calibrated on the GPU measurement of pnmix.calibration)",
             tabulate(predicted, head, tablefmt="github"),
             f"FP16 SDPA at its stated rate (pnmix.gpus.FP16_DECODE_RATES); vs FP16 above 1: faster than FP16. "
-            f"{perfmodel.LAUNCH_NOTE}; DRAM latency {perfmodel.LATENCY_FACTOR} x the idle one (fitted).",
+            f"{perfmodel.LAUNCH_NOTE}; DRAM latency {perfmodel.LATENCY_FACTOR} x the idle one (fitted). "
+            "'holds the loop': what held the warps most of the quantized loop's cycles (pnmix.perfmodel.CAUSES) "
+            "and its share; 'HBM bandwidth' where the bytes bind.",
             "",
         ]
     for c in result.get("calibration", []):

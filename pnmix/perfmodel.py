@@ -213,6 +213,8 @@ class _Warp:
     open_group: float = 0.0
     async_mma: float = 0.0
     last_issue: float = -1.0
+    ready_cause: str = "chain"
+    board_cause: list = field(default_factory=lambda: ["chain"] * 6)
     barrier: float | None = None  # arrival time while held at a BAR.SYNC
     marks: dict = field(default_factory=dict)
 
@@ -241,6 +243,23 @@ class Simulated:
     per_iteration: dict[int, float]
     simulated_runs: dict[int, int]
     issued: int
+    #: per loop, the warps' cycles between consecutive issues by what held each warp (`CAUSES`)
+    causes: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+#: What holds a warp between two of its issues: its own scheduled chain (stall counts), a wait on a DRAM load or
+#: copy, on a shared-memory load, on another variable-latency result (or the tensor core's), a barrier, a busy pipe
+#: or data path, or the scheduler issuing another warp.
+CAUSES = ("chain", "dram", "shared", "other latency", "barrier", "pipe", "data path", "issue")
+
+
+def _cause(ins: Instruction) -> str:
+    base = ins.base
+    if base in ("LDG", "LD", "ATOM", "RED", "LDGSTS", "LDGDEPBAR"):
+        return "dram"
+    if base in ("LDS", "LDSM", "ATOMS"):
+        return "shared"
+    return "other latency"
 
 
 def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int, warps_per_program: int) -> Simulated:
@@ -255,36 +274,40 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
     slot = 0.0
     issued = 0
     props = [(_pipe(ins, machine), _latency(ins, machine), wavefronts(ins)) for ins in code.instructions]
+    loop_of = {}
+    for n, loop in enumerate(code.loops):
+        loop_of.update(dict.fromkeys(range(loop.start, loop.end), n))
+    causes: dict[int, dict[str, float]] = {n: dict.fromkeys(CAUSES, 0.0) for n in range(len(code.loops))}
     end = len(trace)
     while True:
-        best, best_t = None, math.inf
+        best, best_t, best_cause = None, math.inf, "chain"
         for w in warps:
             if w.pos >= end or w.barrier is not None:
                 continue
             ins = code.instructions[trace[w.pos]]
-            t = w.ready
+            t, why = w.ready, w.ready_cause
             mask = ins.wait_mask
             k = 0
             while mask:
-                if mask & 1:
-                    t = max(t, w.board[k])
+                if mask & 1 and w.board[k] > t:
+                    t, why = w.board[k], w.board_cause[k]
                 mask >>= 1
                 k += 1
             base = ins.base
             if base == "DEPBAR" and (m := re.search(r"SB\d+,\s*(0x[0-9a-f]+|\d+)", ins.text)):
                 keep = int(m.group(1), 0)
-                if len(w.groups) > keep:
-                    t = max(t, max(w.groups[: len(w.groups) - keep]))
-            elif base == "WARPGROUP" and "DEPBAR" in ins.opcode:
-                t = max(t, w.async_mma)
+                if len(w.groups) > keep and max(w.groups[: len(w.groups) - keep]) > t:
+                    t, why = max(w.groups[: len(w.groups) - keep]), "dram"
+            elif base == "WARPGROUP" and "DEPBAR" in ins.opcode and w.async_mma > t:
+                t, why = w.async_mma, "other latency"
             (pipe, busy), _, fronts = props[trace[w.pos]]
-            if pipe is not None:
-                t = max(t, pipes.get(pipe, 0.0))
-            if fronts:
-                t = max(t, datapath - DATA_PATH_QUEUE)
+            if pipe is not None and pipes.get(pipe, 0.0) > t:
+                t, why = pipes[pipe], "pipe"
+            if fronts and datapath - DATA_PATH_QUEUE > t:
+                t, why = datapath - DATA_PATH_QUEUE, "data path"
             # loose round robin: of the warps that can issue soonest, the one that issued least recently
             if t < best_t or (t == best_t and best is not None and w.last_issue < best.last_issue):
-                best, best_t = w, t
+                best, best_t, best_cause = w, t, why
         if best is None:
             if all(w.pos >= end for w in warps):
                 break
@@ -294,12 +317,16 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
                 if all(w.barrier is not None for w in group):
                     release = max(w.barrier for w in group) + BARRIER_CYCLES
                     for w in group:
-                        w.barrier, w.ready, w.pos = None, release, w.pos + 1
+                        w.barrier, w.ready, w.pos, w.ready_cause = None, release, w.pos + 1, "barrier"
             continue
         w, t = best, max(best_t, slot)
         index = trace[w.pos]
         ins = code.instructions[index]
         (pipe, busy), latency, fronts = props[index]
+        if index in loop_of and w.last_issue >= 0:
+            held = causes[loop_of[index]]
+            held[best_cause] += max(0.0, best_t - w.last_issue)
+            held["issue"] += t - best_t
         slot = t + 1
         w.last_issue = t
         issued += 1
@@ -325,18 +352,18 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
             w.groups = w.groups[len(w.groups) - keep :] if keep else []
         elif base == "HGMMA":
             w.async_mma = max(w.async_mma, pipes["tensor"] + MMA_LATENCY)
-        if ins.write_barrier is not None and base != "LDGSTS":
-            w.board[ins.write_barrier] = max(w.board[ins.write_barrier], done)
-        if ins.read_barrier is not None:
-            w.board[ins.read_barrier] = max(w.board[ins.read_barrier], t + OPERANDS_READ)
-        w.ready = t + max(ins.stall, 1)
+        if ins.write_barrier is not None and base != "LDGSTS" and done >= w.board[ins.write_barrier]:
+            w.board[ins.write_barrier], w.board_cause[ins.write_barrier] = done, _cause(ins)
+        if ins.read_barrier is not None and t + OPERANDS_READ >= w.board[ins.read_barrier]:
+            w.board[ins.read_barrier], w.board_cause[ins.read_barrier] = t + OPERANDS_READ, "other latency"
+        w.ready, w.ready_cause = t + max(ins.stall, 1), "chain"
         if base == "BAR" and ".SYNC" in ins.opcode:
             w.barrier = t
             group = [x for x in warps if x.program == w.program and x.pos < end]
             if all(x.barrier is not None for x in group):
                 release = max(x.barrier for x in group) + BARRIER_CYCLES
                 for x in group:
-                    x.barrier, x.ready, x.pos = None, release, x.pos + 1
+                    x.barrier, x.ready, x.pos, x.ready_cause = None, release, x.pos + 1, "barrier"
             continue
         w.pos += 1
         if w.pos == end:
@@ -351,7 +378,7 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
         if last >= 1:
             steps = [w.marks[(loop, last)] - w.marks[(loop, last - 1)] for w in warps]
             per_iteration[loop] = sum(steps) / len(steps)
-    return Simulated(total, per_iteration, runs, issued)
+    return Simulated(total, per_iteration, runs, issued, causes)
 
 
 def program_cycles(
@@ -383,7 +410,7 @@ def program_cycles(
         memory = programs * loop_bytes.get(loop, 0.0) / machine.bytes_per_cycle_per_sm
         limits[loop] = "memory" if memory > step else "latency/issue"
         cycles += max(step, memory) * left + max(0.0, memory - step) * runs
-    return {"cycles": cycles, "per_iteration": sim.per_iteration, "limits": limits}
+    return {"cycles": cycles, "per_iteration": sim.per_iteration, "limits": limits, "causes": sim.causes}
 
 
 # --- the decode step: split kernel, merge kernel, launches, against FP16 SDPA ---------------------------------------
@@ -503,16 +530,17 @@ def kernel_cycles(
     cache: dict,
 ) -> tuple[float, list[tuple[int, int]], dict]:
     """Cycles of one launch of `programs` programs: per wave, the slowest kind of program (`trips_per_program`, a
-    representative set of distinct trip counts) at the wave's programs per SM."""
+    representative set of distinct trip counts) at the wave's programs per SM; and that program's `program_cycles`
+    in the first wave (its loops' limits and causes)."""
     kinds = {tuple(sorted(t.items())): t for t in trips_per_program}.values()
-    total, limits = 0.0, {}
+    total, first = 0.0, None
     waves = _waves(programs, programs_per_sm, machine.gpu.sms)
     for count, per_sm in waves:
         runs = [program_cycles(kernel.code, t, loop_bytes, machine, per_sm, kernel.warps, cache) for t in kinds]
         slowest = max(runs, key=lambda r: r["cycles"])
         total += count * slowest["cycles"]
-        limits = slowest["limits"]
-    return total, waves, limits
+        first = first or slowest
+    return total, waves, first or {"limits": {}, "causes": {}}
 
 
 def decode_step(
@@ -544,7 +572,7 @@ def decode_step(
     occupancy = programs_per_sm(gpu.arch, split.registers, split.warps, split.shared_bytes)
     if occupancy < 1:
         raise ValueError(f"the split kernel does not fit an SM of {gpu.name}")
-    split_cycles, waves, limits = kernel_cycles(split, trips, loop_bytes, machine, items * splits, occupancy, cache)
+    split_cycles, waves, slowest = kernel_cycles(split, trips, loop_bytes, machine, items * splits, occupancy, cache)
     merge_trips = {i: 1 for i in range(len(merge.code.loops))}
     if merge.code.main is not None and "CHUNK" in merge.constexprs:
         chunk = min(int(merge.constexprs["CHUNK"]), 1 << (splits - 1).bit_length())
@@ -560,6 +588,12 @@ def decode_step(
     merge_us = merge_cycles / (gpu.boost_ghz * 1e3)
     memory_us = read / (gpu.hbm_gbps * 1e3)
     total_us = max(split_us, memory_us) + merge_us + 2 * LAUNCH_US
+    held = slowest["causes"].get(main, {})
+    shares = {k: round(v / sum(held.values()), 3) for k, v in held.items() if v} if sum(held.values()) else {}
+    if memory_us >= split_us or slowest["limits"].get(main) == "memory":
+        limit = "HBM bandwidth"
+    else:
+        limit = max(shares, key=shares.get) if shares else "unknown"
     fraction, source = fp16_decode_rate(gpu, workload.batch, workload.context)
     fp16_us = workload.fp16_bytes / (fraction * gpu.hbm_gbps * 1e3)
     return {
@@ -575,7 +609,8 @@ def decode_step(
         "time_us": round(total_us, 3),
         "bytes": round(read),
         "fraction_of_hbm": round(read / (total_us * 1e-6) / (gpu.hbm_gbps * 1e9), 4),
-        "main_loop_limit": limits.get(main),
+        "limit": limit,
+        "main_loop_causes": shares,
         "fp16_us": round(fp16_us, 3),
         "fp16_rate": fraction,
         "fp16_source": source,

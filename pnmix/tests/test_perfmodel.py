@@ -128,3 +128,21 @@ def test_fp16_is_timed_at_its_stated_rate_and_the_speedup_is_fp16_over_pnmix():
             assert 0 < rate < 1 and source
     assert fp16_decode_rate(next(g for g in GPUS if g.name == "H200"), 1, 32768)[0] == pytest.approx(2672 / 4800, 1e-2)
     assert len(FP16_DECODE_RATES) == 3 * len(GPUS)
+
+
+@pytest.mark.parametrize(
+    ("body", "programs", "cause"),
+    [
+        ([ins("FFMA R0, R0, R1, R2", stall=4) for _ in range(10)], 1, "chain"),
+        ([ins("HADD2 R0, R0, R1", stall=4) for _ in range(10)], 8, "issue"),  # fp16 at the issue rate
+        ([ins("LDG.E.128 R4, desc[UR4][R2.64]", write=0), ins("FFMA R0, R4, R4, R0", wait=0b1)], 1, "dram"),
+        ([ins("LDS.128 R4, [R2]", write=2), ins("FFMA R0, R4, R4, R0", wait=0b100)], 1, "shared"),
+        ([ins("STS.128 [R2], R4") for _ in range(50)], 1, "data path"),
+        ([ins("MUFU.EX2 R0, R1") for _ in range(20)], 1, "pipe"),
+    ],
+)
+def test_what_holds_the_warps_is_named(body, programs, cause):
+    sim = perfmodel.simulate(loop_code(body), {0: 6}, perfmodel.Machine.of(H100, 1.0), programs, 4)
+    held = sim.causes[0]
+    assert max(held, key=held.get) == cause, held
+    assert set(held) == set(perfmodel.CAUSES)
