@@ -245,6 +245,9 @@ class Simulated:
     issued: int
     #: per loop, the warps' cycles between consecutive issues by what held each warp (`CAUSES`)
     causes: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: per instruction index (of `Code.instructions`), the cycles warps waited before it on a latency (DRAM, shared,
+    #: other) or a barrier: where a kernel's waits are, for the one who rewrites it
+    waits: dict[int, tuple[str, float]] = field(default_factory=dict)
 
 
 #: What holds a warp between two of its issues: its own scheduled chain (stall counts), a wait on a DRAM load or
@@ -278,6 +281,7 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
     for n, loop in enumerate(code.loops):
         loop_of.update(dict.fromkeys(range(loop.start, loop.end), n))
     causes: dict[int, dict[str, float]] = {n: dict.fromkeys(CAUSES, 0.0) for n in range(len(code.loops))}
+    waits: dict[int, tuple[str, float]] = {}
     end = len(trace)
     while True:
         best, best_t, best_cause = None, math.inf, "chain"
@@ -327,6 +331,9 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
             held = causes[loop_of[index]]
             held[best_cause] += max(0.0, best_t - w.last_issue)
             held["issue"] += t - best_t
+            if best_cause in ("dram", "shared", "other latency", "barrier"):
+                _, before = waits.get(index, (best_cause, 0.0))
+                waits[index] = (best_cause, before + max(0.0, best_t - w.last_issue))
         slot = t + 1
         w.last_issue = t
         issued += 1
@@ -378,7 +385,7 @@ def simulate(code: Code, trips: dict[int, int], machine: Machine, programs: int,
         if last >= 1:
             steps = [w.marks[(loop, last)] - w.marks[(loop, last - 1)] for w in warps]
             per_iteration[loop] = sum(steps) / len(steps)
-    return Simulated(total, per_iteration, runs, issued, causes)
+    return Simulated(total, per_iteration, runs, issued, causes, waits)
 
 
 def program_cycles(

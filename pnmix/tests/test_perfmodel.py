@@ -61,6 +61,10 @@ def test_a_load_waited_in_the_same_iteration_exposes_its_dram_latency_and_a_pref
     machine = perfmodel.Machine.of(H100, 1.0)
     waited = [ins("LDG.E.128 R4, desc[UR4][R2.64]", write=0), ins("FFMA R0, R4, R4, R0", wait=0b1)]
     assert per_iteration(loop_code(waited), machine) == pytest.approx(machine.dram_cycles, rel=0.05)
+    # the wait is found where it is: before the FFMA (index 1), on DRAM, a round trip per iteration
+    waits = perfmodel.simulate(loop_code(waited), {0: 6}, machine, 1, 4).waits
+    assert set(waits) == {1} and waits[1][0] == "dram"
+    assert waits[1][1] == pytest.approx(3 * machine.dram_cycles, rel=0.05)  # each of the 3 simulated iterations
     # the same load for the next iteration as an asynchronous copy waited one group later: only the work is exposed
     work = [ins("FFMA R0, R0, R1, R2", stall=4) for _ in range(100)]
     piped = [
