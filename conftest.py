@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 import pnmix._runtime  # noqa: F401  (first: it decides TRITON_INTERPRET before anything imports triton)
 from reference.records import device_name, versions
@@ -26,6 +26,9 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
 settings.register_profile("smoke", settings.get_profile("ci"), max_examples=2)
+# gpu-short: the compiled check of `gpu_check --short`, which must compile few kernels: no draws, and of each
+# property's explicit examples the first of each input dtype alone (`conformance.harness.fitted` drops the rest).
+settings.register_profile("gpu-short", settings.get_profile("ci"), phases=[Phase.explicit], database=None)
 settings.register_profile(
     "thorough", max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
 )

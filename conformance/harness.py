@@ -38,6 +38,9 @@ class State:
 
 #: The hypothesis profile that checks a pipeline, not conformance (conftest.py): no combination examples.
 SMOKE = "smoke"
+#: The hypothesis profile of `gpu_check --short` (conftest.py): explicit examples only, the first of each dtype
+#: of a property and implementation alone (`fitted` drops the others), so that a compiled run compiles few kernels.
+GPU_SHORT = "gpu-short"
 _LAST_FITTED: list = []
 #: Starts the hypothesis note naming the fitted case of a failing example (`failing_examples` reads it).
 FITTED_NOTE = "Fitted to the claims: "
@@ -54,6 +57,7 @@ class Tally:
 
     run: int = 0
     dropped: collections.Counter = field(default_factory=collections.Counter)
+    dtypes: set = field(default_factory=set)  # the input dtypes of the examples fitted (the GPU_SHORT profile)
 
     def reasons(self, shown: int = 3) -> str:
         """The reasons examples were dropped, the most frequent first, with their counts."""
@@ -105,6 +109,10 @@ def fitted(impl, case, device: torch.device, *, draw_bounds: bool = True):
         case = case.fit(caps) if draw_bounds else cs.fit_fixed(case, caps)
     except cs.DoesNotFit as err:
         drop(f"{impl.name}: {err}")
+    if settings.get_current_profile_name() == GPU_SHORT:
+        if case.dtype in TALLY.dtypes:
+            drop(f"the {GPU_SHORT} profile runs one example per dtype ({str(case.dtype).removeprefix('torch.')} ran)")
+        TALLY.dtypes.add(case.dtype)
     _LAST_FITTED[:] = [case]
     # Notes are kept only on the replay of a failing example: each failure carries its own fitted case.
     if currently_in_test_context():
@@ -152,6 +160,7 @@ def forget_fitted() -> None:
     _LAST_FITTED.clear()
     TALLY.run = 0
     TALLY.dropped.clear()
+    TALLY.dtypes.clear()
 
 
 def failing_examples(exc: BaseException) -> list[str]:

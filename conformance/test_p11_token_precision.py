@@ -124,6 +124,8 @@ def test_storage_is_the_accounting(impl, device, case):
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cs.token_cases(), n_queries=st.integers(1, 3))
+@example(case=cs.TokenCase(CFG, 1, 2, 2, 16, torch.float16, 37, (1, 9, 30), 0.8, 5), n_queries=1)
+@example(case=cs.TokenCase(PAIRS, 2, 1, 3, 16, torch.bfloat16, 20, (12, 1, 1), 1.0, 6), n_queries=2)
 def test_attention_over_its_own_cache_within_the_low_precision_error(impl, device, case, n_queries):
     case = fitted(impl, case, device)
     cache, _, _ = build(impl, case, device)

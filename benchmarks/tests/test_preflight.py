@@ -91,6 +91,8 @@ def guarded(monkeypatch):
     monkeypatch.setattr(model_source.ModelSource, "load", _tripwire)
     monkeypatch.setattr(model_source.ModelSource, "tokenizer", _tripwire)
     monkeypatch.setattr(importlib.import_module("benchmarks.commands.gpu_check"), "run_pytest", _tripwire)
+    # gpu_check's first expensive step: the dry run that counts each step's kernels
+    monkeypatch.setattr(importlib.import_module("benchmarks.commands.specializations"), "count", _tripwire)
     if importlib.util.find_spec("lm_eval") is not None:
         from lm_eval._cli import HarnessCLI
 
@@ -403,7 +405,7 @@ def _no_steps(monkeypatch):
     monkeypatch.setattr(
         gpu_check,
         "run_pytest",
-        lambda args, timeout_s=None: {
+        lambda args, timeout_s=None, cwd=None: {
             "command": "pytest",
             "exit_code": 0,
             "seconds": 0.1,
@@ -411,6 +413,7 @@ def _no_steps(monkeypatch):
             "reason": None,
         },
     )
+    monkeypatch.setattr(gpu_check.specializations, "count", lambda steps, *args, **kwargs: {"error": "not run here"})
 
 
 #: Commands whose whole run takes seconds here: the gpu check with its steps faked, the long-output
