@@ -160,6 +160,8 @@ def layer_windows(model_config) -> list[int | None]:
         kinds, kwargs = get_layer_types_and_kwargs(model_config.get_text_config(decoder=True))
     except (ImportError, AttributeError):  # an older transformers, or a bare config object
         return [None] * model_config.num_hidden_layers
+    if isinstance(kwargs, dict):  # transformers <= 5.18: one dict for every layer (5.19 on: a list, one per layer)
+        kwargs = [kwargs] * len(kinds)
     windows = []
     for i, (kind, extra) in enumerate(zip(kinds, kwargs, strict=True)):
         if kind not in ("full_attention", "sliding_attention"):

@@ -73,6 +73,20 @@ def test_the_fp16_method_generates_what_the_model_generates(name):
     assert [layer.window for layer in cache.layers] == windows
 
 
+@pytest.mark.parametrize("per_layer", [False, True], ids=["one-dict-5.18", "per-layer-5.19"])
+def test_layer_windows_read_either_form_of_transformers_layer_arguments(monkeypatch, per_layer):
+    """transformers <= 5.18 gives one dict of cache-layer arguments for every layer, 5.19 on a list, one per layer."""
+    import transformers.cache_utils
+
+    kinds = ["sliding_attention", "full_attention", "sliding_attention"]
+    given = [{"sliding_window": 8}, {}, {"sliding_window": 8}] if per_layer else {"sliding_window": 8}
+    monkeypatch.setattr(transformers.cache_utils, "get_layer_types_and_kwargs", lambda config: (kinds, given))
+    assert hf.layer_windows(transformers.LlamaConfig(**TINY)) == [8, None, 8]
+    kinds[1] = "chunked_attention"
+    with pytest.raises(ValueError, match="layer 1 of this model is 'chunked_attention'"):
+        hf.layer_windows(transformers.LlamaConfig(**TINY))
+
+
 def test_windowed_layers_stay_exact_and_global_layers_are_quantized():
     model, exact = build("gemma3-local-global")
     ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(2))
