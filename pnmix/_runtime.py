@@ -12,6 +12,7 @@ compiled).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,63 @@ def _late_interpreter() -> str | None:
 
 #: Said when a kernel is first given a tensor, not at import: most uses of pnmix never run a Triton kernel.
 LATE_INTERPRETER = _late_interpreter()
+
+#: The oldest triton the kernels are checked with (pyproject.toml: triton>=3.6; 3.6.0 is the GPU machines' image).
+MIN_TRITON = (3, 6)
+
+
+class TritonVersionError(ImportError):
+    """The installed triton is older than the kernels support (`MIN_TRITON`)."""
+
+
+def triton_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a triton version string ("3.6.0", "3.7.1+git1a2b3c"); ValueError if it has none."""
+    match = re.match(r"(\d+)\.(\d+)", text)
+    if match is None:
+        raise ValueError(f"cannot read a major.minor version from triton's version {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def require_triton() -> tuple[int, int]:
+    """Check the installed triton against `MIN_TRITON` (TritonVersionError naming both versions), mend what its
+    interpreter needs (`_interpreter_index`), and return its (major, minor). Run when this module is imported, before
+    any kernel is defined (`pnmix.kernels` imports it first)."""
+    import triton  # after TRITON_INTERPRET is decided above
+
+    installed = getattr(triton, "__version__", "unknown")
+    try:
+        version = triton_version(installed)
+    except ValueError:
+        version = None
+    if version is None or version < MIN_TRITON:
+        need = ".".join(map(str, MIN_TRITON))
+        raise TritonVersionError(f"pnmix's Triton kernels need triton>={need}; installed: triton {installed}")
+    if INTERPRETED and version < (3, 7):
+        _interpreter_index()
+    return version
+
+
+def _interpreter_index() -> None:
+    """Triton 3.6's interpreter turns a loop bound read from memory (a one-element array) into an int with
+    int(array), which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so the
+    decode kernel cannot run there; triton 3.7 reads it as int(array.squeeze()) (triton-lang/triton#9171), and so
+    does this, in the same place: the tensor attributes the interpreter sets for each launch and restores after."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "pnmix_index", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.pnmix_index = True
+    interpreter._patch_lang_tensor = patched
+
+
+#: The installed triton's (major, minor), checked where pnmix first imports triton (TritonVersionError if too old).
+TRITON_VERSION = require_triton()
 
 
 @dataclass(frozen=True)

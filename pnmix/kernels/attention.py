@@ -742,7 +742,9 @@ def launch_config(layout: CacheLayout) -> dict:
     plane (PN-Mix) up to d = 128 and grow or spill KIVI's and Kitty's loops. Default configuration, loop SASS per
     warp per 64-token tile with the PTX unpack, neither swapped -> this choice: float16 sm_80 1,441 -> 1,435, sm_90
     1,497 -> 1,281; bfloat16 1,830 -> 1,793 and 1,853 -> 1,512. Across `--all` every loop is as short or
-    shorter (sm_90: 1 % to 18 %) and none spills (pnmix/kernels/NOTES.md, variant 16).
+    shorter (sm_90: 1 % to 18 %) and none spills (pnmix/kernels/NOTES.md, variant 16). Triton 3.6 (the GPU machines'
+    image) spills the swapped values in bfloat16 on sm_90 (8 B per thread, default configuration): there bfloat16
+    keeps the values' roles (loop 1,697 instead of 1,572 with the spill).
     """
     g = layout.config.group_size
     block_d = max(16, triton.next_power_of_2(layout.head_dim))
@@ -754,6 +756,8 @@ def launch_config(layout: CacheLayout) -> dict:
     # d = 128 (KIVI's and Kitty's loops grow or spill), swapped values on sm_90 up to d = 128 (d = 256 spills).
     swap_k = block_d <= 128 and layout.n_high_channels > 0 and layout.selection.metadata != "page-ranks"
     swap_v = gpu is not None and gpu.arch >= 90 and block_d <= 128
+    if swap_v and layout.dtype == torch.bfloat16 and _runtime.TRITON_VERSION < (3, 7):
+        swap_v = False  # triton 3.6 spills this loop on sm_90 (8 B per thread at d = 128); unswapped it does not
     return {
         "block_n": block_n if block_n >= 16 else 64,
         "num_warps": warps,
