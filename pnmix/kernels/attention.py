@@ -145,6 +145,13 @@ def _vector(ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _stored(ptr, n, BLOCK: tl.constexpr):
+    """ptr[0:BLOCK] as stored (0 from n on): a load read ahead, converted where it is used."""
+    idx = tl.arange(0, BLOCK)
+    return tl.load(ptr + idx, mask=idx < n, other=0.0)
+
+
+@triton.jit
 def _scaled_queries(q_ptr, q_rows, row_ok, cols, d, qk_scale):
     """The queries of channels `cols` [BLOCK_M, len(cols)] in float32, scaled as the logits are."""
     q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < d)[None, :], other=0.0)
@@ -158,7 +165,8 @@ def _key_chunk(
     first,
     klo,
     ks,
-    kz,
+    z_k,
+    s_c,
     group,
     t,
     d,
@@ -185,19 +193,34 @@ def _key_chunk(
     against where(bit, s, 0) in DOT, one MMA (a product of two DOT numbers is exact in the float32
     accumulator, and the scale is not rounded), with the softmax scale applied to the float32 logits as in
     the dense loops: no q * s operand, no hi + lo split, no headroom (the products are far inside float32).
-    SWAP: the dot's operand roles (`_mma`)."""
+    SWAP: the dot's operand roles (`_mma`). z_k, s_c: the group's zeros and (EXACT_LO) scales of these channels
+    (`_key_group`), read a tile ahead by the caller."""
     c = first + tl.arange(0, KC)
-    z_k = _vector(kz + group * d + first, d - first, KC)
     codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
+    z_k = z_k.to(tl.float32)
     if EXACT_LO:
-        s_c = tl.load(ks + group * d + c, mask=c < d, other=0.0).to(DOT)
-        logits = _mma(q_dot, tl.where(codes != 0, s_c[:, None], 0.0).to(DOT), SWAP) * qk_scale
+        logits = _mma(q_dot, tl.where(codes != 0, s_c.to(DOT)[:, None], 0.0).to(DOT), SWAP) * qk_scale
     else:
         s_k = _rows(ks + group * d + c, c < d, q)
         if TILE_E:
             e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
         logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT, SWAP) * e
     return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
+
+
+@triton.jit
+def _key_group(ks, kz, group, first, d, ok, KC: tl.constexpr, EXACT_LO: tl.constexpr, DOT: tl.constexpr):
+    """A key group's zeros and, with EXACT_LO, scales of KC channels from `first` on, as stored; 0 where not ok (a
+    tile past the split's end, whose group may lie past the cache)."""
+    c = first + tl.arange(0, KC)
+    m = (c < d) & ok
+    # as stored: converted where used, so that nothing waits on the load in the tile that issues it
+    z = tl.load(kz + group * d + c, mask=m, other=0.0)
+    if EXACT_LO:
+        s = tl.load(ks + group * d + c, mask=m, other=0.0)
+    else:
+        s = z  # unused: the scales are read as q's tile (`_rows`)
+    return z, s
 
 
 @triton.jit
@@ -504,12 +527,56 @@ def _split_kernel(
             V_HEADROOM,
             DOT,
         )
+    # The 2-byte operands of a tile (the key group's zeros and exact-product scales, the high channels' scales, the
+    # values' scales and zeros) are read a tile ahead (AHEAD): issued mid-tile, used by the next tile, so no tile
+    # waits on a round trip for them (the codes come a tile ahead through the software pipeline). Not at d = 256
+    # (two key chunks): carried a tile ahead, its operands spill on sm_90 (8 B per thread), so they are read in place.
+    AHEAD: tl.constexpr = KEY_CHUNKS == 1
+    ahead = lo < hi
+    nz0, ns0 = _key_group(ks, kz, lo // G, 0, d, ahead, KC, EXACT_LO, DOT)
+    if HAS_HIGH and not PAGE_RANKS:
+        nhi = tl.load(ks + (lo // G) * d + split_channel, mask=hcol_ok & ahead, other=0.0)
+    else:
+        nhi = tl.zeros([BLOCK_H], ks.dtype.element_ty)
+    nsv = _stored(vs + lo, v_hi - lo, BLOCK_N)
+    nzv = _stored(vz + lo, v_hi - lo, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
         group = start // G
+        if AHEAD:
+            z0, s0, s_hi, s_v, z_v = nz0, ns0, nhi.to(tl.float32), nsv.to(tl.float32), nzv.to(tl.float32)
+            z1, s1 = z0, s0
+        else:
+            z0, s0 = _key_group(ks, kz, group, 0, d, True, KC, EXACT_LO, DOT)
+            z1, s1 = _key_group(ks, kz, group, KC, d, True, KC, EXACT_LO, DOT)
+            if HAS_HIGH and not PAGE_RANKS:
+                s_hi = tl.load(ks + group * d + split_channel, mask=hcol_ok, other=0.0).to(tl.float32)
+            else:
+                s_hi = nhi.to(tl.float32)
+            s_v = _vector(vs + start, v_hi - start, BLOCK_N)
+            z_v = _vector(vz + start, v_hi - start, BLOCK_N)
+        nxt = start + BLOCK_N
         if FAST:
             logits = _key_chunk(
-                q0, qd0, 0, klo, ks, kz, group, t, d, e_lo, q_top, qk_scale, KC, B_LO, EXACT_LO, PAGE_RANKS, DOT, SWAP_K
+                q0,
+                qd0,
+                0,
+                klo,
+                ks,
+                z0,
+                s0,
+                group,
+                t,
+                d,
+                e_lo,
+                q_top,
+                qk_scale,
+                KC,
+                B_LO,
+                EXACT_LO,
+                PAGE_RANKS,
+                DOT,
+                SWAP_K,
             )
             if KEY_CHUNKS == 2:
                 logits += _key_chunk(
@@ -518,7 +585,8 @@ def _split_kernel(
                     KC,
                     klo,
                     ks,
-                    kz,
+                    z1,
+                    s1,
                     group,
                     t,
                     d,
@@ -537,7 +605,8 @@ def _split_kernel(
                     rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
                     channel = tl.sum(tl.where(rank[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
                     q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
-                s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32) * (1 << B_LO)
+                    s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32)
+                s_hi = s_hi * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
                 if PAGE_RANKS:  # the tile's own exponent (see _split_exponents)
                     e_page = _headroom(q_top * tl.max(s_hi, axis=0), DOT)
@@ -578,13 +647,21 @@ def _split_kernel(
             )
             e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
             logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
+        # the next tile's 2-byte operands, issued here: after this tile's key dots (whose scoreboard waits would
+        # otherwise wait for these loads too) and a softmax and value dot before the next tile needs them
+        if AHEAD and V_FIELDS:
+            nsv = _stored(vs + nxt, v_hi - nxt, BLOCK_N)
+            nzv = _stored(vz + nxt, v_hi - nxt, BLOCK_N)
+        if AHEAD and FAST:
+            ahead = nxt < hi
+            nz0, ns0 = _key_group(ks, kz, nxt // G, 0, d, ahead, KC, EXACT_LO, DOT)
+            if HAS_HIGH and not PAGE_RANKS:
+                nhi = tl.load(ks + (nxt // G) * d + split_channel, mask=hcol_ok & ahead, other=0.0)
         p, alpha, l_i, m_i = _online_softmax(
             logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
         )
         if V_FIELDS:
-            ok = t < v_hi
-            s_v = _vector(vs + start, v_hi - start, BLOCK_N)  # one value group per token here
-            z_v = _vector(vz + start, v_hi - start, BLOCK_N)
+            ok = t < v_hi  # s_v, z_v: one value group per token here, read a tile ahead
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             # One shift per V_DP columns; with PTX_UNPACK four codes of one shift per inline-PTX call.
