@@ -209,6 +209,18 @@ def _key_chunk(
 
 
 @triton.jit
+def _key_group_here(ks, kz, group, first, d, KC: tl.constexpr, EXACT_LO: tl.constexpr, DOT: tl.constexpr):
+    """`_key_group` read where it is used (not a tile ahead): converted at once."""
+    c = first + tl.arange(0, KC)
+    z = _vector(kz + group * d + first, d - first, KC)
+    if EXACT_LO:
+        s = tl.load(ks + group * d + c, mask=c < d, other=0.0).to(DOT)
+    else:
+        s = z  # unused: the scales are read as q's tile (`_rows`)
+    return z, s
+
+
+@triton.jit
 def _key_group(ks, kz, group, first, d, ok, KC: tl.constexpr, EXACT_LO: tl.constexpr, DOT: tl.constexpr):
     """A key group's zeros and, with EXACT_LO, scales of KC channels from `first` on, as stored; 0 where not ok (a
     tile past the split's end, whose group may lie past the cache)."""
@@ -532,31 +544,24 @@ def _split_kernel(
     # waits on a round trip for them (the codes come a tile ahead through the software pipeline). Not at d = 256
     # (two key chunks): carried a tile ahead, its operands spill on sm_90 (8 B per thread), so they are read in place.
     AHEAD: tl.constexpr = KEY_CHUNKS == 1
-    ahead = lo < hi
-    nz0, ns0 = _key_group(ks, kz, lo // G, 0, d, ahead, KC, EXACT_LO, DOT)
-    if HAS_HIGH and not PAGE_RANKS:
-        nhi = tl.load(ks + (lo // G) * d + split_channel, mask=hcol_ok & ahead, other=0.0)
-    else:
-        nhi = tl.zeros([BLOCK_H], ks.dtype.element_ty)
-    nsv = _stored(vs + lo, v_hi - lo, BLOCK_N)
-    nzv = _stored(vz + lo, v_hi - lo, BLOCK_N)
+    if AHEAD:
+        ahead = lo < hi
+        nz0, ns0 = _key_group(ks, kz, lo // G, 0, d, ahead, KC, EXACT_LO, DOT)
+        if HAS_HIGH and not PAGE_RANKS:
+            nhi = tl.load(ks + (lo // G) * d + split_channel, mask=hcol_ok & ahead, other=0.0)
+        else:
+            nhi = tl.zeros([BLOCK_H], ks.dtype.element_ty)
+        nsv = _stored(vs + lo, v_hi - lo, BLOCK_N)
+        nzv = _stored(vz + lo, v_hi - lo, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
         group = start // G
         if AHEAD:
             z0, s0, s_hi, s_v, z_v = nz0, ns0, nhi.to(tl.float32), nsv.to(tl.float32), nzv.to(tl.float32)
-            z1, s1 = z0, s0
-        else:
-            z0, s0 = _key_group(ks, kz, group, 0, d, True, KC, EXACT_LO, DOT)
-            z1, s1 = _key_group(ks, kz, group, KC, d, True, KC, EXACT_LO, DOT)
-            if HAS_HIGH and not PAGE_RANKS:
-                s_hi = tl.load(ks + group * d + split_channel, mask=hcol_ok, other=0.0).to(tl.float32)
-            else:
-                s_hi = nhi.to(tl.float32)
-            s_v = _vector(vs + start, v_hi - start, BLOCK_N)
-            z_v = _vector(vz + start, v_hi - start, BLOCK_N)
         nxt = start + BLOCK_N
         if FAST:
+            if not AHEAD:  # read in place, where each is used (as many live values as before AHEAD)
+                z0, s0 = _key_group_here(ks, kz, group, 0, d, KC, EXACT_LO, DOT)
             logits = _key_chunk(
                 q0,
                 qd0,
@@ -578,7 +583,8 @@ def _split_kernel(
                 DOT,
                 SWAP_K,
             )
-            if KEY_CHUNKS == 2:
+            if KEY_CHUNKS == 2:  # never AHEAD
+                z1, s1 = _key_group_here(ks, kz, group, KC, d, KC, EXACT_LO, DOT)
                 logits += _key_chunk(
                     q1,
                     qd1,
@@ -605,6 +611,8 @@ def _split_kernel(
                     rank = tl.load(meta + group * d + cols, mask=col_ok, other=255).to(tl.int32)
                     channel = tl.sum(tl.where(rank[None, :] == hcol[:, None], cols[None, :], 0), axis=1)
                     q_hi = _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale)
+                    s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32)
+                elif not AHEAD:
                     s_hi = tl.load(ks + group * d + channel, mask=hcol_ok, other=0.0).to(tl.float32)
                 s_hi = s_hi * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
@@ -661,7 +669,10 @@ def _split_kernel(
             logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
         )
         if V_FIELDS:
-            ok = t < v_hi  # s_v, z_v: one value group per token here, read a tile ahead
+            ok = t < v_hi
+            if not AHEAD:  # one value group per token here (with AHEAD, read a tile ahead)
+                s_v = _vector(vs + start, v_hi - start, BLOCK_N)
+                z_v = _vector(vz + start, v_hi - start, BLOCK_N)
             # Field-major columns (see vchan): adjacent columns read adjacent bytes, 16 at a time.
             packed = tl.load(vp + t[:, None] * v_row + (cols % V_DP)[None, :], mask=ok[:, None], other=0)
             # One shift per V_DP columns; with PTX_UNPACK four codes of one shift per inline-PTX call.
