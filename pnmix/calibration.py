@@ -22,7 +22,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pnmix.perfmodel import Kernel, Storage, Workload
+from pnmix import sass
+from pnmix.gpus import GPUS
+from pnmix.perfmodel import Kernel, Storage, Workload, decode_step
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A prediction within this factor of the measurement (either way) holds.
@@ -90,8 +92,6 @@ print(json.dumps(out))
 def historical_kernels(point: Point, arch: int, sms: int) -> tuple[Kernel, Kernel, Storage]:
     """The split and merge kernels of `point.commit`'s tree for (method, dtype, d = 128, GQA 4), compiled for `arch`
     by that tree's own launch code, and its cache layout's storage. Raises `Unavailable` saying why."""
-    from pnmix import sass
-
     if not (ROOT / ".git").exists():
         raise Unavailable(f"no git history at {ROOT} (an installed package): the calibration kernels are in it")
     with tempfile.TemporaryDirectory(prefix="pnmix-calibration-") as tmp:
@@ -131,9 +131,6 @@ def historical_kernels(point: Point, arch: int, sms: int) -> tuple[Kernel, Kerne
 
 def check(point: Point, latency_factor: float | None = None) -> dict:
     """The model's prediction at a calibration point beside its measurement (ratio predicted / measured)."""
-    from pnmix.gpus import GPUS
-    from pnmix.perfmodel import decode_step
-
     gpu = next(g for g in GPUS if g.name == point.gpu)
     split, merge, storage = historical_kernels(point, gpu.arch, gpu.sms)
     predicted = decode_step(split, merge, storage, point.workload, gpu, latency_factor=latency_factor)

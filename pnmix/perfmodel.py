@@ -39,7 +39,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from pnmix.gpus import GPU, PIPES
+from pnmix import sass
+from pnmix.gpus import GPU, PIPES, fp16_decode_rate, programs_per_sm
 from pnmix.sass import Instruction
 
 #: Latencies in cycles (sm_80 and sm_90 alike; see LATENCY_NOTE) of the instructions that release a scoreboard.
@@ -458,8 +459,6 @@ class Kernel:
 
     @classmethod
     def of(cls, encoded_listing: str, registers: int, shared_bytes: int, warps: int, constexprs: dict) -> Kernel:
-        from pnmix import sass
-
         return cls(Code.of(sass.instructions(encoded_listing)), registers, shared_bytes, warps, dict(constexprs))
 
 
@@ -563,8 +562,6 @@ def decode_step(
     kernel each simulated over its grid's waves, a launch overhead per kernel; beside it FP16 SDPA's time at the
     rate `pnmix.gpus.fp16_decode_rate` states, the ratio FP16 / PN-Mix (above 1: PN-Mix faster) and the fraction of
     HBM bandwidth the quantized cache is read at."""
-    from pnmix.gpus import fp16_decode_rate, programs_per_sm
-
     cache = {} if cache is None else cache
     machine = Machine.of(gpu, latency_factor)
     block_n = int(split.constexprs["BLOCK_N"])

@@ -19,7 +19,7 @@ its count and the compile time that count is estimated to take (`SECONDS_PER_SPE
       decode-attention properties (P7; P11's, per-token precision) and the quantization codes (P5), compiled: of
       each property's explicit examples the first of each dtype (float16, bfloat16) alone, no draws.
   separate (30 s, only when a conformance property failed, or when asked for without conformance):
-      pnmix/tests/test_separate.py, which separates the cause: (a) the unpack alone, (b) the dots alone over exact
+      benchmarks/tests/test_separate.py, which separates the cause: (a) the unpack alone, (b) the dots alone over exact
       dequantized operands, (c) the fused decode, each against the spec; the record's `cause` names the part that
       fails alone.
   capture (60 s): one decode step captured in a CUDA graph and replayed across residual-page
@@ -105,7 +105,7 @@ SUITES = {
 #: The suite of the PTX unpack's step (not one of SUITES: the full-mode sweep leaves it out).
 PTX_SUITE = "benchmarks/suites/test_ptx_unpack.py"
 #: The tests of the separate step: the unpack alone, the dots alone, the fused decode.
-SEPARATE_TESTS = "pnmix/tests/test_separate.py"
+SEPARATE_TESTS = "benchmarks/tests/test_separate.py"
 #: Conformance properties of --short: the decode kernels and the quantization kernels, compiled;
 #: under the interpreter (--tiny) the packing property alone keeps the check within seconds.
 SHORT_PROPERTIES = (
@@ -461,7 +461,7 @@ def merge_benchmarks(staged: Path, merged: Path) -> int:
 
 
 def separate_cause(rows: list[dict]) -> str:
-    """What the separate step's outcomes (`junit_outcomes` of pnmix/tests/test_separate.py) say of the cause."""
+    """What the separate step's outcomes (`junit_outcomes` of benchmarks/tests/test_separate.py) say of the cause."""
     failed = {
         part
         for part in ("unpack_alone", "dot_alone", "fused")

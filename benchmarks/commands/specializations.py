@@ -62,7 +62,7 @@ def default_target() -> tuple[int, int]:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return props.major * 10 + props.minor, props.multi_processor_count
-    from pnmix.gpus import GPUS
+    from pnmix.gpus import GPUS  # deferred: the pnmix package imports triton
 
     (gpu,) = [g for g in GPUS if g.name == DEFAULT_GPU]
     return gpu.arch, gpu.sms
@@ -107,7 +107,7 @@ def seconds(n: int) -> float:
 
 
 def _keys(launches, arch: int) -> set[str]:
-    from pnmix import aot
+    from pnmix import aot  # deferred: run in the dry run's child
 
     return {aot._key(launch, arch) for launch in launches}
 
@@ -117,8 +117,8 @@ def probe_keys(arch: int) -> set[str]:
     import torch
     import triton.language as tl
 
-    from pnmix import _runtime
-    from pnmix.kernels import unpack
+    from pnmix import _runtime  # deferred: run in the dry run's child
+    from pnmix.kernels import unpack  # deferred: run in the dry run's child
 
     launches = []
     for dtype, bits in unpack.PROBED:
@@ -155,7 +155,7 @@ class DryRun:
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config) -> None:
-        from conformance import plugin
+        from conformance import plugin  # deferred: run in the dry run's child
 
         if not config.pluginmanager.has_plugin("conformance.plugin"):
             return
@@ -175,7 +175,7 @@ class DryRun:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        from pnmix import _runtime
+        from pnmix import _runtime  # deferred: run in the dry run's child
 
         with _runtime.recording(self.target) as launches:
             try:
@@ -233,8 +233,8 @@ def _walk(point: dict, capturable: bool) -> int:
     and ("steps", n) of point["plan"] (a decode step: one token appended, one query attended)."""
     import torch
 
-    from benchmarks.efficiency import harness
-    from pnmix import PNMixCache
+    from benchmarks.efficiency import harness  # deferred: run in the dry run's child
+    from pnmix import PNMixCache  # deferred: run in the dry run's child
 
     kv_heads, n_rep, d = point["layer"]
     batch, dtype = point["batch"], harness.MODEL_DTYPE
@@ -268,8 +268,8 @@ def _point_launches(point: dict) -> None:
     """Run one benchmark point's work (`point["kind"]`): its launches go to the recording in force."""
     import torch
 
-    from benchmarks.efficiency import harness
-    from pnmix.kernels import ptx_unpack
+    from benchmarks.efficiency import harness  # deferred: run in the dry run's child
+    from pnmix.kernels import ptx_unpack  # deferred: run in the dry run's child
 
     kind = point["kind"]
     if kind in ("kernel", "launch", "ptx"):
@@ -284,14 +284,14 @@ def _point_launches(point: dict) -> None:
         if kind == "kernel":
             cache.attend(q)
         elif kind == "ptx":
-            from pnmix.kernels import decode_attention
+            from pnmix.kernels import decode_attention  # deferred: run in the dry run's child
 
             for asked in (False, True):
                 with ptx_unpack.request(asked):
                     decode_attention(q, cache.region(), cache.cache_layout)
         else:
-            from pnmix.kernels import decode_attention
-            from pnmix.kernels.attention import default_splits
+            from pnmix.kernels import decode_attention  # deferred: run in the dry run's child
+            from pnmix.kernels.attention import default_splits  # deferred: run in the dry run's child
 
             region, layout = cache.region(), cache.cache_layout
             length = region.capacity or cache.length
@@ -301,7 +301,7 @@ def _point_launches(point: dict) -> None:
             choice = {"block_n": point["block_n"], "num_warps": point["warps"], "num_stages": point["stages"]}
             decode_attention(q, region, layout, num_splits=splits, **choice)
     elif kind == "walk":
-        from pnmix.cache import why_not_capturable
+        from pnmix.cache import why_not_capturable  # deferred: run in the dry run's child
 
         _walk(point, capturable=False)
         if point.get("twin") and why_not_capturable(harness.point_config(point["method"])) is None:
@@ -311,7 +311,7 @@ def _point_launches(point: dict) -> None:
 
 
 def _points_keys(points: list[dict], target) -> dict:
-    from pnmix import _runtime
+    from pnmix import _runtime  # deferred: run in the dry run's child
 
     keys = set()
     for point in points:
@@ -323,8 +323,8 @@ def _points_keys(points: list[dict], target) -> dict:
 
 def dry_run(spec: dict) -> dict:
     """Each step's keys (the PTX self-test's added to every step that decodes), tests and skipped tests."""
-    from pnmix import _runtime
-    from pnmix.aot import DECODE_KERNEL
+    from pnmix import _runtime  # deferred: run in the dry run's child
+    from pnmix.aot import DECODE_KERNEL  # deferred: run in the dry run's child
 
     target = _runtime.Target(*spec["target"])
     probe = probe_keys(target.arch)
