@@ -197,7 +197,7 @@ def _digests_main(spec: str) -> int:
     return 0
 
 
-_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+_BRANCH = sass.BRANCH
 
 
 def main_loop_body(sass: str) -> list[str] | None:

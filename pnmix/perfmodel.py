@@ -172,9 +172,6 @@ class Loop:
         return self.end - self.start
 
 
-_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
-
-
 @dataclass(frozen=True)
 class Code:
     """A kernel's instructions up to its first EXIT after its last loop, and its loops in address order."""
@@ -192,7 +189,7 @@ class Code:
                 body.append(item)
         loops = []
         for i, ins in enumerate(body):
-            if (m := _BRANCH.search(ins.text)) and m.group(1) in labels and labels[m.group(1)] < i:
+            if (m := sass.BRANCH.search(ins.text)) and m.group(1) in labels and labels[m.group(1)] < i:
                 loops.append(Loop(labels[m.group(1)], i + 1))
         last = max((lp.end for lp in loops), default=0)
         end = next((i + 1 for i in range(last, len(body)) if body[i].base == "EXIT"), len(body))
@@ -480,26 +477,41 @@ def _chunk(split: int, splits: int, n: int, block: int) -> tuple[int, int]:
     return lo, min(lo + size, n)
 
 
-def split_trips(code: Code, storage: Storage, context: int, block_n: int, splits: int) -> list[dict[int, int]]:
-    """Trips of each loop of the decode kernel, per split: the largest loop is the quantized region (its tiles); a
-    loop under a quarter of its size before it is the per-split pre-pass (the split's key groups); the other loops
-    before it are the exact regions in source order, the sinks then the residual (their tiles)."""
+def split_roles(code: Code) -> list[str]:
+    """What each loop of the decode kernel is: the largest loop is the quantized region ("quantized"); a loop under a
+    quarter of its size before it is the per-split pre-pass over the split's key groups ("prepass"); the other loops
+    before it are the exact regions ("exact"), in source order the sinks then the residual; any later loop "other"."""
     main = code.main
+    roles = []
+    for loop in code.loops:
+        if loop == main:
+            roles.append("quantized")
+        elif loop.start < main.start:
+            roles.append("prepass" if loop.size * 4 < main.size else "exact")
+        else:
+            roles.append("other")
+    return roles
+
+
+def split_trips(code: Code, storage: Storage, context: int, block_n: int, splits: int) -> list[dict[int, int]]:
+    """Trips of each loop of the decode kernel (`split_roles`), per split: the quantized and exact regions' tiles
+    and the pre-pass's key groups of the split's share (`_chunk`)."""
     sinks = min(storage.n_sink, context)
     rest = context - sinks
     n_q = rest // storage.residual_length * storage.residual_length
     exact = [sinks, rest - n_q]
+    roles = split_roles(code)
     out = []
     for split in range(splits):
         trips, exact_seen = {}, 0
         lo, hi = _chunk(split, splits, n_q, block_n)
-        for index, loop in enumerate(code.loops):
-            if loop == main:
+        for index, role in enumerate(roles):
+            if role == "quantized":
                 trips[index] = max(0, -(-(hi - lo) // block_n))
-            elif loop.start < main.start and loop.size * 4 < main.size:
+            elif role == "prepass":
                 g = storage.group_size
                 trips[index] = max(0, -(-hi // g) - lo // g) if hi > lo else 0
-            elif loop.start < main.start:
+            elif role == "exact":
                 n = exact[exact_seen] if exact_seen < len(exact) else 0
                 a, b = _chunk(split, splits, n, block_n)
                 trips[index] = max(0, -(-(b - a) // block_n))
@@ -569,10 +581,9 @@ def decode_step(
     splits = default_splits(gpu, items, workload.context, block_n)
     trips = split_trips(split.code, storage, workload.context, block_n, splits)
     main = split.code.loops.index(split.code.main)
-    loop_bytes = {main: storage.quantized_bytes_per_token * block_n}
-    for index, loop in enumerate(split.code.loops):
-        if loop != split.code.main and loop.start < split.code.main.start and loop.size * 4 >= split.code.main.size:
-            loop_bytes[index] = block_n * workload.head_dim * 2 * 2  # exact keys and values, 16-bit
+    per_tile = {"quantized": storage.quantized_bytes_per_token * block_n, "exact": block_n * workload.head_dim * 4}
+    # exact keys and values are 16-bit: 2 x 2 bytes per channel
+    loop_bytes = {i: per_tile[r] for i, r in enumerate(split_roles(split.code)) if r in per_tile}
     occupancy = programs_per_sm(gpu.arch, split.registers, split.warps, split.shared_bytes)
     if occupancy < 1:
         raise ValueError(f"the split kernel does not fit an SM of {gpu.name}")

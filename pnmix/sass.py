@@ -21,6 +21,8 @@ from pathlib import Path
 
 INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
 LABEL = re.compile(r"^(\.L_x_\d+):")
+#: A branch to a label: backward, it closes a loop.
+BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 
 def toolchain() -> dict[str, str] | str:

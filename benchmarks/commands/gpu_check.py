@@ -117,6 +117,8 @@ TINY_PROPERTIES = ("test_key_codes_roundtrip",)
 #: What the steps that are not conformance's pass pytest: no conformance plug-in, which would load every built-in
 #: implementation (seconds of imports each step: transformers' quantized caches among them) for no test of theirs.
 NO_CONFORMANCE = ("-p", "no:conformance.plugin", f"--rootdir={ROOT}")
+#: The Triton implementations the conformance steps check.
+TRITON_IMPLS = ("--impl", "triton", "--impl", "triaxialkv-triton", "--impl", "role-aware-pnmix-triton")
 #: The hypothesis profiles (conftest.py) of the conformance step and of the optional full grid.
 SHORT_PROFILE, FULL_PROFILE = "gpu-short", "ci"
 #: Seconds each --short step may take (see the module docstring).
@@ -262,12 +264,7 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float,
             str(ROOT / "conformance"),
             f"--ignore={ROOT / 'conformance' / 'meta'}",
             f"--rootdir={ROOT}",
-            "--impl",
-            "triton",
-            "--impl",
-            "triaxialkv-triton",
-            "--impl",
-            "role-aware-pnmix-triton",
+            *TRITON_IMPLS,
             "--hypothesis-profile",
             profile,
             "-k",
@@ -732,12 +729,7 @@ def run(args, out: Path, stamp: str, safe: str, staging: Path, device: torch.dev
                 str(ROOT / "conformance"),
                 str(ROOT / "pnmix"),
                 f"--rootdir={ROOT}",
-                "--impl",
-                "triton",
-                "--impl",
-                "triaxialkv-triton",
-                "--impl",
-                "role-aware-pnmix-triton",
+                *TRITON_IMPLS,
                 "--device",
                 "cuda",
                 f"--ignore={ROOT / 'conformance' / 'meta'}",
