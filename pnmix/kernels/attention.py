@@ -817,10 +817,8 @@ def launch_config(layout: CacheLayout) -> dict:
     kernels on sm_80 or sm_90, at one, two or three stages). Per-page rank tables (Kitty) take 8 warps too:
     inverting a page's ranks in every tile spills at 4 on sm_90. Groups of fewer than 16
     tokens take 64-token tiles and the per-element path. maxnreg 255: left to itself, ptxas
-    caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. Two stages: the
-    next tile's packed codes are copied asynchronously while this one is computed, so two
-    programs per SM keep 2 x 2 tiles in flight, which the memory bound of `python -m pnmix.aot`
-    asks for on an H200 (one stage: 73 %). The interpreter runs the same tiles (and ignores
+    caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. Stages: `pipeline_stages`
+    (the next tiles' packed codes copied asynchronously while this one is computed). The interpreter runs the same tiles (and ignores
     stages, which change no result), so CI checks the GPU paths.
 
     Operand roles (`_mma`; swap_k: the key low plane's dot, swap_v: the values'): compiled both ways for every
@@ -849,11 +847,22 @@ def launch_config(layout: CacheLayout) -> dict:
     return {
         "block_n": block_n if block_n >= 16 else 64,
         "num_warps": warps,
-        "num_stages": 2,
+        "num_stages": pipeline_stages(gpu, warps),
         "maxnreg": 255,
         "swap_k": swap_k,
         "swap_v": swap_v,
     }
+
+
+def pipeline_stages(gpu: _runtime.Target | None, warps: int) -> int:
+    """Tiles the decode kernel's software pipeline keeps in flight, for the DRAM round trip the gate's prediction
+    waits on (pnmix/kernels/NOTES.md, variant 18): as many as two programs of 4 warps per SM hold in shared memory at
+    the default configuration (20 KiB a stage: the codes as the tile reads them), 4 on sm_90 (228 KiB per SM), 3 on
+    sm_80 (164 KiB); 2 elsewhere (sm_86 and sm_89 have 100 KiB), for the 8-warp kernels (one program per SM at 255
+    registers; at 4 stages one spills 8 B per thread on sm_90) and under the interpreter (which ignores stages)."""
+    if gpu is None or warps != 4:
+        return 2
+    return 4 if gpu.arch >= 90 else 3 if gpu.arch == 80 else 2
 
 
 def _launch_overrides(num_splits, block_n, num_warps, num_stages, swap=None) -> dict:

@@ -101,7 +101,7 @@ def test_the_gate_prints_both_bounds_and_every_target(gate):
 @pytest.mark.gpu_gate
 @needs_tools
 def test_the_default_launch_keeps_enough_bytes_in_flight_on_every_gpu(gate):
-    """Two programs per SM x two stages of 4,608-byte tiles: the memory target on A100, H100 and H200."""
+    """Two programs per SM x three or four stages of 4,608-byte tiles: the memory target on A100, H100 and H200."""
     proc, result = gate
     assert result is not None, proc.stderr[-3000:]
     memory = [c for c in result["targets"] if c["bound"] == "memory"]
@@ -125,6 +125,17 @@ def test_the_default_decode_kernel_keeps_enough_bytes_in_flight(gate):
         for gpu, b in e["bounds"].items():
             assert b["memory"] >= REQUIRED_MEMORY_BOUND, (gpu, e)
     assert not [line for line in proc.stdout.splitlines() if line.startswith("FAIL target: memory")]
+
+
+@pytest.mark.gpu_gate
+@needs_tools
+def test_the_default_pipeline_stages_never_cost_a_program_per_sm(gate):
+    """`attention.pipeline_stages` deepens the copy pipeline only as far as shared memory allows: the default decode
+    kernel's programs per SM are those its registers allow, on every arch."""
+    proc, result = gate
+    for e in default_entries(result):
+        assert e["stages"] > 2, e  # deeper than the two stages before variant 18 on sm_80 and sm_90
+        assert e["programs_per_sm"] == programs_per_sm(e["arch"], e["registers"], e["warps"], 0), e
 
 
 @pytest.mark.gpu_gate
