@@ -818,8 +818,8 @@ def launch_config(layout: CacheLayout) -> dict:
     inverting a page's ranks in every tile spills at 4 on sm_90. Groups of fewer than 16
     tokens take 64-token tiles and the per-element path. maxnreg 255: left to itself, ptxas
     caps registers on sm_90 for occupancy (128 or 168) and spills at d = 64. Stages: `pipeline_stages`
-    (the next tiles' packed codes copied asynchronously while this one is computed). The interpreter runs the same tiles (and ignores
-    stages, which change no result), so CI checks the GPU paths.
+    (the next tiles' packed codes copied asynchronously while this one is computed). The interpreter
+    runs the same tiles (and ignores stages, which change no result), so CI checks the GPU paths.
 
     Operand roles (`_mma`; swap_k: the key low plane's dot, swap_v: the values'): compiled both ways for every
     method, dtype and head_dim by `python -m pnmix.aot`. Swapped values on sm_90 become a warpgroup MMA (the head's
