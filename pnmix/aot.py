@@ -371,7 +371,11 @@ def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> li
             out.append(entry | {"problems": [f"does not compile: {type(exc).__name__}: {str(exc).splitlines()[-1]}"]})
             continue
         kernel = perfmodel.Kernel.of(
-            res["encoded"], res["registers"], res["shared_bytes"], fragment.WARPS, {"BLOCK_N": fragment.TILE}
+            res["encoded"],
+            res["registers"],
+            res["shared_bytes"],
+            fragment.WARPS,
+            {"BLOCK_N": fragment_decode.TOKENS_PER_ITERATION},
         )
         loop = kernel.code.main
         body = kernel.code.instructions[loop.start : loop.end] if loop else []
@@ -705,7 +709,7 @@ def render(result: dict) -> str:
         lines += [
             "Fragment-order loop (pnmix.kernels.fragment_decode: codes in MMA-fragment order, 16 tokens per warp, "
             f"{fragment_decode.STAGES}-stage cp.async ring; the design of the next decode kernel, not launched by "
-            "the package; float16, quantized region only, float16-rounded operands): predicted",
+            "the package; float16, quantized region only, float32-grade operands, no headroom exponents): predicted",
             tabulate(rows, head, tablefmt="github"),
             "",
         ]

@@ -5,8 +5,8 @@ What it is for now: the kernel the gate compiles and predicts (`python -m pnmix.
 loop"), to judge the design by its prediction before the cache stores its pages in this order. It is not launched by
 the package: the cache still writes the spec's order, which the Triton kernel (`pnmix.kernels.attention`) reads.
 What it does not yet do, and the package's kernel does: the exact regions (sinks, residual), the headroom exponents
-and hi + lo operands that keep the dots at float32 grade for any scale (here the dequantized low-plane key, the
-high plane's q * s and the values' p * s are rounded to float16 once), bfloat16, other head sizes and methods.
+that keep q s inside float16's range for any scale (its operands are otherwise the package's, at float32 grade:
+exact low-plane products, hi + lo pairs for q s and p s), bfloat16, other head sizes and methods.
 
 The structure (the anchors': BitDecoding, Marlin). A program is one (sequence, KV head) and split; its four warps each
 own 16 tokens of a 64-token tile and keep their own softmax state, merged once per split, so no tile reduces across
@@ -14,7 +14,8 @@ warps. Each lane reads its 8 words of the tile (`pnmix.kernels.fragment`) from a
 cp.async fills `STAGES - 1` tiles ahead, and unpacks them with shifts and masks straight into its MMA operand
 registers: every layout conversion on the way is checked trivial at compile time (`assert_trivial`), so no code
 passes through shared memory after its copy. The logits' accumulator layout is the probabilities' operand layout
-(also checked), the queries are loaded once into their operand layout.
+(also checked), the queries are loaded once into their operand layout, and a key group's operands (its scales,
+q . z, q s) once for its two tiles: one trip of the loop is a key group.
 
 `twin` computes what the kernel computes, in torch on a CPU, from the same words and scales: the unpack by
 `fragment.unpack` (the kernel's own joins and permutations), the operands rounded where the kernel rounds them, the
@@ -35,6 +36,8 @@ STAGES = 3
 QUERY_ROWS = 16  # the MMA's m: query rows of one KV head (GQA x new tokens), zero-padded
 BLOCK_N = fragment.TILE
 GROUP = 128  # key group (tokens per scale row); two tiles
+#: Tokens of one trip of the kernel's loop (a key group: its operands are prepared once for its two tiles).
+TOKENS_PER_ITERATION = GROUP
 
 
 # Gluon kernels are only decorated here (as under the Triton interpreter); they are compiled ahead of time by
@@ -181,10 +184,11 @@ def fragment_split_kernel(
     l_i = gl.zeros([W, 16], gl.float32, layout=gl.SliceLayout(2, mma))
     z_i = gl.zeros([W, 16], gl.float32, layout=gl.SliceLayout(2, A))
     acc = gl.zeros([W, 16, 128], gl.float32, layout=mma)
-    # the split's whole tiles (the package's split rule, in tiles)
-    size = gl.cdiv(tiles, n_splits)
-    lo = split * size
-    hi = gl.minimum(lo + size, tiles)
+    # the split's whole key groups (two tiles each; the package's split rule, in groups)
+    size = gl.cdiv(groups, n_splits)
+    glo = split * size
+    ghi = gl.minimum(glo + size, groups)
+    lo, hi = 2 * glo, 2 * ghi
     src = (
         words + bh * tiles * (W * 32 * 8),
         ks + bh * groups * 128,
@@ -199,34 +203,44 @@ def fragment_split_kernel(
         # past the split's end: its last tile again, in bounds (never used)
         _issue(i, gl.maximum(gl.minimum(lo + i, hi - 1), 0), src, bufs, offs, W, BLOCK)
     it = 0
-    for tile in range(lo, hi):
-        stage = it % STAGES
-        async_copy.wait_group(STAGES - 2)
-        _sync_threads()  # every lane's copies of this stage landed; every lane done with the stage refilled next
-        _issue((it + STAGES - 1) % STAGES, gl.minimum(tile + STAGES - 1, hi - 1), src, bufs, offs, W, BLOCK)
-        x = wbuf.index(stage).load(WL)  # this lane's 8 words
-        kw, vw = gl.split(gl.permute(gl.reshape(x, [W, 32, 2, 4]), [0, 1, 3, 2]))
-        lw, hw = gl.split(gl.permute(gl.reshape(kw, [W, 32, 2, 2]), [0, 1, 3, 2]))
-        s = sbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None]
-        z = zbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None]
-        bits = gl.convert_layout(_low(lw, W), B, assert_trivial=True)
-        logits = mma_v2(q, gl.where(bits != 0, s + z, z), gl.zeros([W, 16, 16], gl.float32, layout=mma))
-        sh = hbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :]
-        high = gl.convert_layout(_f16(_high(hw, W)), B, assert_trivial=True)
-        logits = mma_v2(qh * sh, high, logits) * qk_scale
-        m_new = gl.maximum(m_i, gl.max(logits, axis=2))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(logits - m_new[:, :, None])
-        l_i = l_i * alpha + gl.sum(p, axis=2)
-        m_i = m_new
-        pa = gl.convert_layout(p, A, assert_trivial=True)
-        sv = svbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
-        zv = zvbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
-        vals = gl.convert_layout(_f16(_values(vw, W)), B, assert_trivial=True)
-        acc = mma_v2((pa * sv).to(gl.float16), vals, acc * alpha[:, :, None])
-        # the zeros' share is the same in every channel: one number per row, added to the output once
-        z_i = z_i * gl.convert_layout(alpha, z_i.type.layout) + gl.sum(pa * zv, axis=2)
-        it += 1
+    for g in range(glo, ghi):
+        for j in gl.static_range(2):  # the group's two tiles
+            stage = it % STAGES
+            async_copy.wait_group(STAGES - 2)
+            _sync_threads()  # every lane's copies of this stage landed; every lane done with the stage refilled next
+            _issue((it + STAGES - 1) % STAGES, gl.minimum(2 * g + j + STAGES - 1, hi - 1), src, bufs, offs, W, BLOCK)
+            if j == 0:
+                # the group's operands, once for its two tiles: the low plane's scales as the MMA's B operand (exact
+                # products with q as given), the zeros' term q . z in float32, the high plane's q s as hi + lo
+                s = sbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None]
+                z = zbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
+                qz = gl.convert_layout(gl.sum(q.to(gl.float32) * z, axis=2), gl.SliceLayout(2, mma))[:, :, None]
+                qs = qh.to(gl.float32) * hbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
+                qs_hi = qs.to(gl.float16)
+                qs_lo = (qs - qs_hi.to(gl.float32)).to(gl.float16)
+            x = wbuf.index(stage).load(WL)  # this lane's 8 words
+            kw, vw = gl.split(gl.permute(gl.reshape(x, [W, 32, 2, 4]), [0, 1, 3, 2]))
+            lw, hw = gl.split(gl.permute(gl.reshape(kw, [W, 32, 2, 2]), [0, 1, 3, 2]))
+            bits = gl.convert_layout(_low(lw, W), B, assert_trivial=True)
+            logits = mma_v2(q, gl.where(bits != 0, s, 0.0), gl.zeros([W, 16, 16], gl.float32, layout=mma)) + qz
+            high = gl.convert_layout(_f16(_high(hw, W)), B, assert_trivial=True)
+            logits = mma_v2(qs_lo, high, mma_v2(qs_hi, high, logits)) * qk_scale
+            m_new = gl.maximum(m_i, gl.max(logits, axis=2))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(logits - m_new[:, :, None])
+            l_i = l_i * alpha + gl.sum(p, axis=2)
+            m_i = m_new
+            pa = gl.convert_layout(p, A, assert_trivial=True)
+            sv = svbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
+            zv = zvbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
+            vals = gl.convert_layout(_f16(_values(vw, W)), B, assert_trivial=True)
+            ps = pa * sv  # p s in float32 as hi + lo (p <= 1: within float16's range for a float16 scale)
+            ps_hi = ps.to(gl.float16)
+            acc = mma_v2(ps_hi, vals, acc * alpha[:, :, None])
+            acc = mma_v2((ps - ps_hi.to(gl.float32)).to(gl.float16), vals, acc)
+            # the zeros' share is the same in every channel: one number per row, added to the output once
+            z_i = z_i * gl.convert_layout(alpha, z_i.type.layout) + gl.sum(pa * zv, axis=2)
+            it += 1
     async_copy.wait_group(0)
     acc += gl.convert_layout(z_i, gl.SliceLayout(2, mma))[:, :, None]
     m = gl.max(m_i, axis=0)
@@ -302,10 +316,11 @@ def twin(
     f32, f16 = torch.float32, torch.float16
     low, high, values = fragment.unpack(words)
     tiles, w = words.shape[0], fragment.WARPS
-    size = -(-tiles // n_splits)
+    groups = ks.shape[0]
+    size = -(-groups // n_splits)  # whole key groups per split, as the kernel
     ms, ls, accs = [], [], []
     for split in range(n_splits):
-        lo, hi = split * size, min(split * size + size, tiles)
+        lo, hi = 2 * split * size, min(2 * (split * size + size), tiles)
         m_i = torch.full((w, 16), -math.inf)
         l_i = torch.zeros(w, 16)
         z_i = torch.zeros(w, 16)
@@ -314,10 +329,12 @@ def twin(
             g = tile * BLOCK_N // GROUP
             sl = slice(tile * w, tile * w + w)
             s, z = ks[g].to(f32), kz[g].to(f32)
-            kop = torch.where(low[sl] != 0, (s + z).to(f16).to(f32)[:, None], z[:, None])  # [w, 128, 16]
-            logits = q.to(f32) @ kop  # exact products of float16 numbers, float32 sums
-            hop = (qh.to(f32) * khs[g].to(f32)).to(f16).to(f32)
-            logits = (logits + hop @ high[sl].to(f32)) * qk_scale
+            kop = torch.where(low[sl] != 0, s[:, None], torch.zeros(()))  # [w, 128, 16]: exact products with q
+            logits = q.to(f32) @ kop + (q.to(f32) * z).sum(-1)[:, None]
+            qs = qh.to(f32) * khs[g].to(f32)
+            qs_hi = qs.to(f16).to(f32)
+            codes = high[sl].to(f32)
+            logits = (logits + qs_hi @ codes + (qs - qs_hi).to(f16).to(f32) @ codes) * qk_scale
             m_new = torch.maximum(m_i, logits.amax(-1))
             alpha = torch.exp2(m_i - m_new)
             p = torch.exp2(logits - m_new[..., None])
@@ -325,7 +342,10 @@ def twin(
             m_i = m_new
             tok = torch.arange(tile * BLOCK_N, tile * BLOCK_N + BLOCK_N).view(w, 1, 16)
             sv, zv = vs[tok].to(f32), vz[tok].to(f32)
-            acc = acc * alpha[..., None] + (p * sv).to(f16).to(f32) @ values[sl].to(f32)
+            ps = p * sv
+            ps_hi = ps.to(f16).to(f32)
+            codes = values[sl].to(f32)
+            acc = acc * alpha[..., None] + ps_hi @ codes + (ps - ps_hi).to(f16).to(f32) @ codes
             z_i = z_i * alpha + (p * zv).sum(-1)
         acc = acc + z_i[..., None]
         m = m_i.amax(0)
