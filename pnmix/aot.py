@@ -356,6 +356,20 @@ def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> di
     }
 
 
+def _design_loop(arch: int, use_ptx: bool) -> tuple[dict, perfmodel.Kernel, list]:
+    """The fragment-order loop compiled for sm_`arch`: its resources, its model kernel and its loop's instructions."""
+    res = fragment_decode.resources(fragment_decode.compile_for(arch, use_ptx=use_ptx))
+    kernel = perfmodel.Kernel.of(
+        res["encoded"],
+        res["registers"],
+        res["shared_bytes"],
+        fragment.WARPS,
+        {"BLOCK_N": fragment_decode.TOKENS_PER_ITERATION},
+    )
+    loop = kernel.code.main
+    return res, kernel, kernel.code.instructions[loop.start : loop.end] if loop else []
+
+
 def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> list[dict]:
     """The fragment-order loop (`pnmix.kernels.fragment_decode`: the design the next decode kernel follows, not
     launched by the package) on each arch: its resources, the shared-memory stores of its loop (none: no code passes
@@ -365,23 +379,22 @@ def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> li
     out = []
     for arch, (merge_row, storage) in sorted(inputs.items()):
         entry = {"arch": arch}
+        compiled = {}
         try:
-            res = fragment_decode.resources(fragment_decode.compile_for(arch))
+            for use_ptx in (True, False):
+                compiled[use_ptx] = _design_loop(arch, use_ptx)
         except Exception as exc:  # a failure to compile is a finding of the gate, not a crash of it
             out.append(entry | {"problems": [f"does not compile: {type(exc).__name__}: {str(exc).splitlines()[-1]}"]})
             continue
-        kernel = perfmodel.Kernel.of(
-            res["encoded"],
-            res["registers"],
-            res["shared_bytes"],
-            fragment.WARPS,
-            {"BLOCK_N": fragment_decode.TOKENS_PER_ITERATION},
-        )
-        loop = kernel.code.main
-        body = kernel.code.instructions[loop.start : loop.end] if loop else []
+        (res, kernel, body), (plain_res, _, plain_body) = compiled[True], compiled[False]
         stores = sum(1 for i in body if i.base in ("STS", "STSM"))
+        plain_stores = sum(1 for i in plain_body if i.base in ("STS", "STSM"))
         problems = [f"{res['local_bytes']} B of local memory per thread (spills)"] if res["local_bytes"] else []
         problems += [f"{stores} shared-memory stores in its loop"] if stores else []
+        if plain_res["local_bytes"]:
+            problems.append(f"plain unpack: {plain_res['local_bytes']} B of local memory per thread (spills)")
+        if plain_stores:
+            problems.append(f"plain unpack: {plain_stores} shared-memory stores in its loop")
         if merge_row["key"] not in cache:
             cache[merge_row["key"]] = model_kernel(merge_row)
         merge = cache[merge_row["key"]]
@@ -392,6 +405,12 @@ def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> li
             "loop_instructions": len(body),
             "loop_shared_stores": stores,
             "stages": fragment_decode.STAGES,
+            "plain": {
+                "registers": plain_res["registers"],
+                "local_bytes": plain_res["local_bytes"],
+                "loop_instructions": len(plain_body),
+                "loop_shared_stores": plain_stores,
+            },
             "problems": problems,
             "predictions": {
                 gpu.name: [perfmodel.decode_step(kernel, merge, storage, w, gpu, cache) for w in perfmodel.WORKLOADS]

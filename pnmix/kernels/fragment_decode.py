@@ -13,7 +13,8 @@ own 16 tokens of a 64-token tile and keep their own softmax state, merged once p
 warps. Each lane reads its 8 words of the tile (`pnmix.kernels.fragment`) from a ring of `STAGES` tiles that
 cp.async fills `STAGES - 1` tiles ahead, and unpacks them with shifts and masks straight into its MMA operand
 registers: every layout conversion on the way is checked trivial at compile time (`assert_trivial`), so no code
-passes through shared memory after its copy. The logits' accumulator layout is the probabilities' operand layout
+passes through shared memory after its copy (the 2-bit codes two at a time by inline PTX, `ptx.fragment_pair`, or
+plainly with PTX off). The logits' accumulator layout is the probabilities' operand layout
 (also checked), the queries are loaded once into their operand layout, and a key group's operands (its scales,
 q . z, q s) once for its two tiles: one trip of the loop is a key group.
 
@@ -29,7 +30,7 @@ import re
 
 import torch
 
-from pnmix.kernels import fragment
+from pnmix.kernels import fragment, ptx
 
 #: Ring depth of the copy pipeline (tiles in flight: STAGES - 1 ahead of the one computed).
 STAGES = 3
@@ -47,6 +48,8 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2  # noqa: E402
 
 _sync_threads = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # triton 3.7 / 3.6
+_PAIR_2 = gl.constexpr(ptx.fragment_pair(2))
+_PAIR_CONSTRAINTS = gl.constexpr(ptx.PAIR_CONSTRAINTS)
 
 
 @gluon.jit
@@ -69,6 +72,25 @@ def _eight(x, step: gl.constexpr, mask: gl.constexpr, first: gl.constexpr):
 
 
 @gluon.jit
+def _pair(x, shift: gl.constexpr):
+    """The 2-bit codes at `shift` and `shift + 16` of each word as float16, joined on a new minor axis: one inline-PTX
+    call per pair (`ptx.fragment_pair`, 1.5 instructions per code; `_halves` and `_f16` compute the same codes)."""
+    a = gl.join(x, x)
+    return gl.inline_asm_elementwise(
+        _PAIR_2, _PAIR_CONSTRAINTS, [a, gl.zeros_like(a) + shift], dtype=gl.float16, is_pure=True, pack=2
+    )
+
+
+@gluon.jit
+def _eight_f16(x):
+    """`_eight(x, 2, 3, 0)` as float16 numbers, by `_pair`."""
+    return gl.join(
+        gl.join(gl.join(_pair(x, 0), _pair(x, 2)), gl.join(_pair(x, 4), _pair(x, 6))),
+        gl.join(gl.join(_pair(x, 8), _pair(x, 10)), gl.join(_pair(x, 12), _pair(x, 14))),
+    )
+
+
+@gluon.jit
 def _low(x, W: gl.constexpr):
     """[W, 32, 2] words -> [W, 128 channels, 16 tokens] 1-bit codes (`fragment.unpack`'s low plane)."""
     t = gl.join(_eight(x, 1, 1, 0), _eight(x, 1, 1, 8))
@@ -77,16 +99,25 @@ def _low(x, W: gl.constexpr):
 
 
 @gluon.jit
-def _high(x, W: gl.constexpr):
-    t = gl.permute(
-        gl.reshape(_eight(x, 2, 3, 0), [W, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]), [0, 10, 9, 8, 4, 5, 7, 6, 1, 2, 3]
-    )
+def _two_bit(x, PTX: gl.constexpr):
+    """The 16 two-bit codes of each word as float16, [..., h, i0, i1, i2] (by inline PTX, or plainly)."""
+    if PTX:
+        return _eight_f16(x)
+    else:
+        return _f16(_eight(x, 2, 3, 0))
+
+
+@gluon.jit
+def _high(x, W: gl.constexpr, PTX: gl.constexpr):
+    """[W, 32, 2] words -> [W, 64 salient channels, 16 tokens] float16 codes (`fragment.unpack`'s high plane)."""
+    t = gl.permute(gl.reshape(_two_bit(x, PTX), [W, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]), [0, 10, 9, 8, 4, 5, 7, 6, 1, 2, 3])
     return gl.reshape(t, [W, 64, 16])
 
 
 @gluon.jit
-def _values(x, W: gl.constexpr):
-    t = gl.reshape(_eight(x, 2, 3, 0), [W, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])
+def _values(x, W: gl.constexpr, PTX: gl.constexpr):
+    """[W, 32, 4] words -> [W, 16 tokens, 128 channels] float16 codes (`fragment.unpack`'s values)."""
+    t = gl.reshape(_two_bit(x, PTX), [W, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])
     t = gl.permute(t, [0, 9, 4, 5, 8, 6, 7, 11, 10, 1, 2, 3])
     return gl.reshape(t, [W, 16, 128])
 
@@ -139,6 +170,7 @@ def fragment_split_kernel(
     qk_scale,
     W: gl.constexpr,
     STAGES: gl.constexpr,
+    PTX: gl.constexpr,
 ):
     """Partial attention of one (sequence, KV head) over one split of its quantized tiles (module docstring).
     q: [16, 128] rows; qh: the salient channels' queries [16, 64]; words: [tiles, W, 32, 8] per head; ks, kz:
@@ -223,7 +255,7 @@ def fragment_split_kernel(
             lw, hw = gl.split(gl.permute(gl.reshape(kw, [W, 32, 2, 2]), [0, 1, 3, 2]))
             bits = gl.convert_layout(_low(lw, W), B, assert_trivial=True)
             logits = mma_v2(q, gl.where(bits != 0, s, 0.0), gl.zeros([W, 16, 16], gl.float32, layout=mma)) + qz
-            high = gl.convert_layout(_f16(_high(hw, W)), B, assert_trivial=True)
+            high = gl.convert_layout(_high(hw, W, PTX), B, assert_trivial=True)
             logits = mma_v2(qs_lo, high, mma_v2(qs_hi, high, logits)) * qk_scale
             m_new = gl.maximum(m_i, gl.max(logits, axis=2))
             alpha = gl.exp2(m_i - m_new)
@@ -233,7 +265,7 @@ def fragment_split_kernel(
             pa = gl.convert_layout(p, A, assert_trivial=True)
             sv = svbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
             zv = zvbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
-            vals = gl.convert_layout(_f16(_values(vw, W)), B, assert_trivial=True)
+            vals = gl.convert_layout(_values(vw, W, PTX), B, assert_trivial=True)
             ps = pa * sv  # p s in float32 as hi + lo (p <= 1: within float16's range for a float16 scale)
             ps_hi = ps.to(gl.float16)
             acc = mma_v2(ps_hi, vals, acc * alpha[:, :, None])
@@ -263,15 +295,23 @@ SIGNATURE = {
 }  # fmt: skip
 
 
-def compile_for(arch: int, stages: int = STAGES):
+def compile_for(arch: int, stages: int = STAGES, use_ptx: bool = True):
     """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas), as `triton.compile` returns
     it; pointers 16-byte aligned, as the cache allocates them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from pnmix import _runtime
+
+    if _runtime.INTERPRETED:
+        raise RuntimeError(
+            "compile_for needs compiled kernels (triton's own jit functions are interpreted here): run with "
+            "TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
+        )
+
     kernel = fragment_split_kernel
-    consts = {"W": fragment.WARPS, "STAGES": stages}
+    consts = {"W": fragment.WARPS, "STAGES": stages, "PTX": use_ptx}
     signature = dict(SIGNATURE) | {k: "constexpr" for k in consts}
     names = list(signature)
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}

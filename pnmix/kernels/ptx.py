@@ -55,6 +55,34 @@ def unpack4_by_operand(width: int, dtype: str = "float16") -> str:
     return _unpack4("$3", width, dtype)
 
 
+#: Constraints of `fragment_pair` for `gl.inline_asm_elementwise` with pack=2: one 32-bit output (the float16 pair),
+#: the two elements' words, then their shifts (each pair's two elements hold the same word and shift).
+PAIR_CONSTRAINTS = "=r,r,r,r,r"
+
+
+def fragment_pair(width: int) -> str:
+    """PTX of the two codes of one word at bits [s, s + width) and [16 + s, 16 + s + width), s the register $3, as a
+    float16 pair in $0 (low half first): shift, mask both, put each under the exponent of 1024 and subtract 1024
+    (ptxas fuses the mask and the exponent into one `lop3`): the fragment-order unpack
+    (`pnmix.kernels.fragment_decode`), 1.5 instructions per code. $1 and $2 are the word twice, $3 and $4 the shift
+    twice (Gluon's pack=2 hands each call two elements)."""
+    if width not in (1, 2, 4):
+        raise ValueError(f"width must be 1, 2 or 4 bits (two codes of a word's halves), got {width}")
+    mask = ((1 << width) - 1) * 0x00010001
+    return "\n".join(
+        [
+            "{",
+            ".reg .b32 w, k;",
+            "shr.b32 w, $1, $3;",
+            f"and.b32 w, w, {mask:#010x};",
+            "or.b32 w, w, 0x64006400;",
+            "mov.b32 k, 0x64006400;",
+            "sub.f16x2 $0, w, k;",
+            "}",
+        ]
+    )
+
+
 def _unpack4(shift: str, width: int, dtype: str) -> str:
     mask = ((1 << width) - 1) * 0x01010101
     if dtype == "float16":  # 1024 + code, minus 1024
@@ -181,6 +209,8 @@ def emulate(ptx: str, *inputs: int, outputs: int = 2) -> list[int]:
             result = args[0] >> min(args[1], 32)
         elif op == "and.b32":
             result = args[0] & args[1]
+        elif op == "or.b32":
+            result = args[0] | args[1]
         elif op == "prmt.b32":
             result = _prmt(*args)
         elif op == "sub.f16x2":

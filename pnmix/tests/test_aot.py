@@ -204,6 +204,8 @@ def test_the_fragment_order_loop_compiles_without_spills_and_keeps_codes_out_of_
     assert set(designs) == {80, 90}, result["fragment_design"]
     for d in designs.values():
         assert d["problems"] == [] and d["local_bytes"] == 0 and d["loop_shared_stores"] == 0, d
+        # and without the inline-PTX pair unpack (`ptx.fragment_pair`), the path a failed self-test would take
+        assert d["plain"]["local_bytes"] == 0 and d["plain"]["loop_shared_stores"] == 0, d
     assert "Fragment-order loop" in proc.stdout
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pnmix.kernels import fragment, fragment_decode
+from pnmix.kernels import fragment, fragment_decode, ptx
 
 
 def codes(slices: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,3 +138,31 @@ def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, 
     swapped = dict(args, words=fragment.pack(low, high, values))
     wrong = fragment_decode.merge(*fragment_decode.twin(**swapped, qk_scale=qk_scale, n_splits=splits))[:rows]
     assert (wrong.double() - exact).abs().max() > bound
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_the_fragment_pair_ptx_gives_the_codes_of_both_halves_of_a_word(width):
+    """`ptx.fragment_pair`, executed by the PTX emulator (the Triton interpreter cannot run it): at every shift of
+    its width, the float16 pair of the codes at bits [s, s + width) and [16 + s, ...), low half first."""
+    g = torch.Generator().manual_seed(width)
+    words = [0, 0xFFFFFFFF, 0x80008000, *torch.randint(0, 1 << 32, (200,), generator=g).tolist()]
+    asm = ptx.fragment_pair(width)
+    mask = (1 << width) - 1
+    for shift in range(0, 16, width):
+        for w in words:
+            (pair,) = ptx.emulate(asm, w, w, shift, shift, outputs=1)
+            assert ptx.float16_halves([pair]) == [float(w >> shift & mask), float(w >> (16 + shift) & mask)]
+
+
+def test_the_fragment_pair_ptx_refuses_other_widths():
+    with pytest.raises(ValueError, match="width must be 1, 2 or 4"):
+        ptx.fragment_pair(3)
+
+
+def test_compiling_the_loop_under_the_interpreter_says_how_to_compile_it():
+    from pnmix import _runtime
+
+    if not _runtime.INTERPRETED:
+        pytest.skip("kernels are compiled in this process")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
+        fragment_decode.compile_for(80)
