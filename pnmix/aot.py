@@ -126,10 +126,12 @@ def record_launches(case: Case, gpu: _runtime.Target) -> tuple[list[_runtime.Lau
 
 
 def _compile(launch: _runtime.Launch, arch: int):
-    """The launch specialized as the JIT does on a device of this arch, compiled to a cubin."""
+    """The launch specialized as the JIT does on a device of this arch, compiled to a cubin (a Gluon kernel from its
+    Gluon source)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget("cuda", arch, 32)
@@ -141,7 +143,8 @@ def _compile(launch: _runtime.Launch, arch: int):
         kwargs["maxnreg"] = launch.maxnreg
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    source = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def _key(launch: _runtime.Launch, arch: int) -> str:

@@ -288,37 +288,25 @@ def fragment_split_kernel(
     gl.store(acc_ptr + (out * 16 + orow) * 128 + ocol, o)
 
 
-SIGNATURE = {
-    "q_ptr": "*fp16", "qh_ptr": "*fp16", "words": "*i32", "ks": "*fp16", "kz": "*fp16", "khs": "*fp16",
-    "vs": "*fp16", "vz": "*fp16", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32",
-    "tiles": "i32", "groups": "i32", "n_splits": "i32", "qk_scale": "fp32",
-}  # fmt: skip
-
-
-def compile_for(arch: int, stages: int = STAGES, use_ptx: bool = True):
-    """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas), as `triton.compile` returns
-    it; pointers 16-byte aligned, as the cache allocates them."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from pnmix import _runtime
+def compile_for(arch: int, use_ptx: bool = True):
+    """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas) exactly as
+    `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT would on such a device), as
+    `triton.compile` returns it."""
+    from pnmix import _runtime, aot
+    from pnmix.kernels import fragment_check
 
     if _runtime.INTERPRETED:
         raise RuntimeError(
             "compile_for needs compiled kernels (triton's own jit functions are interpreted here): run with "
             "TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
         )
-
-    kernel = fragment_split_kernel
-    consts = {"W": fragment.WARPS, "STAGES": stages, "PTX": use_ptx}
-    signature = dict(SIGNATURE) | {k: "constexpr" for k in consts}
-    names = list(signature)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
-    source = GluonASTSource(
-        kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs
-    )
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": fragment.WARPS})
+    # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
+    args, _ = fragment_check.synthetic(tiles=32, seed=0)
+    gpu = next(g for g in aot.GPUS if g.arch == arch)
+    with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
+        fragment_check.launch(args, 1.0, 3, use_ptx)
+    (launch,) = launches
+    return aot._compile(launch, arch)
 
 
 def resources(compiled) -> dict:

@@ -4,11 +4,12 @@ permutations) inverts `pack`, and the fragment-order loop's CPU twin computes at
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
-from pnmix.kernels import fragment, fragment_decode, ptx
+from pnmix.kernels import fragment, fragment_check, fragment_decode, ptx
 
 
 def codes(slices: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -80,55 +81,17 @@ def test_unpack_refuses_words_of_another_shape():
         fragment.unpack(torch.zeros(1, 4, 32, 4, dtype=torch.int32))
 
 
-def head(tiles: int, seed: int, rows: int = 4):
-    """One KV head's fragment-order tiles and scales, and its queries (rows real rows of 16)."""
-    g = torch.Generator().manual_seed(seed)
-    low, high, values = codes(tiles * fragment.WARPS, seed)
-    groups = -(-tiles * fragment.TILE // fragment_decode.GROUP)
-    q = torch.zeros(16, 128, dtype=torch.float16)
-    q[:rows] = torch.randn(rows, 128, generator=g).to(torch.float16)
-    channel = torch.randperm(128, generator=g)[:64]
-    ks = (torch.rand(groups, 128, generator=g) * 0.5 + 0.05).to(torch.float16)
-    kz = (torch.randn(groups, 128, generator=g) * 0.3).to(torch.float16)
-    khs = (2 * ks[:, channel].float()).to(torch.float16)
-    n = tiles * fragment.TILE
-    vs = (torch.rand(n, generator=g) * 0.5 + 0.05).to(torch.float16)
-    vz = (torch.randn(n, generator=g) * 0.3).to(torch.float16)
-    return dict(
-        q=q, qh=q[:, channel].contiguous(), words=fragment.pack(low, high, values), ks=ks, kz=kz, khs=khs, vs=vs, vz=vz
-    ), (low, high, values, channel)
-
-
-def reference(args: dict, planes, qk_scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Attention over the dequantized tokens computed in `dtype` (token order as stored: warp slices of 16 per tile):
-    keys s lo + 2 s hi (salient channels) + z, values s v + z, per the cache's groups."""
-    low, high, values, channel = planes
-    keys, vals = [], []
-    for s in range(low.shape[0]):
-        g = s * 16 // fragment_decode.GROUP
-        sk, zk = args["ks"][g].to(dtype), args["kz"][g].to(dtype)
-        keys.append((sk[:, None] * low[s].to(dtype) + zk[:, None]).T)  # [16 tokens, 128]
-        vals.append(values[s].to(dtype))
-    k = torch.cat(keys)
-    n = k.shape[0]
-    groups = torch.arange(n) // fragment_decode.GROUP
-    k[:, channel] += args["khs"][groups].to(dtype) * torch.cat([high[s].T for s in range(high.shape[0])]).to(dtype)
-    logits = args["q"].to(dtype) @ k.T * qk_scale  # log2 domain, as the kernel
-    p = torch.softmax(logits * math.log(2), dim=-1)
-    v = args["vs"].to(dtype)[:, None] * torch.cat(vals) + args["vz"].to(dtype)[:, None]
-    return p @ v
-
-
 @pytest.mark.parametrize("tiles, splits, rows", [(2, 1, 4), (6, 2, 8), (6, 4, 16), (4, 4, 1)])
 def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, rows):
     """The twin's output against float64 attention: its error within twice that of the same attention computed in
     float32 (the kernel's operands are exact products or hi + lo pairs: float32 grade; a wrong mapping, warp merge or
     split merge errs by O(1))."""
-    args, planes = head(tiles, seed=tiles * 10 + splits)
+    stacked, planes = fragment_check.synthetic(tiles, seed=tiles * 10 + splits, rows=rows)
+    args = fragment_check.head(stacked, 0)
     qk_scale = 1 / math.sqrt(128) / math.log(2)
     out = fragment_decode.merge(*fragment_decode.twin(**args, qk_scale=qk_scale, n_splits=splits))[:rows].double()
-    exact = reference(args, planes, qk_scale, torch.float64)[:rows]
-    single = reference(args, planes, qk_scale, torch.float32)[:rows].double()
+    exact = fragment_check.reference(args, planes[0], qk_scale, torch.float64)[:rows]
+    single = fragment_check.reference(args, planes[0], qk_scale, torch.float32)[:rows].double()
     bound = 2 * (single - exact).abs().max()
     assert (out - exact).abs().max() <= bound, ((out - exact).abs().max(), bound)
     # and a misplaced token would show: the same tiles with two tokens' values swapped do not pass
@@ -138,6 +101,60 @@ def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, 
     swapped = dict(args, words=fragment.pack(low, high, values))
     wrong = fragment_decode.merge(*fragment_decode.twin(**swapped, qk_scale=qk_scale, n_splits=splits))[:rows]
     assert (wrong.double() - exact).abs().max() > bound
+
+
+def twin_launcher(perturb_ptx: bool = False, perturb_plain: bool = False, raises: bool = False):
+    """A stand-in for `fragment_check.launch` on the CPU: the twin per head, optionally wrong (one output channel
+    off by one) on either path, or raising as a kernel that does not compile would."""
+
+    def run(args, qk_scale, n_splits, use_ptx):
+        if raises:
+            raise RuntimeError("PTX assembly aborted\nmore lines")
+        outs = [
+            fragment_decode.twin(**fragment_check.head(args, h), qk_scale=qk_scale, n_splits=n_splits)
+            for h in range(args["q"].shape[0])
+        ]
+        m, l, acc = (torch.stack(x) for x in zip(*outs, strict=True))  # noqa: E741
+        if (perturb_ptx and use_ptx) or (perturb_plain and not use_ptx):
+            acc = acc.clone()
+            acc[..., 5] += l[..., None][..., 0]  # the output's channel 5 off by one
+        return m, l, acc
+
+    return run
+
+
+@pytest.fixture
+def clean_decisions():
+    fragment_check.forget()
+    yield
+    fragment_check.forget()
+
+
+def test_a_correct_fast_path_is_taken_with_its_ptx_and_no_warning(clean_decisions, recwarn):
+    path, why = fragment_check.decide("cpu", launcher=twin_launcher())
+    assert path == "ptx" and "passed" in why
+    assert not [w for w in recwarn if "fragment-order" in str(w.message)]
+
+
+def test_a_wrong_ptx_path_falls_back_to_the_plain_unpack_with_one_warning(clean_decisions):
+    with pytest.warns(RuntimeWarning, match=r"fragment-order loop on cpu: the inline-PTX unpack failed") as caught:
+        path, why = fragment_check.decide("cpu", launcher=twin_launcher(perturb_ptx=True))
+    assert path == "plain" and "error" in why and len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # decided once: no second warning
+        assert fragment_check.decide("cpu", launcher=twin_launcher(perturb_ptx=True)) == (path, why)
+
+
+@pytest.mark.parametrize("launcher", [twin_launcher(perturb_ptx=True, perturb_plain=True), twin_launcher(raises=True)])
+def test_a_fast_path_wrong_both_ways_is_off_with_one_warning_naming_what_differed(clean_decisions, launcher):
+    with pytest.warns(RuntimeWarning, match=r"self-test failed with the inline-PTX unpack") as caught:
+        path, why = fragment_check.decide("cpu", launcher=launcher)
+    assert path == "off" and len(caught) == 1
+    assert ("above" in why) or ("RuntimeError: PTX assembly aborted" in why and "more lines" not in why), why
+
+
+def test_without_a_launcher_a_cpu_is_off_without_a_self_test(clean_decisions):
+    assert fragment_check.decide("cpu") == ("off", "the fragment-order loop needs a CUDA device")
 
 
 @pytest.mark.parametrize("width", [1, 2, 4])
