@@ -15,6 +15,11 @@ Each runs only its points, so Triton compiles only the kernels they launch. Befo
 the kernel specializations each step will compile (those an earlier step compiled left out); each step prints
 its count and the compile time that count is estimated to take (`SECONDS_PER_SPECIALIZATION`, measured with
 `python -m pnmix.aot`: an estimate), and its record keeps both.
+  fragment (30 s): the fragment-order loop (`pnmix.kernels.fragment_decode`, the design of the next decode kernel,
+      not yet the package's decode; benchmarks/suites/test_fragment_design.py): its self-test on this device
+      (`pnmix.kernels.fragment_check`: the path it takes, inline PTX, plain or off, in its own words), then its split
+      kernel's device time and GB/s against the copy bandwidth at the gate's target points (one Qwen3-8B layer, 32K,
+      B = 1 and 64), to set beside the gate's prediction. Its two Gluon compiles are not in the dry run's count.
   conformance (90 s): `pytest conformance --impl triton --device cuda --hypothesis-profile gpu-short` on the
       decode-attention properties (P7; P11's, per-token precision) and the quantization codes (P5), compiled: of
       each property's explicit examples the first of each dtype (float16, bfloat16) alone, no draws.
@@ -27,13 +32,13 @@ its count and the compile time that count is estimated to take (`SECONDS_PER_SPE
       test_sync_free.py), against eager decoding; after conformance, whose compiles it reuses. Then
       the evaluation path on the Triton caches (`CAPTURE_TESTS`): chunks stepwise, rollback, and
       lm-eval's scores through impl=triton against the spec within property 7's rule.
-  kernel (50 s): decode attention of one Qwen3-8B layer (B = 1, 8 KV heads, GQA 4, d = 128,
+  kernel (40 s): decode attention of one Qwen3-8B layer (B = 1, 8 KV heads, GQA 4, d = 128,
       fp16) over a preallocated 32K-token cache, default PN-Mix: GB/s of the bytes it reads
       against the same device's copy bandwidth (1 GiB buffer, read + write), device time and
       CUDA-graph replay time; FP16 SDPA at the same point beside it. Where `ncu` (Nsight Compute) is on PATH, the
       decode kernel's achieved DRAM throughput, DRAM bytes read, duration and top warp stall reasons at the same
       point (`benchmarks.commands.ncu`), in the time left of the step's budget; else "ncu not found".
-  fig7 (55 s): one Fig. 7 point, PN-Mix at decode step 16K: eager step and graph replay.
+  fig7 (35 s): one Fig. 7 point, PN-Mix at decode step 16K: eager step and graph replay (24 s on the H200, 2026-11-30).
   fig6c (30 s): one Fig. 6c point, PN-Mix at B = 20 (sampled protocol), tokens/s.
 Optional steps, each when the steps before it left its budget of --time-budget (or alone with --steps; a skip is
 no failure):
@@ -86,6 +91,7 @@ from benchmarks.efficiency.workloads import (
     fig6c_throughput,
     fig7_latency,
     kernel_decode,
+    kernel_fragment,
     kernel_launch,
     kernel_ptx,
 )
@@ -104,6 +110,8 @@ SUITES = {
 }
 #: The suite of the PTX unpack's step (not one of SUITES: the full-mode sweep leaves it out).
 PTX_SUITE = "benchmarks/suites/test_ptx_unpack.py"
+#: The suite of the fragment-order loop's step (the design of the next decode kernel; not one of SUITES).
+FRAGMENT_SUITE = "benchmarks/suites/test_fragment_design.py"
 #: The tests of the separate step: the unpack alone, the dots alone, the fused decode.
 SEPARATE_TESTS = "benchmarks/tests/test_separate.py"
 #: Conformance properties of --short: the decode kernels and the quantization kernels, compiled;
@@ -123,11 +131,12 @@ TRITON_IMPLS = ("--impl", "triton", "--impl", "triaxialkv-triton", "--impl", "ro
 SHORT_PROFILE, FULL_PROFILE = "gpu-short", "ci"
 #: Seconds each --short step may take (see the module docstring).
 BUDGET_S = {
+    "fragment": 30,
     "conformance": 90,
     "separate": 30,
     "capture": 60,
-    "kernel": 50,
-    "fig7": 55,
+    "kernel": 40,
+    "fig7": 35,
     "fig6c": 30,
     "ptx": 90,
     "launch": 120,
@@ -150,6 +159,7 @@ SUMMARY_KEYS = {
     "kernel": ("method", "context", "ms", "graph_ms", "gbps", "copy_gbps", "fraction_of_copy", "host_gaps_excluded"),
     "fig7-latency": ("method", "step", "step_ms", "graph_ms", "graph_capturable", "roofline_step_ms"),
     "fig6c-throughput": ("method", "batch", "tokens_per_s", "total_s"),
+    "kernel-fragment": ("batch", "context", "path", "self_test", "splits", "ms", "gbps", "fraction_of_copy"),
     "kernel-ptx": (
         "batch",
         "context",
@@ -284,6 +294,9 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float,
     fig7_id = point_id(SUITES["latency"], "test_fig7_step_latency", fig7_latency, scale, **fig7)
     fig6c_id = point_id(SUITES["throughput"], "test_fig6c_throughput", fig6c_throughput, scale, **fig6c)
     launch_works, ptx_works = kernel_launch(SCALES[scale]), kernel_ptx(SCALES[scale])
+    fragment_ids = [
+        f"{ROOT / FRAGMENT_SUITE}::test_fragment_order_loop[{w.id}]" for w in kernel_fragment(SCALES[scale])
+    ]
     launch_ids = [f"{ROOT / SUITES['kernels']}::test_decode_launch_choice[{w.id}]" for w in launch_works]
     ptx_ids = [f"{ROOT / PTX_SUITE}::test_decode_with_and_without_the_ptx_unpack[{w.id}]" for w in ptx_works]
     (fig7_work,) = [w for w in fig7_latency(SCALES[scale]) if all(getattr(w, k) == v for k, v in fig7.items())]
@@ -297,6 +310,8 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float,
     separate_xml = out / f"separate-{safe}-{stamp}.xml"
     separate = (str(ROOT / SEPARATE_TESTS), *NO_CONFORMANCE)
     what = {
+        "fragment": "the fragment-order loop (the next decode kernel's design): its self-test here (the path it "
+        "takes, in its words), then its split kernel's time and bandwidth at the gate's target points",
         "conformance": f"compiled conformance of the Triton implementation, one example per dtype "
         f"(--hypothesis-profile {SHORT_PROFILE}): {', '.join(properties)}",
         "separate": "after a conformance failure: the unpack alone, the dots alone over exact operands, the fused "
@@ -327,6 +342,8 @@ def short_steps(tiny: bool, out: Path, stamp: str, safe: str, budget_gib: float,
         return Step(name, BUDGET_S[name], what[name], **parts)
 
     return [
+        # Gluon kernels: none of the Triton specializations the dry run counts (two compiles, with and without PTX)
+        step("fragment", **bench("fragment", fragment_ids), dry={"points": []}),
         step("conformance", args=short_args, json=str(out / f"conformance-triton-{stamp}.json"), dry=short_dry),
         step(
             "separate",

@@ -149,6 +149,22 @@ def kernel_ptx(scale: Scale) -> list[KernelPtx]:
     return [KernelPtx(scale.name, "PN-Mix", b, c, _layer(scale)) for b, c in points]
 
 
+@dataclass(frozen=True)
+class KernelFragment(Workload):
+    """The fragment-order loop (`pnmix.kernels.fragment_decode`, not yet the package's decode) over `batch` x 8 KV
+    heads of `context` quantized tokens in fragment order: its self-test on the device, then its time."""
+
+    batch: int
+    context: int
+    LABEL: ClassVar[str] = "B{batch}-ctx{context}"
+
+
+def kernel_fragment(scale: Scale) -> list[KernelFragment]:
+    """The gate's target points (one Qwen3-8B layer at 32K, B = 1 and 64); tiny: B = 1 over two key groups."""
+    points = [(1, 32 * K), (64, 32 * K)] if scale.name == "full" else [(1, 256)]
+    return [KernelFragment(scale.name, "PN-Mix", b, c) for b, c in points]
+
+
 def fig6_memory(scale: Scale) -> list[Fig6Memory]:
     if scale.name == "full":
         points = [(FIG6A_BATCH, g) for g in FIG6A_GENERATION] + [(b, FIG6B_GENERATION) for b in FIG6B_BATCHES]

@@ -90,8 +90,12 @@ def test_short_tiny_counts_each_step_kernels_and_keeps_its_files_in_out_alone(tm
         assert r["graph_ms"] is None and r["graph_note"] == "no CUDA graphs on the CPU"
     infos = [b["extra_info"] for b in json.loads(Path(step["json"]).read_text())["benchmarks"]]
     assert all({"device_index", "budget_gib", "budget_requested_gib", "gpu_shared"} <= set(i) for i in infos)
-    assert {i["suite"] for i in infos} == {"kernel", "fig7-latency", "fig6c-throughput"}  # one file for the three
-    assert re.search(r"kernel: budget 50 s, \d+ s left", printed) and "kernel: passed after" in printed
+    assert {i["suite"] for i in infos} == {"kernel-fragment", "kernel", "fig7-latency", "fig6c-throughput"}  # one file
+    assert re.search(r"kernel: budget 40 s, \d+ s left", printed) and "kernel: passed after" in printed
+    # the fragment-order loop's step ran first; off the GPU it records why it did not run the loop
+    assert printed.index("gpu_check: fragment:") < printed.index("gpu_check: conformance:")
+    (fragment,) = [i for i in infos if i["suite"] == "kernel-fragment"]
+    assert fragment["path"] == "off" and fragment["self_test"] == "the fragment-order loop needs a CUDA device"
 
 
 SAFE = "".join(ch if ch.isalnum() else "-" for ch in device_name()).strip("-")[:40]
@@ -123,6 +127,7 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
     assert set(record["steps"]) == set(gpu_check.BUDGET_S)
     assert list(gpu_check.BUDGET_S) == [
+        "fragment",
         "conformance",
         "separate",
         "capture",
@@ -136,18 +141,18 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
     ran = [name for name in gpu_check.BUDGET_S if name != "separate"]  # separate: conformance passed
     assert [timeout for _, timeout in calls] == [gpu_check.BUDGET_S[n] for n in ran]  # in this order, each its budget
     root = str(gpu_check.ROOT)
-    conformance = calls[0][0]
+    conformance = calls[1][0]  # after the fragment-order loop's step
     assert conformance[:2] == [f"{root}/conformance", f"--ignore={root}/conformance/meta"]
     assert conformance[conformance.index("--hypothesis-profile") + 1] == "gpu-short"
     assert calls[-1][0][calls[-1][0].index("--hypothesis-profile") + 1] == "ci"  # the full grid
     assert "-k" in conformance and "--conformance-json" in conformance and "--impl" in conformance
-    capture = calls[1][0]  # the CUDA-graph tests of the decode step, among the first
+    capture = calls[2][0]  # the CUDA-graph tests of the decode step, among the first
     assert [a for a in capture if "::" in a] == [f"{root}/{node}" for node in gpu_check.CAPTURE_GRAPH_TESTS]
     assert "--junitxml" in capture and "no:conformance.plugin" in capture
     for node in gpu_check.CAPTURE_TESTS:
         path, test = node.split("::")
         assert hasattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), test)
-    for args, _ in calls[2:-1]:  # node ids of points the suites define, and nothing else
+    for args, _ in [calls[0], *calls[3:-1]]:  # node ids of points the suites define, and nothing else
         ids = [a for a in args if "::" in a]
         assert ids and all(a in args for a in ("--benchmark-only", "--benchmark-json"))
         for node in ids:
@@ -158,7 +163,7 @@ def test_short_runs_each_step_within_its_budget_and_only_its_points(tmp_path, mo
             assert point in {p.id for p in params}
     # each step's count leaves out what the steps before it compiled: its own two keys, the shared one once
     counts = {name: step["specializations"]["count"] for name, step in record["steps"].items()}
-    assert counts == {"conformance": 3, "separate": 2, **{n: 2 for n in ran[1:]}}
+    assert counts == {"fragment": 3, "separate": 2, **{n: 2 for n in ran[1:]}}
     assert record["steps"]["separate"]["specializations"]["launched"] == 3
 
 
@@ -200,12 +205,12 @@ def test_short_full_scale_plan_fits_a_6_minute_share_of_a_15_minute_lease():
 def test_short_skips_a_step_that_would_overrun_and_says_so(tmp_path, monkeypatch, capsys, no_dry_run):
     calls = []
     monkeypatch.setattr(gpu_check, "run_pytest", fake_pytest(calls))
-    assert gpu_check.main(["--short", "--tiny", "--time-budget", "52", "--out", str(tmp_path)]) == 1
+    assert gpu_check.main(["--short", "--tiny", "--time-budget", "33", "--out", str(tmp_path)]) == 1
     record = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
     status = {name: step["status"] for name, step in record["steps"].items()}
-    # the steps whose budgets fit in what is left of 52 s (the faked steps take no time): kernel, fig6c
-    assert status["kernel"] == status["fig6c"] == "passed" and len(calls) == 2
-    for name in ("conformance", "capture", "fig7", "ptx", "launch", "conformance-full"):
+    # the steps whose budgets fit in what is left of 33 s (the faked steps take no time): fragment, fig6c
+    assert status["fragment"] == status["fig6c"] == "passed" and len(calls) == 2
+    for name in ("conformance", "capture", "kernel", "fig7", "ptx", "launch", "conformance-full"):
         assert status[name].startswith("skipped: would overrun") and record["steps"][name]["exit_code"] is None
     assert status["launch"].endswith("(optional: no failure)") and not status["fig7"].endswith("failure)")
     printed = capsys.readouterr().out
@@ -225,8 +230,8 @@ def test_short_passes_when_only_the_optional_steps_had_no_time_left(tmp_path, mo
     monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
     assert gpu_check.main(["--short", "--tiny", "--out", str(tmp_path)]) == 0
     steps = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())["steps"]
-    # the five default steps that ran left OVERHEAD_S + separate's 30 s + 5 s each: ptx's 90 s fit, no more
-    assert steps["ptx"]["status"] == "passed" and len(calls) == 6
+    # the six default steps that ran left OVERHEAD_S + separate's 30 s + 5 s each: ptx's 90 s fit, no more
+    assert steps["ptx"]["status"] == "passed" and len(calls) == 7
     assert steps["launch"]["status"].startswith("skipped: would overrun")
     assert steps["conformance-full"]["status"].startswith("skipped: would overrun")
     # a required step skipped the same way is a failure
@@ -274,7 +279,7 @@ def test_the_separate_step_runs_when_asked_for_alone_and_not_for_a_skipped_confo
     calls.clear()
     assert gpu_check.main(["--short", "--tiny", "--skip-conformance", "--out", str(tmp_path / "b")]) == 0
     record = json.loads(next((tmp_path / "b").glob("gpu-check-*.json")).read_text())["steps"]
-    assert record["separate"]["status"].startswith("not needed: conformance did not run") and len(calls) == 6
+    assert record["separate"]["status"].startswith("not needed: conformance did not run") and len(calls) == 7
 
 
 def test_the_separate_cause_is_the_first_part_that_fails_alone():
