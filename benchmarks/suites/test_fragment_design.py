@@ -28,7 +28,7 @@ BYTES_PER_TOKEN = 72  # per KV head: codes, scales and zeros of the default conf
 
 def random_heads(heads: int, tokens: int, device: torch.device) -> dict:
     """Fragment-order tiles and scales of `heads` KV heads, random, made on the device (any word is valid codes)."""
-    from pnmix.kernels import fragment, fragment_decode
+    from pnmix.kernels import fragment, fragment_decode  # deferred: triton compiles kernels as they are imported
 
     tiles, groups = tokens // fragment.TILE, tokens // fragment_decode.GROUP
     g = torch.Generator(device=device).manual_seed(0)

@@ -30,6 +30,7 @@ import re
 
 import torch
 
+from pnmix import _runtime, sass
 from pnmix.kernels import fragment, ptx
 
 #: Ring depth of the copy pipeline (tiles in flight: STAGES - 1 ahead of the one computed).
@@ -292,8 +293,8 @@ def compile_for(arch: int, use_ptx: bool = True):
     """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas) exactly as
     `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT would on such a device), as
     `triton.compile` returns it."""
-    from pnmix import _runtime, aot
-    from pnmix.kernels import fragment_check
+    from pnmix import aot  # deferred: aot imports this module (its gate compiles the loop)
+    from pnmix.kernels import fragment_check  # deferred: fragment_check imports this module (it launches the loop)
 
     if _runtime.INTERPRETED:
         raise RuntimeError(
@@ -311,7 +312,6 @@ def compile_for(arch: int, use_ptx: bool = True):
 
 def resources(compiled) -> dict:
     """Registers, local (spilled) bytes and shared memory of a compiled kernel, and its SASS with control codes."""
-    from pnmix import sass
 
     usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", sass.resource_usage(compiled.asm["cubin"])))
     return {

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from pnmix import _runtime
 from pnmix.kernels import fragment, fragment_check, fragment_decode, ptx
 
 
@@ -177,8 +178,6 @@ def test_the_fragment_pair_ptx_refuses_other_widths():
 
 
 def test_compiling_the_loop_under_the_interpreter_says_how_to_compile_it():
-    from pnmix import _runtime
-
     if not _runtime.INTERPRETED:
         pytest.skip("kernels are compiled in this process")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
