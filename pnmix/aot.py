@@ -250,14 +250,13 @@ def _inspect(index: int) -> dict:
         compiled = _compile(launch, arch)
     except Exception as exc:
         return row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    usage = sass.resource_usage(compiled.asm["cubin"])
+    registers, local_bytes = sass.registers_and_local_bytes(compiled.asm["cubin"])
     listing = sass.disassemble(compiled.asm["cubin"])
-    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     return row | {
         "inline_asm": len(ttgir.inline_asm_ops(compiled.asm["ttgir"])),
         "grouping": ttgir.grouping_problems(compiled.asm["ttgir"]),
-        "registers": int(res.get("REG", -1)),
-        "local_bytes": int(res.get("LOCAL", 0)) + int(res.get("STACK", 0)),
+        "registers": registers,
+        "local_bytes": local_bytes,
         "shared_bytes": int(compiled.metadata.shared),
         "smem_limit": smem_limit(arch),
         "instructions": sum(1 for line in listing.splitlines() if _INSTRUCTION.match(line)),

@@ -67,6 +67,13 @@ def resource_usage(cubin: bytes) -> str:
         return subprocess.run([_tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True).stdout
 
 
+def registers_and_local_bytes(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, local bytes per thread: spills and stack) of a cubin, from `resource_usage`; -1
+    registers where cuobjdump reports none."""
+    usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", resource_usage(cubin)))
+    return int(usage.get("REG", -1)), int(usage.get("LOCAL", 0)) + int(usage.get("STACK", 0))
+
+
 _ENCODED = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* (0x[0-9a-f]{16}) \*/")
 _HIGH_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
 _GUARD = re.compile(r"^@!?U?P[T0-9]+\s+")

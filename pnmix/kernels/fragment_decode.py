@@ -26,7 +26,6 @@ per-warp online softmax and the warps' merge.
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
@@ -312,11 +311,10 @@ def compile_for(arch: int, use_ptx: bool = True):
 
 def resources(compiled) -> dict:
     """Registers, local (spilled) bytes and shared memory of a compiled kernel, and its SASS with control codes."""
-
-    usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", sass.resource_usage(compiled.asm["cubin"])))
+    registers, local_bytes = sass.registers_and_local_bytes(compiled.asm["cubin"])
     return {
-        "registers": int(usage.get("REG", -1)),
-        "local_bytes": int(usage.get("LOCAL", 0)) + int(usage.get("STACK", 0)),
+        "registers": registers,
+        "local_bytes": local_bytes,
         "shared_bytes": int(compiled.metadata.shared),
         "encoded": sass.disassemble(compiled.asm["cubin"], encoding=True),
     }
