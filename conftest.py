@@ -59,6 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-benchmark < 5.3 opens the file itself while parsing (argparse.FileType): nothing to check then.
     if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
         raise pytest.UsageError(f"--benchmark-json {path} exists; results are never overwritten, choose a new path")
+    if hasattr(config, "workerinput"):
+        # a pytest-xdist worker (-n): tests that start pytest themselves (the benchmark suites, gpu_check, the
+        # report) must not hand xdist's variables on, or pytest-benchmark there takes itself for a worker and turns off
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            os.environ.pop(name, None)
 
 
 def resolve_device(config: pytest.Config) -> torch.device:

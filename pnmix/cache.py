@@ -16,7 +16,16 @@ import struct
 import torch
 
 from pnmix import _runtime
-from pnmix.kernels import append_rows, decode_attention, dequantize_plane, encode_pack, group_params
+from pnmix.kernels import (
+    append_rows,
+    decode_attention,
+    dequantize_plane,
+    encode_pack,
+    fragment,
+    fragment_attention,
+    fragment_check,
+    group_params,
+)
 from pnmix.kernels.attention import PackedRegion
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, token_layout
 from reference.channels import validation
@@ -41,6 +50,10 @@ BOOKKEEPING_BYTES = COUNTS * 4
 WATCHED = ("k", "v", "q")
 #: Bytes of the deferred checks' flags (check_finite=True): float32 [2, len(WATCHED)], on top of BOOKKEEPING_BYTES.
 FLAG_BYTES = 2 * len(WATCHED) * 4
+#: How a cache may order the codes of its quantized region (`PNMixCache`'s code_order).
+CODE_ORDERS = ("auto", "spec", "fragment")
+#: The quantized components whose codes fragment order reorders (scales and zeros keep the spec's order).
+REORDERED = ("key_low", "key_high", "value_payload")
 
 
 def check_finite_mode(value: object) -> bool | str:
@@ -173,6 +186,18 @@ class PNMixCache:
     Triton interpreter on the CPU (pnmix._runtime). The buffers are the components of its
     `reference.channels.layout.CacheLayout`; every append carries out the layout's plan.
 
+    code_order: the order of the codes inside the quantized region's pages (the bytes and their
+    count are the spec's either way; `storage()` does not move). "spec": the layouts of
+    `reference.equations.packing`, read by the Triton decode kernel. "fragment": the order the
+    fragment-order loop's tensor-core fragments read them (`pnmix.kernels.fragment`), written at
+    each page flush, read by that loop (`pnmix.kernels.fragment_attention`); needs the shape the
+    loop is written for (ValueError naming what is missing: the default configuration, d = 128,
+    float16). "auto" (the default): fragment where the configuration allows it and the loop
+    passed its first-use self-test on the device (`pnmix.kernels.fragment_check.decide`: one
+    warning naming the case if it falls back), the spec's order elsewhere (a CPU). On a CPU a
+    cache asked for "fragment" computes the loop's part with the loop's torch twin (tests).
+    `packed()` gives the spec's bytes in both orders.
+
     check_finite: check that inputs hold no NaN or Inf and that keys and values fit the
     scale/zero dtype (the errors of `reference.channels.validation`, naming the argument).
 
@@ -222,6 +247,7 @@ class PNMixCache:
         max_cache_len: int | None = None,
         check_finite: bool | str = True,
         capturable: bool = False,
+        code_order: str = "auto",
     ) -> None:
         self.config = PNMixConfig() if config is None else config
         if not isinstance(self.config, PNMixConfig):
@@ -236,6 +262,14 @@ class PNMixCache:
             raise ValueError("capturable=True needs max_cache_len: a captured step writes into preallocated buffers")
         if capturable and (reason := why_not_capturable(self.config)):
             raise ValueError(f"capturable=True needs {reason}")
+        if code_order not in CODE_ORDERS:
+            raise ValueError(f"code_order must be one of {CODE_ORDERS}, got {code_order!r}")
+        self.code_order_asked = code_order
+        #: The order the quantized region's codes are stored in, set by prefill: "spec" or "fragment".
+        self.code_order: str | None = None
+        #: Where fragment order: how decode computes the quantized region (`fragment_attention.PATHS`) and why.
+        self.fragment_path: tuple[str, str] | None = None
+        self._high_index: torch.Tensor | None = None  # fragment order: each head's salient channels, int32
         self.capacity = max_cache_len
         self.capturable = capturable
         self._page: _PageWork | None = None  # capturable: set by prefill where a page fits
@@ -288,12 +322,36 @@ class PNMixCache:
                     rows[c.name] = _Rows(b, h, c.columns, c.dtype, k.device, capacity)
             self.saliency_computations += layout.selection.prefill_evaluations
             self.cache_layout, self._rows, self._fixed = layout, rows, fixed
+            self._choose_code_order(k.device)
             self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
             if self.check_finite is True:
                 self._flags = torch.zeros(2, len(WATCHED), dtype=torch.float32, device=k.device)
             self._store(k, v)
             if capturable_pages := (room.n_quantized // n if self.capturable else 0):
                 self._page = self._page_work(capturable_pages)
+
+    def _choose_code_order(self, device: torch.device) -> None:
+        """Settle `code_order` (and the loop's path) for this cache's layout on `device` (see the class docstring)."""
+        asked, layout = self.code_order_asked, self.cache_layout
+        reason = fragment_attention.why_not(layout)
+        if asked == "fragment" and reason is not None:
+            raise ValueError(f"code_order='fragment': {reason}")
+        path, why = ("off", reason) if reason is not None else fragment_check.decide(device)
+        if asked == "spec" or (asked == "auto" and path == "off"):
+            self.code_order, self.fragment_path = "spec", None
+            return
+        if path == "off":  # asked for fragment order where the loop does not run: its torch twin computes it
+            path, why = "twin", f"{why}; the loop's torch twin computes its part"
+        self.code_order, self.fragment_path = "fragment", (path, why)
+        channel = saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
+        self._high_index = spec_packing.salient_channel_index(channel, layout.n_high_channels).to(torch.int32)
+
+    def _reorder(self, planes: dict[str, torch.Tensor]) -> None:
+        """Rewrite the spec's bytes of whole pages (views of the reordered components) in fragment order, in place."""
+        for view, new in zip(
+            (planes[n] for n in REORDERED), fragment.to_fragment_order(*(planes[n] for n in REORDERED)), strict=True
+        ):
+            view.copy_(new)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add k, v [B, H_kv, T_new, d]; full residual pages are quantized and packed in place."""
@@ -418,6 +476,7 @@ class PNMixCache:
             r["sink_key"].grow(s).copy_(k[:, :, :s])
             r["sink_value"].grow(s).copy_(v[:, :, :s])
         k, v = k[:, :, s:], v[:, :, s:]
+        first = r["value_scale"].used  # the first token a flush quantizes (values flush with keys in fragment order)
         for name, new, flush, quantize in (
             ("key", k, step.flush, self._flush_keys),
             ("value", v, step.value_flush, self._flush_values),
@@ -433,6 +492,8 @@ class PNMixCache:
                 for cp in self._open:
                     cp.overwritten.append((rows, queue[:, :, : rows.used]))
             rows.replace(queue[:, :, flush:])
+        if self.code_order == "fragment" and step.flush:
+            self._reorder({name: self._page_rows(name, first, step.flush) for name in REORDERED})
         self.length = step.after.length
         # The host decided these counts: a host->device copy, which does not wait on the GPU.
         self._counts[:LAYOUT_COUNTS].copy_(
@@ -497,6 +558,8 @@ class PNMixCache:
             )
         else:
             sc["value_payload"].copy_(values)
+        if self.code_order == "fragment":
+            self._reorder(sc)
         full = self._counts[2:3] == n
         at = torch.clamp(self._counts[1:2] // n, max=page.pages - 1).long()
         for name, new in sc.items():
@@ -638,11 +701,20 @@ class PNMixCache:
     def channel_mask(self) -> torch.Tensor:
         return saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
 
+    def _page_rows(self, name: str, first: int, n: int) -> torch.Tensor:
+        """The rows of component `name` holding quantized tokens first .. first + n - 1 (a view)."""
+        per_page, page = self.cache_layout.component(name).rows_per_page, self.config.residual_length
+        return self._rows[name].data[:, :, first * per_page // page : (first + n) * per_page // page]
+
     def packed(self) -> dict[str, torch.Tensor]:
-        """The used part of the packed quantized region, in the `reference.equations.packing` layouts: views of
-        the cache's own buffers, not copies (read them, never write them)."""
+        """The used part of the packed quantized region, in the `reference.equations.packing` layouts. In the
+        spec's code order, views of the cache's own buffers, not copies (read them, never write them); in fragment
+        order, the codes put back in the spec's order (new tensors)."""
         self._require_prefill()
-        return {c.name: self._rows[c.name].view() for c in self.cache_layout.components if c.region == "quantized"}
+        held = {c.name: self._rows[c.name].view() for c in self.cache_layout.components if c.region == "quantized"}
+        if self.code_order == "fragment":
+            held |= dict(zip(REORDERED, fragment.to_spec_order(*(held[n] for n in REORDERED)), strict=True))
+        return held
 
     def _unpack(self, codes: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg, lay = self.config, self.cache_layout
@@ -713,6 +785,20 @@ class PNMixCache:
         tensors = {name: rows.data for name, rows in self._rows.items()} | self._fixed
         return PackedRegion(tensors, self.layout, counts=self._counts[:LAYOUT_COUNTS], capacity=self.capacity)
 
+    def _decode(self, q: torch.Tensor, num_splits: int | None, scale: float | None) -> torch.Tensor:
+        region, lay = self.region(), self.cache_layout
+        if self.code_order != "fragment":
+            return decode_attention(q, region, lay, num_splits=num_splits, scale=scale)
+        if fragment_attention.covers(q, lay):
+            return fragment_attention.decode(
+                q, region, lay, self._high_index, self.fragment_path[0], num_splits=num_splits, scale=scale
+            )
+        # what the loop does not cover reads the whole buffers put back in the spec's order (whole pages: in order)
+        spec = fragment.to_spec_order(*(region.tensors[n] for n in REORDERED))
+        tensors = dict(region.tensors) | dict(zip(REORDERED, spec, strict=True))
+        spec_region = PackedRegion(tensors, region.tokens, region.counts, region.capacity)
+        return decode_attention(q, spec_region, lay, num_splits=num_splits, scale=scale)
+
     def attend(
         self,
         q: torch.Tensor,
@@ -750,10 +836,8 @@ class PNMixCache:
         )
         self._watch(q=q)
         if q.requires_grad and torch.is_grad_enabled():  # the spec's output keeps the graph: so does this one
-            return _NoBackward.apply(
-                q, lambda q: decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
-            )
-        return decode_attention(q, self.region(), lay, num_splits=num_splits, scale=scale)
+            return _NoBackward.apply(q, lambda q: self._decode(q, num_splits, scale))
+        return self._decode(q, num_splits, scale)
 
     def attend_stepwise(
         self,

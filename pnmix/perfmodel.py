@@ -522,6 +522,44 @@ def split_trips(code: Code, storage: Storage, context: int, block_n: int, splits
     return out
 
 
+def split_plan(splits: int, items: int, slots: int) -> tuple[int, int, int]:
+    """(quantized splits, exact split, programs) per (sequence, KV head) of the fragment-order loop: the rule of
+    `pnmix.kernels.fragment_decode.split_plan` (a test holds the two equal)."""
+    if splits >= 2 and items * (splits + 1) <= slots:
+        return splits, splits, splits + 1
+    if splits >= 4:
+        return splits - 1, splits - 1, splits
+    return splits, splits - 1, splits
+
+
+def split_trips_exact_last(
+    code: Code, storage: Storage, context: int, block_n: int, plan: tuple[int, int, int], exact_block: int
+) -> list[dict[int, int]]:
+    """Trips of each loop of a split kernel whose exact regions one program reads, before any quantized tile of its
+    own (the fragment-order loop, `split_plan`): a program of its own from 4 splits on, the last split otherwise.
+    The loops before the main one are the sinks' and the residual's, in source order, `exact_block` tokens a trip;
+    the main loop takes the split's share of the quantized tokens (`_chunk`). One entry per program of a (sequence,
+    KV head)."""
+    sinks = min(storage.n_sink, context)
+    rest = context - sinks
+    n_q = rest // storage.residual_length * storage.residual_length
+    exact = [sinks, rest - n_q]
+    before = [i for i, loop in enumerate(code.loops) if loop is not code.main]  # in source order
+    if len(before) != len(exact):
+        raise ValueError(f"expected {len(exact)} exact-region loops beside the main loop, found {len(before)}")
+    main = code.loops.index(code.main)
+    quantized, exact_split, programs = plan
+    out = []
+    for split in range(programs):
+        lo, hi = _chunk(split, quantized, n_q, block_n) if split < quantized else (0, 0)
+        trips = {i: 1 for i in range(len(code.loops))}
+        trips[main] = max(0, -(-(hi - lo) // block_n))
+        for i, n in zip(before, exact, strict=True):
+            trips[i] = -(-n // exact_block) if split == exact_split else 0
+        out.append(trips)
+    return out
+
+
 def default_splits(gpu: GPU, work_items: int, length: int, block_n: int) -> int:
     """The package's split rule (`pnmix.kernels.attention.default_splits`) for this GPU."""
     want = max(1, -(-2 * gpu.sms // max(work_items, 1)))
@@ -569,29 +607,39 @@ def decode_step(
     gpu: GPU,
     cache: dict | None = None,
     latency_factor: float | None = None,
+    exact_last: int | None = None,
 ) -> dict:
     """The predicted decode-attention time of one layer at `workload` on `gpu`: the split kernel and the merge
     kernel each simulated over its grid's waves, a launch overhead per kernel; beside it FP16 SDPA's time at the
     rate `pnmix.gpus.fp16_decode_rate` states, the ratio FP16 / PN-Mix (above 1: PN-Mix faster) and the fraction of
-    HBM bandwidth the quantized cache is read at."""
+    HBM bandwidth the quantized cache is read at. exact_last: the split kernel's last split alone reads the exact
+    regions, this many tokens a trip (`split_trips_exact_last`); None: every split its share (`split_trips`)."""
     cache = {} if cache is None else cache
     machine = Machine.of(gpu, latency_factor)
     block_n = int(split.constexprs["BLOCK_N"])
     items = workload.batch * workload.kv_heads
     splits = default_splits(gpu, items, workload.context, block_n)
-    trips = split_trips(split.code, storage, workload.context, block_n, splits)
     main = split.code.loops.index(split.code.main)
     per_tile = {"quantized": storage.quantized_bytes_per_token * block_n, "exact": block_n * workload.head_dim * 4}
     # exact keys and values are 16-bit: 2 x 2 bytes per channel
-    loop_bytes = {i: per_tile[r] for i, r in enumerate(split_roles(split.code)) if r in per_tile}
+    if exact_last is None:
+        trips = split_trips(split.code, storage, workload.context, block_n, splits)
+        loop_bytes = {i: per_tile[r] for i, r in enumerate(split_roles(split.code)) if r in per_tile}
+    else:
+        plan = split_plan(splits, items, 2 * gpu.sms)
+        trips = split_trips_exact_last(split.code, storage, workload.context, block_n, plan, exact_last)
+        code = split.code
+        loop_bytes = {i: exact_last * workload.head_dim * 4 for i, x in enumerate(code.loops) if x is not code.main}
+        loop_bytes[main] = per_tile["quantized"]
     occupancy = programs_per_sm(gpu.arch, split.registers, split.warps, split.shared_bytes)
     if occupancy < 1:
         raise ValueError(f"the split kernel does not fit an SM of {gpu.name}")
-    split_cycles, waves, slowest = kernel_cycles(split, trips, loop_bytes, machine, items * splits, occupancy, cache)
+    launched = len(trips)  # programs per (sequence, KV head): the splits, and an exact-region one where it has its own
+    split_cycles, waves, slowest = kernel_cycles(split, trips, loop_bytes, machine, items * launched, occupancy, cache)
     merge_trips = {i: 1 for i in range(len(merge.code.loops))}
     if merge.code.main is not None and "CHUNK" in merge.constexprs:
-        chunk = min(int(merge.constexprs["CHUNK"]), 1 << (splits - 1).bit_length())
-        merge_trips[merge.code.loops.index(merge.code.main)] = -(-splits // chunk)
+        chunk = min(int(merge.constexprs["CHUNK"]), 1 << (launched - 1).bit_length())
+        merge_trips[merge.code.loops.index(merge.code.main)] = -(-launched // chunk)
     merge_occupancy = programs_per_sm(gpu.arch, merge.registers, merge.warps, merge.shared_bytes)
     merge_cycles, _, _ = kernel_cycles(
         merge, [merge_trips], {}, machine, items * workload.gqa, max(1, merge_occupancy), cache
@@ -615,7 +663,7 @@ def decode_step(
         "workload": workload.name,
         "gpu": gpu.name,
         "splits": splits,
-        "programs": items * splits,
+        "programs": items * launched,
         "programs_per_sm": occupancy,
         "waves": [list(w) for w in waves],
         "split_us": round(split_us, 3),

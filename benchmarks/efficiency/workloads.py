@@ -160,8 +160,9 @@ class KernelFragment(Workload):
 
 
 def kernel_fragment(scale: Scale) -> list[KernelFragment]:
-    """The gate's target points (one Qwen3-8B layer at 32K, B = 1 and 64); tiny: B = 1 over two key groups."""
-    points = [(1, 32 * K), (64, 32 * K)] if scale.name == "full" else [(1, 256)]
+    """The gate's target points for the fragment-order path (one Qwen3-8B layer at 4K and 32K, B = 1 and 64); tiny: B
+    = 1 over two key groups."""
+    points = [(1, 4 * K), (64, 4 * K), (1, 32 * K), (64, 32 * K)] if scale.name == "full" else [(1, 256)]
     return [KernelFragment(scale.name, "PN-Mix", b, c) for b, c in points]
 
 

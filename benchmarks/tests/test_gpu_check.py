@@ -50,7 +50,11 @@ def test_short_tiny_counts_each_step_kernels_and_keeps_its_files_in_out_alone(tm
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(gpu_check.ncu, "find", lambda: None)
-    temp = set(Path(tempfile.gettempdir()).glob("gpu-check-*"))
+    # a temporary folder of its own (tests run in parallel create and remove theirs in the shared one)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert gpu_check.main(["--short", "--tiny", "--steps", *DEFAULT_STEPS, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     files = sorted(p.name for p in out.iterdir())
@@ -61,7 +65,7 @@ def test_short_tiny_counts_each_step_kernels_and_keeps_its_files_in_out_alone(tm
         "conformance-triton-T.json",
         f"gpu-check-{SAFE}-T.json",
     ]  # separate ran not: conformance passed
-    assert list(cwd.iterdir()) == [] and set(Path(tempfile.gettempdir()).glob("gpu-check-*")) == temp
+    assert list(cwd.iterdir()) == [] and list(temp.glob("gpu-check-*")) == []
     record = json.loads(next(out.glob("gpu-check-*.json")).read_text())
     assert record["mode"] == "short" and record["scale"] == "tiny" and set(record["steps"]) == set(DEFAULT_STEPS)
     assert sum(gpu_check.BUDGET_S[name] for name in DEFAULT_STEPS) + gpu_check.OVERHEAD_S <= 360

@@ -124,3 +124,113 @@ def unpack(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         high.reshape(s, HIGH_CHANNELS, TOKENS_PER_WARP),
         vals.reshape(s, TOKENS_PER_WARP, HEAD_DIM),
     )
+
+
+# --- a cache's quantized region in fragment order --------------------------------------------------------------------
+#
+# The cache stores each plane in its own component (`reference.channels.layout.CacheLayout`: key_low [T / 8, 128],
+# key_high [T / 4, 64], value_payload [T, 32] bytes per head), so in fragment order tile j of a head is, in each
+# component, the bytes j * 1024 (key planes) or j * 2048 (values) onwards: that plane's words of the tile's four warps
+# and 32 lanes, [WARPS, 32, words of the plane], little-endian. Component shapes, byte counts and the storage report
+# are the spec's; only the order of the codes inside each tile differs.
+
+#: Per plane: its position rule, code shape per warp slice as the rule takes it ((c, t) or (t, c)), bits per code,
+#: first word and words per lane, and the spec's columns (channels of the plane).
+_PLANES = {
+    "key_low": (key_low_position, (HEAD_DIM, TOKENS_PER_WARP), LOW_BITS, 0, 2, HEAD_DIM),
+    "key_high": (key_high_position, (HIGH_CHANNELS, TOKENS_PER_WARP), HIGH_BITS, 2, 2, HIGH_CHANNELS),
+    "value_payload": (value_position, (TOKENS_PER_WARP, HEAD_DIM), VALUE_BITS, 4, 4, HEAD_DIM),
+}
+
+
+def _slots(plane: str) -> torch.Tensor:
+    """For each code slot of one tile's words of `plane` in storage order (warp, lane, word of the plane, field of
+    `bits` bits from the lowest), the index token * columns + column of its code in the tile's spec codes [64 tokens,
+    columns]."""
+    position, shape, bits, first, words, columns = _PLANES[plane]
+    a, b = (x.flatten() for x in torch.meshgrid(torch.arange(shape[0]), torch.arange(shape[1]), indexing="ij"))
+    channel, token = (a, b) if shape[0] != TOKENS_PER_WARP else (b, a)
+    lane, word, bit = position(a, b)
+    fields = 32 // bits
+    slots = torch.empty(TILE * columns, dtype=torch.int64)
+    for w in range(WARPS):
+        slot = ((w * 32 + lane) * words + word - first) * fields + bit // bits
+        slots[slot] = (w * TOKENS_PER_WARP + token) * columns + channel
+    return slots
+
+
+_SLOTS: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _slots_on(plane: str, device: torch.device) -> torch.Tensor:
+    key = (plane, torch.device(device))
+    if key not in _SLOTS:
+        _SLOTS[key] = _slots(plane).to(device)
+    return _SLOTS[key]
+
+
+def _spec_codes(plane: str, packed: torch.Tensor) -> torch.Tensor:
+    from reference.equations import packing  # deferred: the spec's packing, needed only by a cache's page flush
+
+    bits = _PLANES[plane][2]
+    return packing.unpack_fields(packed, bits, dim=-1 if plane == "value_payload" else -2)
+
+
+def _spec_bytes(plane: str, codes: torch.Tensor) -> torch.Tensor:
+    from reference.equations import packing  # deferred: as in _spec_codes
+
+    bits = _PLANES[plane][2]
+    return packing.pack_fields(codes, bits, dim=-1 if plane == "value_payload" else -2)
+
+
+def _check_region(planes: dict[str, torch.Tensor]) -> int:
+    """The tokens the components hold, checked: whole tiles, each component's shape and dtype the spec's."""
+    tokens = planes["value_payload"].shape[-2] if planes["value_payload"].dim() >= 2 else -1
+    for name, t in planes.items():
+        bits, columns = _PLANES[name][2], _PLANES[name][5]
+        want = (tokens, columns * bits // 8) if name == "value_payload" else (tokens * bits // 8, columns)
+        if t.dim() < 2 or tuple(t.shape[-2:]) != want or t.dtype != torch.uint8:
+            raise ValueError(f"{name} must be uint8 [..., {want[0]}, {want[1]}] (the spec's bytes), got {t.dtype} "
+                             f"{tuple(t.shape)}")  # fmt: skip
+    if tokens % TILE:
+        raise ValueError(f"value_payload must hold whole tiles of {TILE} tokens, got {tokens}")
+    return tokens
+
+
+def _each_plane(key_low: torch.Tensor, key_high: torch.Tensor, value_payload: torch.Tensor):
+    """The tokens of a checked region, and per plane (name, bytes, bits per code, columns, the shifts of a word's
+    fields)."""
+    planes = {"key_low": key_low, "key_high": key_high, "value_payload": value_payload}
+    tokens = _check_region(planes)
+    return tokens, [
+        (name, packed, _PLANES[name][2], _PLANES[name][5], torch.arange(0, 32, _PLANES[name][2], device=packed.device))
+        for name, packed in planes.items()
+    ]
+
+
+def to_fragment_order(key_low: torch.Tensor, key_high: torch.Tensor, value_payload: torch.Tensor):
+    """The spec's bytes of whole tiles (`reference.equations.packing` layouts, [..., rows, columns] per component) in
+    fragment order, same shapes and dtype: what a cache's page flush stores. Device work only (no read back)."""
+    tokens, planes = _each_plane(key_low, key_high, value_payload)
+    out = []
+    for name, packed, bits, columns, shifts in planes:
+        lead = packed.shape[:-2]
+        codes = _spec_codes(name, packed).reshape(*lead, tokens // TILE, TILE * columns)
+        fields = codes[..., _slots_on(name, packed.device)].view(*lead, -1, 32 // bits).to(torch.int64)
+        word = (fields << shifts).sum(-1)
+        word = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+        out.append(word.view(torch.uint8).reshape(packed.shape))
+    return tuple(out)
+
+
+def to_spec_order(key_low: torch.Tensor, key_high: torch.Tensor, value_payload: torch.Tensor):
+    """The inverse of `to_fragment_order`: a region stored in fragment order as the spec's bytes (new tensors)."""
+    tokens, planes = _each_plane(key_low, key_high, value_payload)
+    out = []
+    for name, packed, bits, columns, shifts in planes:
+        lead = packed.shape[:-2]
+        word = packed.contiguous().view(torch.int32).reshape(*lead, -1).to(torch.int64) & 0xFFFFFFFF
+        fields = ((word[..., None] >> shifts) & ((1 << bits) - 1)).reshape(*lead, tokens // TILE, TILE * columns)
+        codes = torch.empty_like(fields).index_copy_(-1, _slots_on(name, packed.device), fields)
+        out.append(_spec_bytes(name, codes.reshape(*lead, tokens, columns).to(torch.uint8)))
+    return tuple(out)

@@ -24,15 +24,20 @@ from pnmix.kernels import fragment, fragment_decode
 
 #: What `decide` keeps per device: (path, why); path is "ptx", "plain" or "off".
 _decisions: dict[str, tuple[str, str]] = {}
-#: The self-test's head: tiles (two key groups per split), splits, real query rows (GQA 4).
-SELF_TEST = {"heads": 2, "tiles": 8, "splits": 2, "rows": 4, "seed": 0}
+#: The self-test's heads: tiles (two key groups per split), splits, real query rows (GQA 4), exact tokens (a sink
+#: tile and a residual of a tile and a part).
+SELF_TEST = {"heads": 2, "tiles": 8, "splits": 2, "rows": 4, "seed": 0, "sinks": 32, "residual": 100}
 Launcher = Callable[[dict, float, int, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def synthetic(tiles: int, seed: int, rows: int = 4, heads: int = 1) -> tuple[dict, list]:
-    """`heads` KV heads' fragment-order tiles, scales and queries (rows real rows of 16), stacked as the kernel reads
-    them (q [heads, 16, 128], words [heads, tiles, 4, 32, 8], ks/kz [heads, groups, 128], khs [heads, groups, 64],
-    vs/vz [heads, tiles * 64]); and per head its planes (low, high, values, salient channels) for `reference`."""
+def synthetic(
+    tiles: int, seed: int, rows: int = 4, heads: int = 1, sinks: int = 0, residual: int = 0
+) -> tuple[dict, list]:
+    """`heads` KV heads' fragment-order tiles, scales, exact regions and queries, stacked: q [heads, rows, 128] (the
+    query rows of one KV head), idx [heads, 64] (salient channels, ascending), words [heads, tiles, 4, 32, 8]
+    (`fragment.pack`), ks/kz [heads, groups, 128], vs/vz [heads, tiles * 64], sk/sv [heads, sinks, 128] and rk/rv
+    [heads, residual, 128] (float16 keys and values of the exact regions); and per head its planes (low, high,
+    values, salient channels) for `reference`."""
     g = torch.Generator().manual_seed(seed)
     groups = -(-tiles * fragment.TILE // fragment_decode.GROUP)
     n = tiles * fragment.TILE
@@ -42,33 +47,42 @@ def synthetic(tiles: int, seed: int, rows: int = 4, heads: int = 1) -> tuple[dic
         low = torch.randint(0, 2, (slices, 128, 16), generator=g)
         high = torch.randint(0, 4, (slices, 64, 16), generator=g)
         values = torch.randint(0, 4, (slices, 16, 128), generator=g)
-        q = torch.zeros(16, 128, dtype=torch.float16)
-        q[:rows] = torch.randn(rows, 128, generator=g).to(torch.float16)
-        channel = torch.randperm(128, generator=g)[:64]
-        ks = (torch.rand(groups, 128, generator=g) * 0.5 + 0.05).to(torch.float16)
+        channel = torch.randperm(128, generator=g)[:64].sort().values
         parts.append(
             {
-                "q": q,
-                "qh": q[:, channel].contiguous(),
+                "q": torch.randn(rows, 128, generator=g).to(torch.float16),
+                "idx": channel.to(torch.int32),
                 "words": fragment.pack(low, high, values),
-                "ks": ks,
+                "ks": (torch.rand(groups, 128, generator=g) * 0.5 + 0.05).to(torch.float16),
                 "kz": (torch.randn(groups, 128, generator=g) * 0.3).to(torch.float16),
-                "khs": (2 * ks[:, channel].float()).to(torch.float16),
                 "vs": (torch.rand(n, generator=g) * 0.5 + 0.05).to(torch.float16),
                 "vz": (torch.randn(n, generator=g) * 0.3).to(torch.float16),
+                **{
+                    name: (torch.randn(count, 128, generator=g) * scale).to(torch.float16)
+                    for name, count, scale in (
+                        ("sk", sinks, 1.5),
+                        ("sv", sinks, 1),
+                        ("rk", residual, 1.5),
+                        ("rv", residual, 1),
+                    )
+                },
             }
         )
         planes.append((low, high, values, channel))
     return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}, planes
 
 
+#: The exact regions' tensors of `synthetic`, in the order `fragment_decode.twin` takes them (its `exact`).
+EXACT = ("sk", "sv", "rk", "rv")
+
+
 def head(args: dict, h: int) -> dict:
     """Head h of stacked arguments (`synthetic`), as `fragment_decode.twin` takes them."""
-    return {name: t[h] for name, t in args.items()}
+    return {name: t[h] for name, t in args.items() if name not in EXACT} | {"exact": tuple(args[n][h] for n in EXACT)}
 
 
 def reference(args: dict, planes, qk_scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """One head's attention over its dequantized tokens computed in `dtype`, [16, 128] (args: `head`'s; token order
+    """One head's attention over its dequantized tokens computed in `dtype`, [rows, 128] (args: `head`'s; token order
     as stored, warp slices of 16 per tile): keys s lo + 2 s hi (salient channels) + z, values s v + z per the
     groups; q . k times qk_scale is the log2-domain logit, as in the kernel."""
     low, high, values, channel = planes
@@ -79,37 +93,54 @@ def reference(args: dict, planes, qk_scale: float, dtype: torch.dtype) -> torch.
     ]  # fmt: skip
     k = torch.cat(keys)
     groups = torch.arange(k.shape[0]) // fragment_decode.GROUP
-    k[:, channel] += args["khs"][groups].to(dtype) * torch.cat([high[s].T for s in range(high.shape[0])]).to(dtype)
-    p = torch.softmax(args["q"].to(dtype) @ k.T * qk_scale * math.log(2), dim=-1)
+    khs = 2 * args["ks"][:, channel].to(dtype)
+    k[:, channel] += khs[groups] * torch.cat([high[s].T for s in range(high.shape[0])]).to(dtype)
     v = args["vs"].to(dtype)[:, None] * torch.cat(list(values.to(dtype))) + args["vz"].to(dtype)[:, None]
+    sk, sv, rk, rv = args["exact"]
+    k = torch.cat([sk.to(dtype), k, rk.to(dtype)])
+    v = torch.cat([sv.to(dtype), v, rv.to(dtype)])
+    p = torch.softmax(args["q"].to(dtype) @ k.T * qk_scale * math.log(2), dim=-1)
     return p @ v
 
 
+def planes_of(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stacked fragment-order words [heads, tiles, 4, 32, 8] as a cache holds them: the key low plane, the key high
+    plane and the values, each int32 [heads, tiles * 4 * 32 * its words per lane]."""
+    heads = words.shape[0]
+    return tuple(words[..., a:b].contiguous().view(heads, -1) for a, b in ((0, 2), (2, 4), (4, 8)))
+
+
 def launch(args: dict, qk_scale: float, n_splits: int, use_ptx: bool = True):
-    """The loop launched on a CUDA device over stacked heads (`synthetic`'s layout): per head and split the
-    log2-domain max m, the sum l and the unnormalized output acc, [heads, splits, 16(, 128)]. While launches are
-    recorded (`pnmix._runtime.recording`, the gate) it is recorded, not run, and its outputs are left empty."""
+    """The loop launched on a CUDA device over stacked heads (`synthetic`'s layout), its planes and scales held as a
+    cache holds them: per head and split the log2-domain max m, the sum l and the unnormalized output acc, [heads,
+    splits (`fragment_decode.split_plan`), rows(, 128)]. While launches are recorded (`pnmix._runtime.recording`,
+    the gate) it is recorded, not run, and its outputs are left empty."""
     heads, tiles = args["words"].shape[:2]
-    groups = args["ks"].shape[1]
+    rows = args["q"].shape[1]
     dev = args["q"].device
-    m = torch.empty(heads * n_splits, 16, device=dev)
-    l = torch.empty(heads * n_splits, 16, device=dev)  # noqa: E741 (the paper's l)
-    acc = torch.empty(heads * n_splits, 16, 128, device=dev)
-    _runtime.launch(
-        fragment_decode.fragment_split_kernel,
-        (heads, n_splits),
-        *(args[name].contiguous() for name in ("q", "qh", "words", "ks", "kz", "khs", "vs", "vz")),
-        m, l, acc, tiles, groups, n_splits, qk_scale,
-        num_warps=fragment.WARPS, W=fragment.WARPS, STAGES=fragment_decode.STAGES, PTX=use_ptx,
+    lo, hi, vp = planes_of(args["words"])
+    sinks, residual = args["sk"].shape[1], args["rk"].shape[1]
+    counts = torch.tensor([sinks, tiles * fragment.TILE, residual, 0], dtype=torch.int32, device=dev)
+    # the package's plan on the device (the gate records it for its target GPU)
+    gpu = _runtime.target()
+    quantized, exact_split, total = fragment_decode.split_plan(n_splits, heads, 2 * gpu.sms if gpu else 0)
+    m = torch.empty(heads * total * rows, device=dev)
+    l = torch.empty(heads * total * rows, device=dev)  # noqa: E741 (the paper's l)
+    acc = torch.empty(heads * total * rows, 128, device=dev)
+    scales = tuple(args[name].contiguous() for name in ("ks", "kz", "vs", "vz"))
+    exact = tuple(args[name].contiguous() for name in EXACT)
+    fragment_decode.launch_split(
+        args["q"].contiguous(), args["idx"].contiguous(), (lo, hi, vp), scales, exact, counts, (m, l, acc),
+        heads, rows, quantized, exact_split, total, 0, qk_scale, use_ptx,
     )  # fmt: skip
-    return m.view(heads, n_splits, 16), l.view(heads, n_splits, 16), acc.view(heads, n_splits, 16, 128)
+    return m.view(heads, total, rows), l.view(heads, total, rows), acc.view(heads, total, rows, 128)
 
 
 def judge(launcher: Launcher, device: torch.device, use_ptx: bool) -> tuple[bool, str]:
     """The self-test of one path: (passed, what was found), the launcher's merged output of `SELF_TEST`'s heads on
     `device` against float64 attention, within twice float32 attention's error."""
     case = SELF_TEST
-    args, planes = synthetic(case["tiles"], case["seed"], case["rows"], case["heads"])
+    args, planes = synthetic(case["tiles"], case["seed"], case["rows"], case["heads"], case["sinks"], case["residual"])
     qk_scale = 1 / math.sqrt(128) / math.log(2)
     try:
         m, total, acc = launcher({k: v.to(device) for k, v in args.items()}, qk_scale, case["splits"], use_ptx)
@@ -118,8 +149,8 @@ def judge(launcher: Launcher, device: torch.device, use_ptx: bool) -> tuple[bool
     worst = 0.0
     for h in range(case["heads"]):
         out = fragment_decode.merge(m[h].cpu(), total[h].cpu(), acc[h].cpu())[: case["rows"]].double()
-        exact = reference(head(args, h), planes[h], qk_scale, torch.float64)[: case["rows"]]
-        single = reference(head(args, h), planes[h], qk_scale, torch.float32)[: case["rows"]].double()
+        exact = reference(head(args, h), planes[h], qk_scale, torch.float64)
+        single = reference(head(args, h), planes[h], qk_scale, torch.float32).double()
         err, bound = float((out - exact).abs().max()), 2 * float((single - exact).abs().max())
         if not err <= bound:  # NaN fails too
             return False, f"head {h}: error {err:.3g} against float64 attention, above {bound:.3g}"

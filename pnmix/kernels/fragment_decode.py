@@ -1,26 +1,28 @@
-"""The fragment-order decode loop (design stage; pnmix/kernels/NOTES.md, "Codes in fragment order"): the quantized
-region's loop of the default configuration in Gluon, and its CPU twin.
+"""The fragment-order decode loop (pnmix/kernels/NOTES.md, "Codes in fragment order"): the decode attention of the
+default configuration in Gluon, reading a `PNMixCache` whose pages are stored in fragment order, and its CPU twin.
 
-What it is for now: the kernel the gate compiles and predicts (`python -m pnmix.aot`, section "Fragment-order
-loop"), to judge the design by its prediction before the cache stores its pages in this order. It is not launched by
-the package: the cache still writes the spec's order, which the Triton kernel (`pnmix.kernels.attention`) reads.
-What it does not yet do, and the package's kernel does: the exact regions (sinks, residual), the headroom exponents
-that keep q s inside float16's range for any scale (its operands are otherwise the package's, at float32 grade:
-exact low-plane products, hi + lo pairs for q s and p s), bfloat16, other head sizes and methods.
+What it covers: float16, d = 128, the 1-bit low plane, the 2-bit high plane of 64 salient channels, key groups of
+128 tokens, 2-bit values per token (`fragment_attention.why_not` says what else), one new token of up to 16 query rows
+per KV head. The package launches it (`pnmix.kernels.fragment_attention`) where `fragment_check.decide` found it right
+on the device; the Triton kernel (`pnmix.kernels.attention`) is the fallback and reads everything else.
 
 The structure (the anchors': BitDecoding, Marlin). A program is one (sequence, KV head) and split; its four warps each
 own 16 tokens of a 64-token tile and keep their own softmax state, merged once per split, so no tile reduces across
-warps. Each lane reads its 8 words of the tile (`pnmix.kernels.fragment`) from a ring of `STAGES` tiles that
-cp.async fills `STAGES - 1` tiles ahead, and unpacks them with shifts and masks straight into its MMA operand
-registers: every layout conversion on the way is checked trivial at compile time (`assert_trivial`), so no code
-passes through shared memory after its copy (the 2-bit codes two at a time by inline PTX, `ptx.fragment_pair`, or
-plainly with PTX off). The logits' accumulator layout is the probabilities' operand layout
-(also checked), the queries are loaded once into their operand layout, and a key group's operands (its scales,
-q . z, q s) once for its two tiles: one trip of the loop is a key group.
+warps. Each lane reads its words of the tile's three planes (`pnmix.kernels.fragment`: 2 of the key low plane, 2 of
+the high plane, 4 of the values, each plane in its own cache component) from a ring of `STAGES` tiles that cp.async
+fills `STAGES - 1` tiles ahead, and unpacks them with shifts and masks straight into its MMA operand registers: every
+layout conversion on the way is checked trivial at compile time (`assert_trivial`), so no code passes through shared
+memory after its copy (the 2-bit codes two at a time by inline PTX, `ptx.fragment_pair`, or plainly with PTX off).
+The logits' accumulator layout is the probabilities' operand layout (also checked), the queries are loaded once into
+their operand layout, and a key group's operands (its scales, q . z by the tensor cores, q s) once for its two tiles:
+one trip of the loop is a key group. The high plane's scales are a gather (the salient channels' of the key group's
+row), which cp.async copies as the 4-byte pairs holding them; q s is brought under float16's range by a power of two
+per group (`_headroom`). The exact regions (sinks, residual: float16 keys and values) are read by one program, before
+its quantized tiles (`split_plan`), into the same softmax states.
 
 `twin` computes what the kernel computes, in torch on a CPU, from the same words and scales: the unpack by
 `fragment.unpack` (the kernel's own joins and permutations), the operands rounded where the kernel rounds them, the
-per-warp online softmax and the warps' merge.
+exact tiles, the per-warp online softmax and the warps' merge.
 """
 
 from __future__ import annotations
@@ -41,8 +43,21 @@ GROUP = 128  # key group (tokens per scale row); two tiles
 TOKENS_PER_ITERATION = GROUP
 
 
-# Gluon kernels are only decorated here (as under the Triton interpreter); they are compiled ahead of time by
-# `compile_for`, never launched by the package yet.
+def split_plan(splits: int, items: int, slots: int) -> tuple[int, int, int]:
+    """(quantized splits, exact split, programs) per (sequence, KV head) for `splits` programs of the package's split
+    rule over `items` (sequence, KV head) pairs on a GPU that holds `slots` programs at once (2 per SM): the exact
+    regions (sinks, residual) get a program of their own where one more per item still fits in those slots, so that
+    their dense tiles run beside the quantized splits; else, from 4 splits on, the last of the `splits`; below that
+    the last split reads them before its quantized tiles (large batches, whose programs fill the GPU already).
+    `pnmix.perfmodel.split_plan` is the same rule (a test holds the two equal)."""
+    if splits >= 2 and items * (splits + 1) <= slots:
+        return splits, splits, splits + 1
+    if splits >= 4:
+        return splits - 1, splits - 1, splits
+    return splits, splits - 1, splits
+
+
+# Gluon kernels are decorated here (under the Triton interpreter too, where they cannot run: the twin stands in).
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2  # noqa: E402
@@ -140,67 +155,111 @@ def _r3(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
 
 @gluon.jit
 def _issue(stage, tile, src, bufs, offs, W: gl.constexpr, BLOCK: gl.constexpr):
-    """Copy tile `tile` of one head (its words and scales; src: the head's tensors) into ring stage `stage`."""
+    """Copy tile `tile` of one head (its three planes' words and its scales; src: the head's tensors) into ring
+    stage `stage`."""
     group = tile * BLOCK // 128
-    async_copy.async_copy_global_to_shared(bufs[0].index(stage), src[0] + tile * (W * 32 * 8) + offs[0])
-    async_copy.async_copy_global_to_shared(bufs[1].index(stage), src[1] + group * 128 + offs[1])
-    async_copy.async_copy_global_to_shared(bufs[2].index(stage), src[2] + group * 128 + offs[1])
-    async_copy.async_copy_global_to_shared(bufs[3].index(stage), src[3] + group * 64 + offs[2])
-    async_copy.async_copy_global_to_shared(bufs[4].index(stage), src[4] + tile * BLOCK + offs[3])
+    async_copy.async_copy_global_to_shared(bufs[0].index(stage), src[0] + tile * (W * 32 * 2) + offs[0])
+    async_copy.async_copy_global_to_shared(bufs[1].index(stage), src[1] + tile * (W * 32 * 2) + offs[0])
+    async_copy.async_copy_global_to_shared(bufs[2].index(stage), src[2] + tile * (W * 32 * 4) + offs[1])
+    async_copy.async_copy_global_to_shared(bufs[3].index(stage), src[3] + group * 128 + offs[2])
+    async_copy.async_copy_global_to_shared(bufs[4].index(stage), src[4] + group * 128 + offs[2])
     async_copy.async_copy_global_to_shared(bufs[5].index(stage), src[5] + tile * BLOCK + offs[3])
+    async_copy.async_copy_global_to_shared(bufs[6].index(stage), src[6] + tile * BLOCK + offs[3])
+    async_copy.async_copy_global_to_shared(bufs[7].index(stage), src[7] + group * 64 + offs[4])
     async_copy.commit_group()
+
+
+@gluon.jit
+def _words_offsets(n: gl.constexpr, W: gl.constexpr, layout: gl.constexpr):
+    """Offsets of a tile's words of one plane, [W, 32, n] (n words per lane), in `layout`."""
+    return (
+        gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None] * (32 * n)
+        + gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))[None, :, None] * n
+        + gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+    )
 
 
 @gluon.jit
 def fragment_split_kernel(
     q_ptr,
-    qh_ptr,
-    words,
+    idx_ptr,
+    lo_ptr,
+    hi_ptr,
+    vp_ptr,
     ks,
+    ks_pairs,
     kz,
-    khs,
     vs,
     vz,
+    sk_ptr,
+    sv_ptr,
+    rk_ptr,
+    rv_ptr,
+    counts_ptr,
     m_ptr,
     l_ptr,
     acc_ptr,
-    tiles,
-    groups,
+    lo_stride,
+    hi_stride,
+    vp_stride,
+    k_stride,
+    v_stride,
+    s_stride,
+    rk_stride,
+    rv_stride,
+    n_rep,
     n_splits,
+    exact_split,
+    total_splits,
+    first_split,
     qk_scale,
     W: gl.constexpr,
     STAGES: gl.constexpr,
     PTX: gl.constexpr,
 ):
-    """Partial attention of one (sequence, KV head) over one split of its quantized tiles (module docstring).
-    q: [16, 128] rows; qh: the salient channels' queries [16, 64]; words: [tiles, W, 32, 8] per head; ks, kz:
-    each group's key scales and zeros [groups, 128]; khs: the high plane's scales (2 s of the salient channels)
-    [groups, 64]; vs, vz: the values' per-token scales and zeros."""
+    """Partial attention of one (sequence, KV head) bh over one split of its quantized tiles (module docstring), read
+    from a cache's buffers as held (`PNMixCache` in fragment order). q: [B * H_kv * n_rep, 128], the n_rep query rows
+    of each KV head (one new token); idx: int32 [B * H_kv, 64], each head's salient channels ascending; lo, hi, vp:
+    the key low plane, key high plane and value codes as int32 words (`fragment.to_fragment_order`), a head every
+    lo_stride, hi_stride, vp_stride words; ks, kz: each key group's scales and zeros [groups, 128], a head every
+    k_stride; vs, vz: each token's value scale and zero, a head every v_stride; sk, sv, rk, rv: the exact regions'
+    keys and values [tokens, 128] (sinks a head every s_stride, residual keys every rk_stride, values every
+    rv_stride), which split `exact_split` reads before its quantized tiles (n_splits - 1: the last one; n_splits: a
+    program of its own, with no quantized tile: `split_plan`); counts: the sinks [0], quantized tokens [1] and
+    residual [2] (read on the device, so that a captured launch replays with the counts of the moment). The partials
+    go to rows ((bh * total_splits + first_split + split) * n_rep + r) of m, l and acc, as `attention.merge` reads
+    them."""
     BLOCK: gl.constexpr = W * 16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    WL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [W, 1, 1], [2, 1, 0])
-    S3: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])
+    W2: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 32, 1], [W, 1, 1], [2, 1, 0])
+    W4: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [W, 1, 1], [2, 1, 0])
+    S2W: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 1, [2, 1, 0])
+    S4W: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])
     S2: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 1, [1, 0])
     L2: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, W], [1, 0])
     LV: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, W], [1, 0])
     bh = gl.program_id(0)
     split = gl.program_id(1)
     rows = _r3(16, 1, A)
-    q = gl.load(q_ptr + bh * 16 * 128 + rows * 128 + _r3(128, 2, A) + _r3(W, 0, A) * 0)
-    qh = gl.load(qh_ptr + bh * 16 * 64 + rows * 64 + _r3(64, 2, A) + _r3(W, 0, A) * 0)
-    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, W, 32, 8], S3)
+    # full-shape masks: rows past n_rep are zero queries, never stored
+    q_ok = (rows + _r3(128, 2, A) * 0 + _r3(W, 0, A) * 0) < n_rep
+    q = gl.load(q_ptr + (bh * n_rep + rows) * 128 + _r3(128, 2, A) + _r3(W, 0, A) * 0, mask=q_ok, other=0.0)
+    idx = gl.load(idx_ptr + bh * 64 + _r3(64, 2, A))
+    h_ok = (rows + idx * 0 + _r3(W, 0, A) * 0) < n_rep
+    qh = gl.load(q_ptr + (bh * n_rep + rows) * 128 + idx + _r3(W, 0, A) * 0, mask=h_ok, other=0.0)
+    q_top = gl.max(gl.max(gl.max(gl.abs(qh.to(gl.float32)), axis=2), axis=1), axis=0)
+    # read once per key group: kept in shared memory, not in 16 registers of every thread through the loop
+    SQ: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    qbuf = gl.allocate_shared_memory(gl.float16, [W, 16, 64], SQ, qh)
+    lbuf = gl.allocate_shared_memory(gl.int32, [STAGES, W, 32, 2], S2W)
+    hbuf = gl.allocate_shared_memory(gl.int32, [STAGES, W, 32, 2], S2W)
+    vbuf = gl.allocate_shared_memory(gl.int32, [STAGES, W, 32, 4], S4W)
     sbuf = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 128], S2)
     zbuf = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 128], S2)
-    hbuf = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 64], S2)
     svbuf = gl.allocate_shared_memory(gl.float16, [STAGES, W, 16], S2)
     zvbuf = gl.allocate_shared_memory(gl.float16, [STAGES, W, 16], S2)
-    w_off = (
-        gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, WL)))[:, None, None] * 256
-        + gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, WL)))[None, :, None] * 8
-        + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, WL)))[None, None, :]
-    )
     s_off = (
         gl.arange(0, 1, layout=gl.SliceLayout(1, L2))[:, None]
         + gl.arange(0, 128, layout=gl.SliceLayout(0, L2))[None, :]
@@ -217,20 +276,40 @@ def fragment_split_kernel(
     z_i = gl.zeros([W, 16], gl.float32, layout=gl.SliceLayout(2, A))
     acc = gl.zeros([W, 16, 128], gl.float32, layout=mma)
     # the split's whole key groups (two tiles each; the package's split rule, in groups)
+    groups = gl.load(counts_ptr + 1) // 128
     size = gl.cdiv(groups, n_splits)
     glo = split * size
     ghi = gl.minimum(glo + size, groups)
     lo, hi = 2 * glo, 2 * ghi
+    k_head = ks + bh * k_stride
     src = (
-        words + bh * tiles * (W * 32 * 8),
-        ks + bh * groups * 128,
-        kz + bh * groups * 128,
-        khs + bh * groups * 64,
-        vs + bh * tiles * BLOCK,
-        vz + bh * tiles * BLOCK,
+        lo_ptr + bh * lo_stride,
+        hi_ptr + bh * hi_stride,
+        vp_ptr + bh * vp_stride,
+        k_head,
+        kz + bh * k_stride,
+        vs + bh * v_stride,
+        vz + bh * v_stride,
+        ks_pairs + bh * (k_stride // 2),
     )
-    bufs = (wbuf, sbuf, zbuf, hbuf, svbuf, zvbuf)
-    offs = (w_off, s_off, h_off, v_off)
+    # the high plane's scales (s at the salient channels) are a gather of 2-byte numbers, which cp.async cannot
+    # copy: it copies the 4-byte pair holding each (ks as int32), and the loop takes the half the channel's parity says
+    idx_c = gl.load(idx_ptr + bh * 64 + h_off)
+    parity = gl.allocate_shared_memory(gl.int32, [1, 64], S2, (idx_c & 1) * 16)
+    khbuf = gl.allocate_shared_memory(gl.int32, [STAGES, 1, 64], S2)
+    bufs = (lbuf, hbuf, vbuf, sbuf, zbuf, svbuf, zvbuf, khbuf)
+    offs = (_words_offsets(2, W, W2), _words_offsets(4, W, W4), s_off, v_off, idx_c >> 1)
+    if split == exact_split:  # the exact regions, before any copy of the quantized tiles: the sinks, the residual
+        n_sink = gl.load(counts_ptr)
+        for start in range(0, n_sink, BLOCK):
+            m_i, l_i, acc, z_i = _exact_tile(
+                q, sk_ptr + bh * s_stride, sv_ptr + bh * s_stride, start, n_sink, qk_scale, m_i, l_i, acc, z_i, W
+            )
+        n_res = gl.load(counts_ptr + 2)
+        for start in range(0, n_res, BLOCK):
+            m_i, l_i, acc, z_i = _exact_tile(
+                q, rk_ptr + bh * rk_stride, rv_ptr + bh * rv_stride, start, n_res, qk_scale, m_i, l_i, acc, z_i, W
+            )
     for i in gl.static_range(STAGES - 1):
         # past the split's end: its last tile again, in bounds (never used)
         _issue(i, gl.maximum(gl.minimum(lo + i, hi - 1), 0), src, bufs, offs, W, BLOCK)
@@ -243,20 +322,30 @@ def fragment_split_kernel(
             _issue((it + STAGES - 1) % STAGES, gl.minimum(2 * g + j + STAGES - 1, hi - 1), src, bufs, offs, W, BLOCK)
             if j == 0:
                 # the group's operands, once for its two tiles: the low plane's scales as the MMA's B operand (exact
-                # products with q as given), the zeros' term q . z in float32, the high plane's q s as hi + lo
+                # products with q as given), the zeros' term q . z in float32, the high plane's q s as hi + lo after
+                # a power of two that keeps it inside float16's range whatever the scales (`headroom`)
+                pair = khbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :]
+                half = (pair >> parity.load(gl.SliceLayout(1, A))[:, None, :]) & 0xFFFF
+                khs = half.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32) * 2.0
+                e = _headroom(q_top * gl.max(gl.max(gl.max(gl.abs(khs), axis=2), axis=1), axis=0))
+                down = gl.exp2(-e)
+                up = gl.exp2(e) * qk_scale
                 s = sbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None]
-                z = zbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
-                qz = gl.convert_layout(gl.sum(q.to(gl.float32) * z, axis=2), gl.SliceLayout(2, mma))[:, :, None]
-                qs = qh.to(gl.float32) * hbuf.index(stage).load(gl.SliceLayout(1, A))[:, None, :].to(gl.float32)
+                # q . z by the tensor cores too (exact products, float32 sums): z broadcast over the MMA's n, so
+                # every column of the accumulator holds a row's q . z, the C operand of each tile's low-plane MMA
+                z = zbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None] + gl.zeros([W, 128, 16], gl.float16, B)
+                qz = mma_v2(q, z, gl.zeros([W, 16, 16], gl.float32, layout=mma))
+                qs = qbuf.load(A).to(gl.float32) * (khs * down)
                 qs_hi = qs.to(gl.float16)
                 qs_lo = (qs - qs_hi.to(gl.float32)).to(gl.float16)
-            x = wbuf.index(stage).load(WL)  # this lane's 8 words
-            kw, vw = gl.split(gl.permute(gl.reshape(x, [W, 32, 2, 4]), [0, 1, 3, 2]))
-            lw, hw = gl.split(gl.permute(gl.reshape(kw, [W, 32, 2, 2]), [0, 1, 3, 2]))
+            lw = lbuf.index(stage).load(W2)
+            hw = hbuf.index(stage).load(W2)
+            vw = vbuf.index(stage).load(W4)
             bits = gl.convert_layout(_low(lw, W), B, assert_trivial=True)
-            logits = mma_v2(q, gl.where(bits != 0, s, 0.0), gl.zeros([W, 16, 16], gl.float32, layout=mma)) + qz
+            logits = mma_v2(q, gl.where(bits != 0, s, 0.0), qz)
             high = gl.convert_layout(_high(hw, W, PTX), B, assert_trivial=True)
-            logits = mma_v2(qs_lo, high, mma_v2(qs_hi, high, logits)) * qk_scale
+            # the high plane's products accumulate onto the low plane's logits brought down by the same 2^-e
+            logits = mma_v2(qs_lo, high, mma_v2(qs_hi, high, logits * down)) * up
             m_new = gl.maximum(m_i, gl.max(logits, axis=2))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(logits - m_new[:, :, None])
@@ -279,13 +368,77 @@ def fragment_split_kernel(
     a = gl.where(m_i > float("-inf"), gl.exp2(m_i - m[None, :]), 0.0)  # a warp without tokens weighs nothing
     total = gl.sum(l_i * a, axis=0)
     o = gl.sum(acc * a[:, :, None], axis=0)
-    out = bh * n_splits + split
+    out = (bh * total_splits + first_split + split) * n_rep
     r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mma)))
-    gl.store(m_ptr + out * 16 + gl.convert_layout(r, m.type.layout), m)
-    gl.store(l_ptr + out * 16 + gl.convert_layout(r, total.type.layout), total)
+    gl.store(m_ptr + out + gl.convert_layout(r, m.type.layout), m, mask=gl.convert_layout(r, m.type.layout) < n_rep)
+    rt = gl.convert_layout(r, total.type.layout)
+    gl.store(l_ptr + out + rt, total, mask=rt < n_rep)
     orow = gl.arange(0, 16, layout=gl.SliceLayout(1, o.type.layout))[:, None]
     ocol = gl.arange(0, 128, layout=gl.SliceLayout(0, o.type.layout))[None, :]
-    gl.store(acc_ptr + (out * 16 + orow) * 128 + ocol, o)
+    gl.store(acc_ptr + (out + orow) * 128 + ocol, o, mask=(orow + ocol * 0) < n_rep)
+
+
+@gluon.jit
+def _exact_tile(q, k_ptr, v_ptr, start, n, qk_scale, m_i, l_i, acc, z_i, W: gl.constexpr):
+    """One tile of an exact region (float16 keys and values [tokens, 128], tokens start .. start + 16 W - 1 of n, 16
+    per warp) folded into the warps' softmax states: keys and values loaded straight into the MMA's B operands, q . k
+    as exact products, p . v with p as hi + lo (float32 grade, as the quantized tiles); tokens past n weigh nothing."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
+    A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    k_tok = start + _r3(W, 0, B) * 16 + _r3(16, 2, B)  # [W, 1, 16]: keys are [channel, token]
+    k_ok = (k_tok + _r3(128, 1, B) * 0) < n
+    keys = gl.load(k_ptr + k_tok * 128 + _r3(128, 1, B), mask=k_ok, other=0.0)
+    v_tok = start + _r3(W, 0, B) * 16 + _r3(16, 1, B)  # [W, 16, 1]: values are [token, channel]
+    v_ok = (v_tok + _r3(128, 2, B) * 0) < n
+    vals = gl.load(v_ptr + v_tok * 128 + _r3(128, 2, B), mask=v_ok, other=0.0)  # in flight during q . k
+    logits = mma_v2(q, keys, gl.zeros([W, 16, 16], gl.float32, layout=mma)) * qk_scale
+    seen = (start + _r3(W, 0, mma) * 16 + _r3(16, 2, mma) + _r3(16, 1, mma) * 0) < n
+    logits = gl.where(seen, logits, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(logits, axis=2))
+    m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)  # a warp with no token yet: nothing to rescale
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(logits - m_safe[:, :, None])
+    l_i = l_i * alpha + gl.sum(p, axis=2)
+    pa = gl.convert_layout(p, A, assert_trivial=True)
+    p_hi = pa.to(gl.float16)
+    acc = mma_v2(p_hi, vals, acc * alpha[:, :, None])
+    acc = mma_v2((pa - p_hi.to(gl.float32)).to(gl.float16), vals, acc)
+    z_i = z_i * gl.convert_layout(alpha, z_i.type.layout)
+    return m_new, l_i, acc, z_i
+
+
+@gluon.jit
+def _headroom(top):
+    """The exponent e >= 0 of the power of two that brings q s (at most `top` in magnitude) to at most 2^15, inside
+    float16's range: the high plane's products are scaled by 2^-e and their sum by 2^e, both exact."""
+    return gl.maximum(gl.ceil(gl.log2(top)) - 15.0, 0.0)
+
+
+def launch_split(
+    q, index, planes, scales, exact, counts, out, heads, n_rep, n_splits, exact_split, total, first, qk_scale, use_ptx
+):
+    """Launch the loop over `heads` (sequence, KV head) pairs, as a cache holds them (`fragment_split_kernel`'s
+    docstring): q [heads * n_rep, 128]; index int32 [heads, 64]; planes (key low, key high, values) as int32 words
+    and scales (key scales, key zeros, value scales, value zeros) and the exact regions (sink keys, sink values,
+    residual keys, residual values), each [heads, ...] (a head every stride(0)); counts int32 on the device; out the
+    partials (m, l, acc) of `total` splits per head, the loop's from split `first`: its `n_splits` over the quantized
+    tiles, split `exact_split` (n_splits - 1, or n_splits: one more program; `split_plan`) reading the exact regions.
+    While
+    launches are recorded (the gate) it is recorded, not run."""
+    lo, hi, vp = planes
+    ks, kz, vs, vz = scales
+    # an empty region is still passed as a tensor the kernel may take the address of (it reads none of it)
+    sk, sv, rk, rv = (t if t.shape[-2] else t.new_zeros(*t.shape[:-2], 1, t.shape[-1]) for t in exact)
+    m, l_sum, acc = out
+    return _runtime.launch(
+        fragment_split_kernel,
+        (heads, max(n_splits, exact_split + 1)),
+        q, index, lo, hi, vp, ks, ks.view(torch.int32), kz, vs, vz, sk, sv, rk, rv, counts, m, l_sum, acc,
+        lo.stride(0), hi.stride(0), vp.stride(0), ks.stride(0), vs.stride(0), sk.stride(0), rk.stride(0), rv.stride(0),
+        n_rep, n_splits, exact_split, total, first, qk_scale,
+        num_warps=fragment.WARPS, W=fragment.WARPS, STAGES=STAGES, PTX=use_ptx,
+    )  # fmt: skip
 
 
 def compile_for(arch: int, use_ptx: bool = True):
@@ -301,7 +454,7 @@ def compile_for(arch: int, use_ptx: bool = True):
             "TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
         )
     # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
-    args, _ = fragment_check.synthetic(tiles=32, seed=0)
+    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100)
     gpu = next(g for g in aot.GPUS if g.arch == arch)
     with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
         fragment_check.launch(args, 1.0, 3, use_ptx)
@@ -325,42 +478,57 @@ def resources(compiled) -> dict:
 
 def twin(
     q: torch.Tensor,
-    qh: torch.Tensor,
+    idx: torch.Tensor,
     words: torch.Tensor,
     ks: torch.Tensor,
     kz: torch.Tensor,
-    khs: torch.Tensor,
     vs: torch.Tensor,
     vz: torch.Tensor,
     qk_scale: float,
     n_splits: int = 1,
+    exact: tuple[torch.Tensor, ...] = (),
+    exact_split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the kernel computes for one (sequence, KV head), on a CPU: per split, the log2-domain running max m
-    [16], the sum l [16] and the unnormalized output acc [16, 128] (o = acc / l). Shapes as the kernel's arguments for
-    one head (q [16, 128], qh [16, 64], words [tiles, 4, 32, 8], ks/kz [groups, 128], khs [groups, 64], vs/vz [tiles
-    * 64]); float16 operands rounded where the kernel rounds them, float32 accumulation."""
+    [16], the sum l [16] and the unnormalized output acc [16, 128] (o = acc / l; rows past q's are zero queries).
+    Shapes as the kernel reads one head (q [rows <= 16, 128], idx [64] the salient channels, words [tiles, 4, 32, 8]
+    (`fragment.pack`), ks/kz [groups, 128], vs/vz [tiles * 64]; exact: the exact regions' (keys, values) pairs,
+    [tokens, 128] each, which split exact_split reads first, the last one (n_splits - 1) by default: a split past
+    n_splits has no quantized tile, `split_plan`);
+    float16 operands rounded where the kernel rounds them, float32 accumulation."""
     f32, f16 = torch.float32, torch.float16
     low, high, values = fragment.unpack(words)
+    q = torch.cat([q, q.new_zeros(QUERY_ROWS - q.shape[0], q.shape[1])])
+    qh = q[:, idx.long()].to(f32)
+    q_top = qh.abs().max()
     tiles, w = words.shape[0], fragment.WARPS
     groups = ks.shape[0]
     size = -(-groups // n_splits)  # whole key groups per split, as the kernel
+    exact_split = n_splits - 1 if exact_split is None else exact_split
     ms, ls, accs = [], [], []
-    for split in range(n_splits):
+    for split in range(max(n_splits, exact_split + 1)):
         lo, hi = 2 * split * size, min(2 * (split * size + size), tiles)
         m_i = torch.full((w, 16), -math.inf)
         l_i = torch.zeros(w, 16)
         z_i = torch.zeros(w, 16)
         acc = torch.zeros(w, 16, 128)
+        for keys, vals in zip(exact[0::2], exact[1::2], strict=True) if split == exact_split else ():
+            for start in range(0, keys.shape[0], BLOCK_N):
+                state = _exact_tile_twin(q, keys, vals, start, qk_scale, m_i, l_i, acc, z_i)
+                m_i, l_i, acc, z_i = state
         for tile in range(lo, hi):
             g = tile * BLOCK_N // GROUP
             sl = slice(tile * w, tile * w + w)
             s, z = ks[g].to(f32), kz[g].to(f32)
+            khs = 2 * ks[g, idx.long()].to(f32)
+            e = max(math.ceil(math.log2(q_top * khs.abs().max())) - 15, 0) if float(q_top * khs.abs().max()) else 0
             kop = torch.where(low[sl] != 0, s[:, None], torch.zeros(()))  # [w, 128, 16]: exact products with q
             logits = q.to(f32) @ kop + (q.to(f32) * z).sum(-1)[:, None]
-            qs = qh.to(f32) * khs[g].to(f32)
+            qs = qh * (khs * 2.0**-e)
             qs_hi = qs.to(f16).to(f32)
             codes = high[sl].to(f32)
-            logits = (logits + qs_hi @ codes + (qs - qs_hi).to(f16).to(f32) @ codes) * qk_scale
+            hp = qs_hi @ codes + (qs - qs_hi).to(f16).to(f32) @ codes
+            logits = logits * qk_scale + hp * (2.0**e * qk_scale)
             m_new = torch.maximum(m_i, logits.amax(-1))
             alpha = torch.exp2(m_i - m_new)
             p = torch.exp2(logits - m_new[..., None])
@@ -380,6 +548,24 @@ def twin(
         ls.append((l_i * a).sum(0))
         accs.append((acc * a[..., None]).sum(0))
     return torch.stack(ms), torch.stack(ls), torch.stack(accs)
+
+
+def _exact_tile_twin(q, keys, vals, start, qk_scale, m_i, l_i, acc, z_i):
+    """The kernel's `_exact_tile` in torch: tokens start .. start + BLOCK_N - 1 of the exact region keys, vals."""
+    f32, f16, w = torch.float32, torch.float16, fragment.WARPS
+    n = keys.shape[0]
+    tok = torch.arange(start, start + BLOCK_N).view(w, 16)
+    ok = tok < n
+    k = torch.where(ok[..., None], keys[tok.clamp(max=max(n - 1, 0))].to(f32), torch.zeros(()))  # [w, 16, 128]
+    v = torch.where(ok[..., None], vals[tok.clamp(max=max(n - 1, 0))].to(f32), torch.zeros(()))
+    logits = torch.where(ok[:, None, :], (q.to(f32) @ k.transpose(1, 2)) * qk_scale, -math.inf)  # [w, 16, 16]
+    m_new = torch.maximum(m_i, logits.amax(-1))
+    m_safe = torch.where(m_new > -math.inf, m_new, torch.zeros(()))
+    alpha = torch.exp2(m_i - m_safe)
+    p = torch.exp2(logits - m_safe[..., None])
+    p_hi = p.to(f16).to(f32)
+    acc = acc * alpha[..., None] + p_hi @ v + (p - p_hi).to(f16).to(f32) @ v
+    return m_new, l_i * alpha + p.sum(-1), acc, z_i * alpha
 
 
 def merge(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:  # noqa: E741 (the paper's l)

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from pnmix import _runtime
+from pnmix import _runtime, perfmodel
 from pnmix.kernels import fragment, fragment_check, fragment_decode, ptx
 
 
@@ -82,15 +82,20 @@ def test_unpack_refuses_words_of_another_shape():
         fragment.unpack(torch.zeros(1, 4, 32, 4, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("tiles, splits, rows", [(2, 1, 4), (6, 2, 8), (6, 4, 16), (4, 4, 1)])
-def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, rows):
-    """The twin's output against float64 attention: its error within twice that of the same attention computed in
-    float32 (the kernel's operands are exact products or hi + lo pairs: float32 grade; a wrong mapping, warp merge or
-    split merge errs by O(1))."""
-    stacked, planes = fragment_check.synthetic(tiles, seed=tiles * 10 + splits, rows=rows)
+@pytest.mark.parametrize(
+    "tiles, splits, rows, sinks, residual, exact_split",
+    [(2, 1, 4, 0, 0, None), (6, 2, 8, 32, 100, None), (6, 4, 16, 5, 64, None), (4, 4, 1, 0, 1, 4), (4, 3, 4, 70, 0, 3)],
+)
+def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, rows, sinks, residual, exact_split):
+    """The twin's output against float64 attention over the quantized tiles and the exact regions (read by the last
+    split or by one of their own): its error within twice that of the same attention computed in float32 (the
+    kernel's operands are exact products or hi + lo pairs: float32 grade; a wrong mapping, warp merge, split merge or
+    exact tile errs by O(1))."""
+    stacked, planes = fragment_check.synthetic(tiles, tiles * 10 + splits, rows, 1, sinks, residual)
     args = fragment_check.head(stacked, 0)
     qk_scale = 1 / math.sqrt(128) / math.log(2)
-    out = fragment_decode.merge(*fragment_decode.twin(**args, qk_scale=qk_scale, n_splits=splits))[:rows].double()
+    parts = fragment_decode.twin(**args, qk_scale=qk_scale, n_splits=splits, exact_split=exact_split)
+    out = fragment_decode.merge(*parts)[:rows].double()
     exact = fragment_check.reference(args, planes[0], qk_scale, torch.float64)[:rows]
     single = fragment_check.reference(args, planes[0], qk_scale, torch.float32)[:rows].double()
     bound = 2 * (single - exact).abs().max()
@@ -102,6 +107,22 @@ def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, 
     swapped = dict(args, words=fragment.pack(low, high, values))
     wrong = fragment_decode.merge(*fragment_decode.twin(**swapped, qk_scale=qk_scale, n_splits=splits))[:rows]
     assert (wrong.double() - exact).abs().max() > bound
+    if sinks + residual:  # and so would an exact region left out
+        left_out = dict(args, exact=tuple(t[:0] for t in args["exact"]))
+        partial = fragment_decode.merge(*fragment_decode.twin(**left_out, qk_scale=qk_scale, n_splits=splits))[:rows]
+        assert (partial.double() - exact).abs().max() > bound
+
+
+@pytest.mark.parametrize("slots", [0, 64, 264, 10_000])
+@pytest.mark.parametrize("items", [1, 8, 512])
+def test_the_gate_predicts_the_split_plan_the_loop_runs(items, slots):
+    """`pnmix.perfmodel.split_plan` (what the gate simulates) is `fragment_decode.split_plan` (what is launched), and
+    every plan launches the splits it reports, the exact regions on one of them."""
+    for splits in range(1, 70):
+        plan = fragment_decode.split_plan(splits, items, slots)
+        assert perfmodel.split_plan(splits, items, slots) == plan
+        quantized, exact_split, programs = plan
+        assert programs == max(quantized, exact_split + 1) and 1 <= quantized <= programs
 
 
 def twin_launcher(perturb_ptx: bool = False, perturb_plain: bool = False, raises: bool = False):
