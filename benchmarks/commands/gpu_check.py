@@ -156,8 +156,18 @@ LEASE_SHARE_S = 360
 GRACE_S = 15
 #: Figures of each suite that the gpu_check record and printout carry.
 SUMMARY_KEYS = {
-    "kernel": ("method", "context", "ms", "graph_ms", "gbps", "copy_gbps", "fraction_of_copy", "host_gaps_excluded"),
-    "fig7-latency": ("method", "step", "step_ms", "graph_ms", "graph_capturable", "roofline_step_ms"),
+    "kernel": (
+        "method",
+        "context",
+        "code_order",
+        "ms",
+        "graph_ms",
+        "gbps",
+        "copy_gbps",
+        "fraction_of_copy",
+        "host_gaps_excluded",
+    ),
+    "fig7-latency": ("method", "step", "code_order", "step_ms", "graph_ms", "graph_capturable", "roofline_step_ms"),
     "fig6c-throughput": ("method", "batch", "tokens_per_s", "total_s"),
     "kernel-fragment": ("batch", "context", "path", "self_test", "splits", "ms", "gbps", "fraction_of_copy"),
     "kernel-ptx": (

@@ -467,6 +467,14 @@ class Generation:
             return False
         return all(layer.cache.check_finite for layer in self.cache.layers)
 
+    @property
+    def code_order(self) -> str | None:
+        """The order the Triton caches hold their codes in ("spec", or "fragment": the fragment-order loop decodes
+        them; `pnmix.cache.PNMixCache`'s code_order), None for FP16 and plug-ins: which kernel a row timed."""
+        if self.plugin is not None or self.method == FP16:
+            return None
+        return "/".join(sorted({layer.cache.code_order for layer in self.cache.layers}))
+
     def read_bytes(self) -> int:
         """Bytes of every layer's cache a decode step reads now: the storage model of the method's
         configuration at the current length, or what a plug-in's caches hold (a format of its own,

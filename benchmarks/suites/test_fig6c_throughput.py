@@ -84,6 +84,7 @@ def test_fig6c_throughput(work, plugin, models, bench_device, copy_gbps, pytestc
             "tokens_per_s": tokens_per_s,
             **figures,
             "check_finite": gen.check_finite,
+            "code_order": gen.code_order,
         }
 
     def run() -> dict:

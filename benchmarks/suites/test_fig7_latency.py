@@ -58,6 +58,7 @@ def test_fig7_step_latency(work, plugin, models, walkers, bench_device, copy_gbp
             "steps_run": gen.length - target,
             "roofline_step_ms": roofline,
             "check_finite": gen.eager.check_finite,
+            "code_order": gen.eager.code_order,
         }
 
     def run() -> dict:

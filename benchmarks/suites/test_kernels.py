@@ -69,6 +69,7 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
             q = torch.randn(work.batch, kv_heads * n_rep, 1, d, device=bench_device, dtype=harness.KERNEL_DTYPE)
             fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
             allocated, check_finite, read = 2 * k.numel() * k.element_size(), False, nbytes
+            code_order = None
         else:
             cache, q = harness.build_decode_cache(
                 work.method, work.batch, work.context, work.layer, bench_device, scale.prompt, plugin=plugin
@@ -80,6 +81,8 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
                 machine_code = compiled.record(work.method, work.layer, harness.KERNEL_DTYPE, ran, bench_device)
             allocated = cache.storage().total
             check_finite = None if plugin is not None else getattr(cache, "check_finite", True)
+            # which kernel decoded a Triton cache: the Triton kernel ("spec") or the fragment-order loop ("fragment")
+            code_order = None if plugin is not None else getattr(cache, "code_order", None)
             read = nbytes if plugin is None else allocated + io_bytes(work)
         timing = harness.device_ms(fn, bench_device)
         graph = harness.graph_ms(fn, bench_device)
@@ -95,6 +98,7 @@ def test_decode_attention_bandwidth(work, plugin, bench_device, copy_gbps, bench
             "graph_gbps": None if graph["graph_ms"] is None else read / (graph["graph_ms"] * 1e-3) / 1e9,
             "allocated_bytes": allocated,
             "check_finite": check_finite,
+            "code_order": code_order,
             **({"compiled": machine_code} if machine_code is not None else {}),
         }
 
