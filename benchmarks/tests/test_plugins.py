@@ -291,7 +291,7 @@ def test_a_plugin_is_timed_beside_the_builtins_and_skipped_where_it_claims_less(
         assert mine["implementation"] == names[make] and mine["implementation_version"] == "0.1.0"
         assert mine["implementation_given"] == make and mine["implementation_origin"] == make
         assert pnmix["implementation"] == "triton"
-        # which kernel decoded the Triton cache: the spec's order and the Triton kernel off a GPU; a plug-in's is its own
+        # which kernel decoded the Triton cache: the spec's order, the Triton kernel, off a GPU; a plug-in: its own
         assert pnmix["code_order"] == "spec" and mine["code_order"] is None
         assert any(f.endswith("reports/tests/thirdparty.py") for f in mine["code"]["files"])
         assert mine["code"]["digest"] != pnmix["code"]["digest"]
