@@ -31,6 +31,7 @@ are in docs/gpu-gate.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -49,6 +50,7 @@ from pnmix.gpus import (
     ARCHS,
     GPUS,
     PIPES,
+    REQUIRED_BF16_RATIO,
     REQUIRED_MEMORY_BOUND,
     REQUIRED_PATH_SPEEDUPS,
     REQUIRED_SPEEDUP,
@@ -342,7 +344,7 @@ def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> di
             if case.default and rows[key].get("inline_asm") == 0
         ]
     designs = design(design_inputs, model_cache) if predictions and design_inputs else []
-    failures += [f"fragment-order loop sm_{d['arch']}: {p}" for d in designs for p in d["problems"]]
+    failures += [f"fragment-order loop sm_{d['arch']} {d['dtype']}: {p}" for d in designs for p in d["problems"]]
     for row in rows.values():
         row.pop("encoded", None)  # kept out of the result: megabytes of listing
     checks = targets(decode) + path_targets(designs)
@@ -359,9 +361,10 @@ def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> di
     }
 
 
-def _design_loop(arch: int, use_ptx: bool) -> tuple[dict, perfmodel.Kernel, list]:
-    """The fragment-order loop compiled for sm_`arch`: its resources, its model kernel and its loop's instructions."""
-    res = fragment_decode.resources(fragment_decode.compile_for(arch, use_ptx=use_ptx))
+def _design_loop(arch: int, use_ptx: bool, dtype: str = "float16") -> tuple[dict, perfmodel.Kernel, list]:
+    """The fragment-order loop compiled for sm_`arch` and queries of `dtype`: its resources, its model kernel and its
+    loop's instructions."""
+    res = fragment_decode.resources(fragment_decode.compile_for(arch, use_ptx=use_ptx, dtype=DTYPES[dtype]))
     kernel = perfmodel.Kernel.of(
         res["encoded"],
         res["registers"],
@@ -375,17 +378,17 @@ def _design_loop(arch: int, use_ptx: bool) -> tuple[dict, perfmodel.Kernel, list
 
 def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> list[dict]:
     """The fragment-order path (`pnmix.kernels.fragment_attention`: what a `PNMixCache` of the default configuration
-    runs in float16 where the loop passed its first-use self-test) on each arch: the loop's resources, the
-    shared-memory stores of its loop (none: no code passes through shared memory after its copy), and the predicted
-    decode step at every workload per GPU: the loop over the quantized region, its last split reading the exact
-    regions first (`fragment_decode.EXACT_TILE` tokens a trip), and the package's merge."""
+    runs in float16 or bfloat16 where the loop passed its first-use self-test) on each arch and dtype: the loop's
+    resources, the shared-memory stores of its loop (none: no code passes through shared memory after its copy), and
+    the predicted decode step at every workload per GPU: the loop over the quantized region and the exact regions
+    (`split_plan`), and the package's merge (the float16 case's kernel for both dtypes)."""
     out = []
-    for arch, (merge_row, storage) in sorted(inputs.items()):
-        entry = {"arch": arch}
+    for (arch, (merge_row, storage)), dtype in itertools.product(sorted(inputs.items()), ("float16", "bfloat16")):
+        entry = {"arch": arch, "dtype": dtype}
         compiled = {}
         try:
             for use_ptx in (True, False):
-                compiled[use_ptx] = _design_loop(arch, use_ptx)
+                compiled[use_ptx] = _design_loop(arch, use_ptx, dtype)
         except Exception as exc:  # a failure to compile is a finding of the gate, not a crash of it
             out.append(entry | {"problems": [f"does not compile: {type(exc).__name__}: {str(exc).splitlines()[-1]}"]})
             continue
@@ -561,9 +564,30 @@ def path_targets(designs: list[dict]) -> list[dict]:
     `REQUIRED_SPEEDUP`'s GPU (float16, the default configuration, GQA 4)."""
     gpu = REQUIRED_SPEEDUP["gpu"]
     checks = []
+    times = {(d["dtype"], p["workload"]): p["time_us"] for d in designs for p in d.get("predictions", {}).get(gpu, [])}
+    for workload in REQUIRED_PATH_SPEEDUPS:
+        fp16, bf16 = times.get(("float16", workload)), times.get(("bfloat16", workload))
+        if fp16 is None or bf16 is None:
+            continue
+        ratio = bf16 / fp16
+        passed = ratio <= REQUIRED_BF16_RATIO
+        checks.append(
+            {
+                "gpu": gpu,
+                "dtype": "bfloat16",
+                "gqa": 4,
+                "bound": "path bfloat16",
+                "workload": workload,
+                "need": REQUIRED_BF16_RATIO,
+                "got": round(ratio, 4),
+                "passed": passed,
+                "text": f"predicted time of the fragment-order path in bfloat16 {ratio:.2f}x float16's "
+                f"{'<=' if passed else '>'} {REQUIRED_BF16_RATIO:.2f}x on {gpu}, {workload} (GQA 4)",
+            }
+        )
     for d in designs:
         found = {p["workload"]: p for p in d.get("predictions", {}).get(gpu, [])}
-        if not found:
+        if not found or d["dtype"] != "float16":
             continue
         for workload, need in REQUIRED_PATH_SPEEDUPS.items():
             got = found[workload]["speedup_vs_fp16"] if workload in found else None
@@ -727,6 +751,7 @@ def render(result: dict) -> str:
         rows = [
             [
                 f"sm_{d['arch']}",
+                d["dtype"],
                 d["registers"],
                 d["local_bytes"],
                 d["shared_bytes"],
@@ -747,6 +772,7 @@ def render(result: dict) -> str:
         ]
         head = [
             "arch",
+            "dtype",
             "regs",
             "local B",
             "shared B",
@@ -795,7 +821,7 @@ def render(result: dict) -> str:
             f"{REQUIRED_SPEEDUP['speedup']}x on {REQUIRED_SPEEDUP['gpu']} at {REQUIRED_SPEEDUP['workload']}; the "
             "fragment-order path's at "
             + ", ".join(f"{w} >= {x}x" for w, x in REQUIRED_PATH_SPEEDUPS.items())
-            + " on the same GPU",
+            + f" on the same GPU, its bfloat16 time within {REQUIRED_BF16_RATIO}x of float16's there",
         ]
         lines += [f"{'PASS' if c['passed'] else 'FAIL'} target: {c['text']}" for c in result["targets"]]
     return "\n".join(lines)

@@ -192,7 +192,7 @@ class PNMixCache:
     fragment-order loop's tensor-core fragments read them (`pnmix.kernels.fragment`), written at
     each page flush, read by that loop (`pnmix.kernels.fragment_attention`); needs the shape the
     loop is written for (ValueError naming what is missing: the default configuration, d = 128,
-    float16). "auto" (the default): fragment where the configuration allows it and the loop
+    float16 or bfloat16, float16 scales). "auto" (the default): fragment where the configuration allows it and the loop
     passed its first-use self-test on the device (`pnmix.kernels.fragment_check.decide`: one
     warning naming the case if it falls back), the spec's order elsewhere (a CPU). On a CPU a
     cache asked for "fragment" computes the loop's part with the loop's torch twin (tests).
@@ -336,7 +336,7 @@ class PNMixCache:
         reason = fragment_attention.why_not(layout)
         if asked == "fragment" and reason is not None:
             raise ValueError(f"code_order='fragment': {reason}")
-        path, why = ("off", reason) if reason is not None else fragment_check.decide(device)
+        path, why = ("off", reason) if reason is not None else fragment_check.decide(device, layout.dtype)
         if asked == "spec" or (asked == "auto" and path == "off"):
             self.code_order, self.fragment_path = "spec", None
             return

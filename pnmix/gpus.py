@@ -126,6 +126,8 @@ REQUIRED_PATH_SPEEDUPS = {
     "Qwen3-8B layer, B=1, 4K": 1.0,
     "Qwen3-8B layer, B=64, 4K": 1.0,
 }
+#: The fragment-order path's predicted time in bfloat16 at most this many times float16's, at those points.
+REQUIRED_BF16_RATIO = 1.15
 GOAL_SPEEDUP = 3.0
 #: The binding ceilings the kernel was once held to (bounds, not predictions: kept as facts the gate prints).
 REQUIRED_CEILING = {

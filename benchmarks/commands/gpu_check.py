@@ -15,11 +15,12 @@ Each runs only its points, so Triton compiles only the kernels they launch. Befo
 the kernel specializations each step will compile (those an earlier step compiled left out); each step prints
 its count and the compile time that count is estimated to take (`SECONDS_PER_SPECIALIZATION`, measured with
 `python -m pnmix.aot`: an estimate), and its record keeps both.
-  fragment (30 s): the fragment-order loop (`pnmix.kernels.fragment_decode`, the design of the next decode kernel,
-      not yet the package's decode; benchmarks/suites/test_fragment_design.py): its self-test on this device
-      (`pnmix.kernels.fragment_check`: the path it takes, inline PTX, plain or off, in its own words), then its split
-      kernel's device time and GB/s against the copy bandwidth at the gate's target points (one Qwen3-8B layer, 32K,
-      B = 1 and 64), to set beside the gate's prediction. Its two Gluon compiles are not in the dry run's count.
+  fragment (30 s): the fragment-order path (`pnmix.kernels.fragment_attention`, what PNMixCache decodes with in
+      float16 where the loop passed its self-test; benchmarks/suites/test_fragment_design.py): the loop's self-test
+      on this device (`pnmix.kernels.fragment_check`: the path it takes, inline PTX, plain or off, in its own words),
+      then one decode step's attention (the loop and the merge) over a cache's buffers of random codes, its device
+      time and GB/s against the copy bandwidth at the gate's target points (one Qwen3-8B layer, 4K and 32K, B = 1
+      and 64), to set beside the gate's prediction. Its two Gluon compiles are not in the dry run's count.
   conformance (90 s): `pytest conformance --impl triton --device cuda --hypothesis-profile gpu-short` on the
       decode-attention properties (P7; P11's, per-token precision) and the quantization codes (P5), compiled: of
       each property's explicit examples the first of each dtype (float16, bfloat16) alone, no draws.

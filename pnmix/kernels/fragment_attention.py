@@ -28,8 +28,8 @@ PATHS = ("ptx", "plain", "twin")
 def why_not(layout: CacheLayout) -> str | None:
     """Why a cache of `layout` cannot store its quantized region in fragment order (None: it can). The loop is
     written for the default configuration's shape: 1-bit low plane, 2-bit high plane of 64 salient channels of a
-    128-channel head, key groups of 128 tokens, 2-bit values in one group per token, float16 inputs and scales, a
-    selection fixed at prefill, values flushed with their keys."""
+    128-channel head, key groups of 128 tokens, 2-bit values in one group per token, float16 or bfloat16 inputs,
+    float16 scales, a selection fixed at prefill, values flushed with their keys."""
     cfg, d = layout.config, layout.head_dim
     needs = [
         (d == fragment.HEAD_DIM, f"head_dim {fragment.HEAD_DIM} (got {d})"),
@@ -48,7 +48,7 @@ def why_not(layout: CacheLayout) -> str | None:
         (not cfg.selector.per_group, f"a selection fixed at prefill (got {cfg.selector.name})"),
         (cfg.value_residual == "shared", f"value_residual='shared' (got {cfg.value_residual!r})"),
         (cfg.scale_dtype == torch.float16, f"float16 scales (got {cfg.scale_dtype})"),
-        (layout.dtype == torch.float16, f"float16 keys and values (got {layout.dtype})"),
+        (layout.dtype in (torch.float16, torch.bfloat16), f"float16 or bfloat16 keys and values (got {layout.dtype})"),
     ]
     missing = [what for ok, what in needs if not ok]
     return None if not missing else "the fragment-order loop needs " + ", ".join(missing)

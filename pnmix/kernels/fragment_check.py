@@ -31,13 +31,20 @@ Launcher = Callable[[dict, float, int, bool], tuple[torch.Tensor, torch.Tensor, 
 
 
 def synthetic(
-    tiles: int, seed: int, rows: int = 4, heads: int = 1, sinks: int = 0, residual: int = 0
+    tiles: int,
+    seed: int,
+    rows: int = 4,
+    heads: int = 1,
+    sinks: int = 0,
+    residual: int = 0,
+    dtype: torch.dtype = torch.float16,
 ) -> tuple[dict, list]:
     """`heads` KV heads' fragment-order tiles, scales, exact regions and queries, stacked: q [heads, rows, 128] (the
     query rows of one KV head), idx [heads, 64] (salient channels, ascending), words [heads, tiles, 4, 32, 8]
     (`fragment.pack`), ks/kz [heads, groups, 128], vs/vz [heads, tiles * 64], sk/sv [heads, sinks, 128] and rk/rv
-    [heads, residual, 128] (float16 keys and values of the exact regions); and per head its planes (low, high,
-    values, salient channels) for `reference`."""
+    [heads, residual, 128] (keys and values of the exact regions; they and q in `dtype`, float16 or bfloat16, the
+    scales float16 as a cache stores them); and per head its planes (low, high, values, salient channels) for
+    `reference`."""
     g = torch.Generator().manual_seed(seed)
     groups = -(-tiles * fragment.TILE // fragment_decode.GROUP)
     n = tiles * fragment.TILE
@@ -50,7 +57,7 @@ def synthetic(
         channel = torch.randperm(128, generator=g)[:64].sort().values
         parts.append(
             {
-                "q": torch.randn(rows, 128, generator=g).to(torch.float16),
+                "q": torch.randn(rows, 128, generator=g).to(dtype),
                 "idx": channel.to(torch.int32),
                 "words": fragment.pack(low, high, values),
                 "ks": (torch.rand(groups, 128, generator=g) * 0.5 + 0.05).to(torch.float16),
@@ -58,7 +65,7 @@ def synthetic(
                 "vs": (torch.rand(n, generator=g) * 0.5 + 0.05).to(torch.float16),
                 "vz": (torch.randn(n, generator=g) * 0.3).to(torch.float16),
                 **{
-                    name: (torch.randn(count, 128, generator=g) * scale).to(torch.float16)
+                    name: (torch.randn(count, 128, generator=g) * scale).to(dtype)
                     for name, count, scale in (
                         ("sk", sinks, 1.5),
                         ("sv", sinks, 1),
@@ -136,11 +143,15 @@ def launch(args: dict, qk_scale: float, n_splits: int, use_ptx: bool = True):
     return m.view(heads, total, rows), l.view(heads, total, rows), acc.view(heads, total, rows, 128)
 
 
-def judge(launcher: Launcher, device: torch.device, use_ptx: bool) -> tuple[bool, str]:
-    """The self-test of one path: (passed, what was found), the launcher's merged output of `SELF_TEST`'s heads on
-    `device` against float64 attention, within twice float32 attention's error."""
+def judge(
+    launcher: Launcher, device: torch.device, use_ptx: bool, dtype: torch.dtype = torch.float16
+) -> tuple[bool, str]:
+    """The self-test of one path: (passed, what was found), the launcher's merged output of `SELF_TEST`'s heads (q
+    and exact regions in `dtype`) on `device` against float64 attention, within twice float32 attention's error."""
     case = SELF_TEST
-    args, planes = synthetic(case["tiles"], case["seed"], case["rows"], case["heads"], case["sinks"], case["residual"])
+    args, planes = synthetic(
+        case["tiles"], case["seed"], case["rows"], case["heads"], case["sinks"], case["residual"], dtype
+    )
     qk_scale = 1 / math.sqrt(128) / math.log(2)
     try:
         m, total, acc = launcher({k: v.to(device) for k, v in args.items()}, qk_scale, case["splits"], use_ptx)
@@ -166,11 +177,14 @@ def device_key(device: torch.device | str) -> str:
     return str(device)
 
 
-def decide(device: torch.device | str, launcher: Launcher | None = None) -> tuple[str, str]:
-    """Which path of the loop `device` takes, "ptx", "plain" or "off", and why: decided once per device by the
-    self-test (module docstring); `launcher` (default: `launch`, CUDA only) lets a CPU test judge any fast path."""
+def decide(
+    device: torch.device | str, dtype: torch.dtype = torch.float16, launcher: Launcher | None = None
+) -> tuple[str, str]:
+    """Which path of the loop `device` takes for queries of `dtype` (float16 or bfloat16), "ptx", "plain" or "off",
+    and why: decided once per device and dtype by the self-test (module docstring); `launcher` (default: `launch`,
+    CUDA only) lets a CPU test judge any fast path."""
     device = torch.device(device)
-    key = device_key(device)
+    key = f"{device_key(device)}, {str(dtype).removeprefix('torch.')}"
     if key in _decisions:
         return _decisions[key]
     if launcher is None:
@@ -182,11 +196,11 @@ def decide(device: torch.device | str, launcher: Launcher | None = None) -> tupl
             _decisions[key] = ("off", f"the fragment-order loop needs compute capability 8.0 or more ({key})")
             return _decisions[key]
         launcher = launch
-    ptx_ok, ptx_why = judge(launcher, device, True)
+    ptx_ok, ptx_why = judge(launcher, device, True, dtype)
     if ptx_ok:
         decision = ("ptx", f"self-test passed with the inline-PTX unpack: {ptx_why}")
     else:
-        plain_ok, plain_why = judge(launcher, device, False)
+        plain_ok, plain_why = judge(launcher, device, False, dtype)
         if plain_ok:
             decision = ("plain", f"the inline-PTX unpack failed its self-test ({ptx_why}); the plain one passed")
         else:

@@ -1,7 +1,8 @@
 """The fragment-order decode loop (pnmix/kernels/NOTES.md, "Codes in fragment order"): the decode attention of the
 default configuration in Gluon, reading a `PNMixCache` whose pages are stored in fragment order, and its CPU twin.
 
-What it covers: float16, d = 128, the 1-bit low plane, the 2-bit high plane of 64 salient channels, key groups of
+What it covers: float16 or bfloat16 (the quantized tiles take bfloat16 queries as float16 under a power of two, the
+exact tiles run in bfloat16), d = 128, the 1-bit low plane, the 2-bit high plane of 64 salient channels, key groups of
 128 tokens, 2-bit values per token (`fragment_attention.why_not` says what else), one new token of up to 16 query rows
 per KV head. The package launches it (`pnmix.kernels.fragment_attention`) where `fragment_check.decide` found it right
 on the device; the Triton kernel (`pnmix.kernels.attention`) is the fallback and reads everything else.
@@ -216,6 +217,7 @@ def fragment_split_kernel(
     W: gl.constexpr,
     STAGES: gl.constexpr,
     PTX: gl.constexpr,
+    BF16: gl.constexpr,
 ):
     """Partial attention of one (sequence, KV head) bh over one split of its quantized tiles (module docstring), read
     from a cache's buffers as held (`PNMixCache` in fragment order). q: [B * H_kv * n_rep, 128], the n_rep query rows
@@ -246,9 +248,13 @@ def fragment_split_kernel(
     # full-shape masks: rows past n_rep are zero queries, never stored
     q_ok = (rows + _r3(128, 2, A) * 0 + _r3(W, 0, A) * 0) < n_rep
     q = gl.load(q_ptr + (bh * n_rep + rows) * 128 + _r3(128, 2, A) + _r3(W, 0, A) * 0, mask=q_ok, other=0.0)
+    if BF16:  # the quantized tiles take the queries as float16 under a power of two (8-bit mantissas fit in 11)
+        q_exp = _fit_exponent(gl.max(gl.max(gl.max(gl.abs(q.to(gl.float32)), axis=2), axis=1), axis=0))
     idx = gl.load(idx_ptr + bh * 64 + _r3(64, 2, A))
     h_ok = (rows + idx * 0 + _r3(W, 0, A) * 0) < n_rep
     qh = gl.load(q_ptr + (bh * n_rep + rows) * 128 + idx + _r3(W, 0, A) * 0, mask=h_ok, other=0.0)
+    if BF16:
+        qh = (qh.to(gl.float32) * gl.exp2(-q_exp)).to(gl.float16)
     q_top = gl.max(gl.max(gl.max(gl.abs(qh.to(gl.float32)), axis=2), axis=1), axis=0)
     # read once per key group: kept in shared memory, not in 16 registers of every thread through the loop
     SQ: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -303,13 +309,19 @@ def fragment_split_kernel(
         n_sink = gl.load(counts_ptr)
         for start in range(0, n_sink, BLOCK):
             m_i, l_i, acc, z_i = _exact_tile(
-                q, sk_ptr + bh * s_stride, sv_ptr + bh * s_stride, start, n_sink, qk_scale, m_i, l_i, acc, z_i, W
+                q, sk_ptr + bh * s_stride, sv_ptr + bh * s_stride, start, n_sink, qk_scale, m_i, l_i, acc, z_i, W, BF16
             )
         n_res = gl.load(counts_ptr + 2)
         for start in range(0, n_res, BLOCK):
             m_i, l_i, acc, z_i = _exact_tile(
-                q, rk_ptr + bh * rk_stride, rv_ptr + bh * rv_stride, start, n_res, qk_scale, m_i, l_i, acc, z_i, W
+                q, rk_ptr + bh * rk_stride, rv_ptr + bh * rv_stride, start, n_res, qk_scale, m_i, l_i, acc, z_i, W, BF16
             )
+    qk_main = qk_scale
+    if BF16:
+        # read again rather than kept through the exact tiles (a second mask, so not merged with the first load)
+        q = gl.load(q_ptr + (bh * n_rep + rows) * 128 + _r3(128, 2, A) + _r3(W, 0, A) * 0, mask=q_ok & (split >= 0))
+        q = (q.to(gl.float32) * gl.exp2(-q_exp)).to(gl.float16)
+        qk_main = qk_scale * gl.exp2(q_exp)
     for i in gl.static_range(STAGES - 1):
         # past the split's end: its last tile again, in bounds (never used)
         _issue(i, gl.maximum(gl.minimum(lo + i, hi - 1), 0), src, bufs, offs, W, BLOCK)
@@ -329,7 +341,7 @@ def fragment_split_kernel(
                 khs = half.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32) * 2.0
                 e = _headroom(q_top * gl.max(gl.max(gl.max(gl.abs(khs), axis=2), axis=1), axis=0))
                 down = gl.exp2(-e)
-                up = gl.exp2(e) * qk_scale
+                up = gl.exp2(e) * qk_main
                 s = sbuf.index(stage).load(gl.SliceLayout(2, B))[:, :, None]
                 # q . z by the tensor cores too (exact products, float32 sums): z broadcast over the MMA's n, so
                 # every column of the accumulator holds a row's q . z, the C operand of each tile's low-plane MMA
@@ -379,7 +391,7 @@ def fragment_split_kernel(
 
 
 @gluon.jit
-def _exact_tile(q, k_ptr, v_ptr, start, n, qk_scale, m_i, l_i, acc, z_i, W: gl.constexpr):
+def _exact_tile(q, k_ptr, v_ptr, start, n, qk_scale, m_i, l_i, acc, z_i, W: gl.constexpr, BF16: gl.constexpr):
     """One tile of an exact region (float16 keys and values [tokens, 128], tokens start .. start + 16 W - 1 of n, 16
     per warp) folded into the warps' softmax states: keys and values loaded straight into the MMA's B operands, q . k
     as exact products, p . v with p as hi + lo (float32 grade, as the quantized tiles); tokens past n weigh nothing."""
@@ -401,11 +413,26 @@ def _exact_tile(q, k_ptr, v_ptr, start, n, qk_scale, m_i, l_i, acc, z_i, W: gl.c
     p = gl.exp2(logits - m_safe[:, :, None])
     l_i = l_i * alpha + gl.sum(p, axis=2)
     pa = gl.convert_layout(p, A, assert_trivial=True)
-    p_hi = pa.to(gl.float16)
-    acc = mma_v2(p_hi, vals, acc * alpha[:, :, None])
-    acc = mma_v2((pa - p_hi.to(gl.float32)).to(gl.float16), vals, acc)
+    if BF16:  # p in three bfloat16 parts: 24 bits, as float16's two
+        p_1 = pa.to(gl.bfloat16)
+        rest = pa - p_1.to(gl.float32)
+        p_2 = rest.to(gl.bfloat16)
+        acc = mma_v2(p_1, vals, acc * alpha[:, :, None])
+        acc = mma_v2(p_2, vals, acc)
+        acc = mma_v2((rest - p_2.to(gl.float32)).to(gl.bfloat16), vals, acc)
+    else:
+        p_hi = pa.to(gl.float16)
+        acc = mma_v2(p_hi, vals, acc * alpha[:, :, None])
+        acc = mma_v2((pa - p_hi.to(gl.float32)).to(gl.float16), vals, acc)
     z_i = z_i * gl.convert_layout(alpha, z_i.type.layout)
     return m_new, l_i, acc, z_i
+
+
+@gluon.jit
+def _fit_exponent(top):
+    """The exponent e of the power of two that brings numbers at most `top` in magnitude to at most 2^15 (down or up:
+    bfloat16 queries into float16's range and precision); 0 for no number."""
+    return gl.where(top > 0, gl.ceil(gl.log2(top)) - 15.0, 0.0)
 
 
 @gluon.jit
@@ -437,11 +464,11 @@ def launch_split(
         q, index, lo, hi, vp, ks, ks.view(torch.int32), kz, vs, vz, sk, sv, rk, rv, counts, m, l_sum, acc,
         lo.stride(0), hi.stride(0), vp.stride(0), ks.stride(0), vs.stride(0), sk.stride(0), rk.stride(0), rv.stride(0),
         n_rep, n_splits, exact_split, total, first, qk_scale,
-        num_warps=fragment.WARPS, W=fragment.WARPS, STAGES=STAGES, PTX=use_ptx,
+        num_warps=fragment.WARPS, W=fragment.WARPS, STAGES=STAGES, PTX=use_ptx, BF16=q.dtype == torch.bfloat16,
     )  # fmt: skip
 
 
-def compile_for(arch: int, use_ptx: bool = True):
+def compile_for(arch: int, use_ptx: bool = True, dtype: torch.dtype = torch.float16):
     """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas) exactly as
     `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT would on such a device), as
     `triton.compile` returns it."""
@@ -454,7 +481,7 @@ def compile_for(arch: int, use_ptx: bool = True):
             "TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
         )
     # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
-    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100)
+    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100, dtype=dtype)
     gpu = next(g for g in aot.GPUS if g.arch == arch)
     with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
         fragment_check.launch(args, 1.0, 3, use_ptx)
@@ -498,7 +525,12 @@ def twin(
     float16 operands rounded where the kernel rounds them, float32 accumulation."""
     f32, f16 = torch.float32, torch.float16
     low, high, values = fragment.unpack(words)
-    q = torch.cat([q, q.new_zeros(QUERY_ROWS - q.shape[0], q.shape[1])])
+    raw = torch.cat([q, q.new_zeros(QUERY_ROWS - q.shape[0], q.shape[1])])  # the exact tiles' queries, as given
+    q, qk_main = raw, qk_scale
+    if raw.dtype == torch.bfloat16:  # the quantized tiles': float16 under a power of two, as the kernel
+        top = float(raw.float().abs().max())
+        q_exp = math.ceil(math.log2(top)) - 15 if top > 0 else 0
+        q, qk_main = (raw.float() * 2.0**-q_exp).to(f16), qk_scale * 2.0**q_exp
     qh = q[:, idx.long()].to(f32)
     q_top = qh.abs().max()
     tiles, w = words.shape[0], fragment.WARPS
@@ -514,7 +546,7 @@ def twin(
         acc = torch.zeros(w, 16, 128)
         for keys, vals in zip(exact[0::2], exact[1::2], strict=True) if split == exact_split else ():
             for start in range(0, keys.shape[0], BLOCK_N):
-                state = _exact_tile_twin(q, keys, vals, start, qk_scale, m_i, l_i, acc, z_i)
+                state = _exact_tile_twin(raw, keys, vals, start, qk_scale, m_i, l_i, acc, z_i)
                 m_i, l_i, acc, z_i = state
         for tile in range(lo, hi):
             g = tile * BLOCK_N // GROUP
@@ -528,7 +560,7 @@ def twin(
             qs_hi = qs.to(f16).to(f32)
             codes = high[sl].to(f32)
             hp = qs_hi @ codes + (qs - qs_hi).to(f16).to(f32) @ codes
-            logits = logits * qk_scale + hp * (2.0**e * qk_scale)
+            logits = logits * qk_main + hp * (2.0**e * qk_main)
             m_new = torch.maximum(m_i, logits.amax(-1))
             alpha = torch.exp2(m_i - m_new)
             p = torch.exp2(logits - m_new[..., None])
@@ -563,8 +595,14 @@ def _exact_tile_twin(q, keys, vals, start, qk_scale, m_i, l_i, acc, z_i):
     m_safe = torch.where(m_new > -math.inf, m_new, torch.zeros(()))
     alpha = torch.exp2(m_i - m_safe)
     p = torch.exp2(logits - m_safe[..., None])
-    p_hi = p.to(f16).to(f32)
-    acc = acc * alpha[..., None] + p_hi @ v + (p - p_hi).to(f16).to(f32) @ v
+    if keys.dtype == torch.bfloat16:  # p in three bfloat16 parts
+        p_1 = p.to(torch.bfloat16).to(f32)
+        p_2 = (p - p_1).to(torch.bfloat16).to(f32)
+        parts = (p_1, p_2, (p - p_1 - p_2).to(torch.bfloat16).to(f32))
+    else:
+        p_hi = p.to(f16).to(f32)
+        parts = (p_hi, (p - p_hi).to(f16).to(f32))
+    acc = acc * alpha[..., None] + sum(part @ v for part in parts)
     return m_new, l_i * alpha + p.sum(-1), acc, z_i * alpha
 
 

@@ -82,16 +82,19 @@ def test_unpack_refuses_words_of_another_shape():
         fragment.unpack(torch.zeros(1, 4, 32, 4, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "tiles, splits, rows, sinks, residual, exact_split",
     [(2, 1, 4, 0, 0, None), (6, 2, 8, 32, 100, None), (6, 4, 16, 5, 64, None), (4, 4, 1, 0, 1, 4), (4, 3, 4, 70, 0, 3)],
 )
-def test_the_twin_attends_over_every_token_as_the_reference_does(tiles, splits, rows, sinks, residual, exact_split):
+def test_the_twin_attends_over_every_token_as_the_reference_does(
+    tiles, splits, rows, sinks, residual, exact_split, dtype
+):
     """The twin's output against float64 attention over the quantized tiles and the exact regions (read by the last
     split or by one of their own): its error within twice that of the same attention computed in float32 (the
     kernel's operands are exact products or hi + lo pairs: float32 grade; a wrong mapping, warp merge, split merge or
     exact tile errs by O(1))."""
-    stacked, planes = fragment_check.synthetic(tiles, tiles * 10 + splits, rows, 1, sinks, residual)
+    stacked, planes = fragment_check.synthetic(tiles, tiles * 10 + splits, rows, 1, sinks, residual, dtype)
     args = fragment_check.head(stacked, 0)
     qk_scale = 1 / math.sqrt(128) / math.log(2)
     parts = fragment_decode.twin(**args, qk_scale=qk_scale, n_splits=splits, exact_split=exact_split)
@@ -153,24 +156,26 @@ def clean_decisions():
 
 
 def test_a_correct_fast_path_is_taken_with_its_ptx_and_no_warning(clean_decisions, recwarn):
-    path, why = fragment_check.decide("cpu", launcher=twin_launcher())
+    path, why = fragment_check.decide("cpu", torch.float16, launcher=twin_launcher())
     assert path == "ptx" and "passed" in why
     assert not [w for w in recwarn if "fragment-order" in str(w.message)]
 
 
 def test_a_wrong_ptx_path_falls_back_to_the_plain_unpack_with_one_warning(clean_decisions):
-    with pytest.warns(RuntimeWarning, match=r"fragment-order loop on cpu: the inline-PTX unpack failed") as caught:
-        path, why = fragment_check.decide("cpu", launcher=twin_launcher(perturb_ptx=True))
+    with pytest.warns(
+        RuntimeWarning, match=r"fragment-order loop on cpu, float16: the inline-PTX unpack failed"
+    ) as caught:
+        path, why = fragment_check.decide("cpu", torch.float16, launcher=twin_launcher(perturb_ptx=True))
     assert path == "plain" and "error" in why and len(caught) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # decided once: no second warning
-        assert fragment_check.decide("cpu", launcher=twin_launcher(perturb_ptx=True)) == (path, why)
+        assert fragment_check.decide("cpu", torch.float16, launcher=twin_launcher(perturb_ptx=True)) == (path, why)
 
 
 @pytest.mark.parametrize("launcher", [twin_launcher(perturb_ptx=True, perturb_plain=True), twin_launcher(raises=True)])
 def test_a_fast_path_wrong_both_ways_is_off_with_one_warning_naming_what_differed(clean_decisions, launcher):
     with pytest.warns(RuntimeWarning, match=r"self-test failed with the inline-PTX unpack") as caught:
-        path, why = fragment_check.decide("cpu", launcher=launcher)
+        path, why = fragment_check.decide("cpu", torch.float16, launcher=launcher)
     assert path == "off" and len(caught) == 1
     assert ("above" in why) or ("RuntimeError: PTX assembly aborted" in why and "more lines" not in why), why
 

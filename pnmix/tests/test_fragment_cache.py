@@ -78,9 +78,9 @@ def test_a_region_of_a_partial_tile_is_refused_by_name():
         fragment.to_spec_order(*planes)
 
 
-def data(shape, seed, scale=1.0):
+def data(shape, seed, scale=1.0, dtype=torch.float16):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(torch.float16)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 def judge(cache_out: torch.Tensor, reference: R.ReferenceCache, q: torch.Tensor) -> tuple[float, float]:
@@ -93,27 +93,28 @@ def judge(cache_out: torch.Tensor, reference: R.ReferenceCache, q: torch.Tensor)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "prompt", "steps", "splits"),
+    ("kwargs", "prompt", "steps", "splits", "dtype"),
     [
-        ({}, 32 + 2 * 128 + 20, 0, None),  # pages flushed by prefill, a dynamic cache
-        ({}, 32 + 4 * 128 + 20, 0, 4),  # the exact regions in a split of their own
-        ({"max_cache_len": 512}, 32 + 127, 2, 1),  # an eager page flush into a preallocated cache
-        ({"max_cache_len": 512, "capturable": True}, 32 + 127, 2, None),  # the page completed on the device
+        ({}, 32 + 2 * 128 + 20, 0, None, torch.float16),  # pages flushed by prefill, a dynamic cache
+        ({}, 32 + 4 * 128 + 20, 0, 4, torch.float16),  # the exact regions in a split of their own
+        ({}, 32 + 2 * 128 + 20, 0, 4, torch.bfloat16),  # bfloat16 queries, keys and values
+        ({"max_cache_len": 512}, 32 + 127, 2, 1, torch.float16),  # an eager page flush into a preallocated cache
+        ({"max_cache_len": 512, "capturable": True}, 32 + 127, 2, None, torch.float16),  # completed on the device
     ],
 )
-def test_a_cache_in_fragment_order_stores_the_spec_bytes_and_attends_as_the_spec(kwargs, prompt, steps, splits):
+def test_a_cache_in_fragment_order_stores_the_spec_bytes_and_attends_as_the_spec(kwargs, prompt, steps, splits, dtype):
     batch, n_kv, n_rep, d = 1, 2, 4, 128
     cfg = R.PNMixConfig()
     q, k, v = (
-        data((batch, n_kv * n_rep, prompt, d), 1),
-        data((batch, n_kv, prompt, d), 2, 2.0),
-        data((batch, n_kv, prompt, d), 3),
+        data((batch, n_kv * n_rep, prompt, d), 1, dtype=dtype),
+        data((batch, n_kv, prompt, d), 2, 2.0, dtype),
+        data((batch, n_kv, prompt, d), 3, dtype=dtype),
     )
     frag = PNMixCache.from_prefill(q, k, v, cfg, code_order="fragment", **kwargs)
     spec = PNMixCache.from_prefill(q, k, v, cfg, code_order="spec", **kwargs)
     ref = R.ReferenceCache.from_prefill(q, k, v, cfg)
     for step in range(steps):
-        kk, vv = data((batch, n_kv, 1, d), 10 + step, 2.0), data((batch, n_kv, 1, d), 20 + step)
+        kk, vv = data((batch, n_kv, 1, d), 10 + step, 2.0, dtype), data((batch, n_kv, 1, d), 20 + step, dtype=dtype)
         for cache in (frag, spec, ref):
             cache.append(kk, vv)
     assert frag.code_order == "fragment" and frag.fragment_path[0] == "twin" and spec.code_order == "spec"
@@ -122,14 +123,14 @@ def test_a_cache_in_fragment_order_stores_the_spec_bytes_and_attends_as_the_spec
         assert torch.equal(held, spec.packed()[name]), name
     assert not torch.equal(frag.region().tensors["key_low"], spec.region().tensors["key_low"])  # stored reordered
     assert frag.storage() == spec.storage()
-    new_q = data((batch, n_kv * n_rep, 1, d), 4)
+    new_q = data((batch, n_kv * n_rep, 1, d), 4, dtype=dtype)
     out = frag.attend(new_q, num_splits=splits)
     err, bound = judge(out, ref, new_q)
     assert err <= bound, (err, bound)
     spec_err, _ = judge(spec.attend(new_q), ref, new_q)
     assert err <= 2 * spec_err + bound / 10  # and as close as the Triton kernel over the spec's order
     # two new tokens: the loop does not cover them, the spec's order is read back
-    two = data((batch, n_kv * n_rep, 2, d), 5)
+    two = data((batch, n_kv * n_rep, 2, d), 5, dtype=dtype)
     assert torch.equal(frag.attend(two), spec.attend(two))
 
 
@@ -159,7 +160,7 @@ def test_a_wrong_loop_would_show(monkeypatch):
         (R.PNMixConfig(b_high=4), torch.float16, 128, r"b_high - b_low 2"),
         (R.PNMixConfig(ratio=0.25), torch.float16, 128, r"64 salient channels \(got 32\)"),
         (R.PNMixConfig(group_size=64, residual_length=128), torch.float16, 128, r"group_size 128 \(got 64\)"),
-        (R.PNMixConfig(), torch.bfloat16, 128, r"float16 keys and values"),
+        (R.PNMixConfig(scale_dtype=torch.bfloat16), torch.bfloat16, 128, r"float16 scales"),
         (R.PNMixConfig(), torch.float16, 64, r"head_dim 128 \(got 64\)"),
         (R.PNMixConfig(value_bits=4), torch.float16, 128, r"2-bit values"),
     ],
@@ -177,11 +178,11 @@ def test_an_unknown_code_order_is_refused_by_name():
 
 
 def test_auto_takes_fragment_order_where_the_self_test_passed(monkeypatch):
-    monkeypatch.setattr(fragment_check, "decide", lambda device: ("plain", "self-test passed"))
+    monkeypatch.setattr(fragment_check, "decide", lambda device, dtype: ("plain", "self-test passed"))
     q, k, v = data((1, 2, 40, 128), 1), data((1, 1, 40, 128), 2), data((1, 1, 40, 128), 3)
     cache = PNMixCache.from_prefill(q, k, v)
     assert cache.code_order == "fragment" and cache.fragment_path == ("plain", "self-test passed")
-    monkeypatch.setattr(fragment_check, "decide", lambda device: ("off", "self-test failed"))
+    monkeypatch.setattr(fragment_check, "decide", lambda device, dtype: ("off", "self-test failed"))
     assert PNMixCache.from_prefill(q, k, v).code_order == "spec"
 
 
