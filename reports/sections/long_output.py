@@ -65,7 +65,9 @@ def claims(sources: Sequence[Source]) -> list[Claim]:
     if not mains:
         why = "only a smoke run (a harness check)" if sources else "no long-output results"
         return [Claim(text, NOT_MEASURED, "-", why, "-") for text in CLAIMS.values()]
-    return [c for s in mains for c in _claims(s, f"{s.data.get('model')}: " if len(mains) > 1 else "")]
+    # each model's claims in the order of the models' names: not of the results' dates, which may tie or not
+    by_model = sorted(mains, key=lambda s: (str(s.data.get("model", "")), _model(s)))
+    return [c for s in by_model for c in _claims(s, f"{s.data.get('model')}: " if len(mains) > 1 else "")]
 
 
 def _claims(s: Source, model: str) -> list[Claim]:
