@@ -343,8 +343,7 @@ class PNMixCache:
         if path == "off":  # asked for fragment order where the loop does not run: its torch twin computes it
             path, why = "twin", f"{why}; the loop's torch twin computes its part"
         self.code_order, self.fragment_path = "fragment", (path, why)
-        channel = saliency.channel_mask_from_pairs(self.pair_mask, self.config.pair_layout)
-        self._high_index = spec_packing.salient_channel_index(channel, layout.n_high_channels).to(torch.int32)
+        self._high_index = spec_packing.salient_channel_index(self.channel_mask, layout.n_high_channels).to(torch.int32)
 
     def _reorder(self, planes: dict[str, torch.Tensor]) -> None:
         """Rewrite the spec's bytes of whole pages (views of the reordered components) in fragment order, in place."""
