@@ -523,8 +523,12 @@ def split_trips(code: Code, storage: Storage, context: int, block_n: int, splits
 
 
 def split_plan(splits: int, items: int, slots: int) -> tuple[int, int, int]:
-    """(quantized splits, exact split, programs) per (sequence, KV head) of the fragment-order loop: the rule of
-    `pnmix.kernels.fragment_decode.split_plan` (a test holds the two equal)."""
+    """(quantized splits, exact split, programs) per (sequence, KV head) for `splits` programs of the package's split
+    rule over `items` (sequence, KV head) pairs on a GPU that holds `slots` programs at once (2 per SM): the exact
+    regions (sinks, residual) get a program of their own where one more per item still fits in those slots, so that
+    their dense tiles run beside the quantized splits; else, from 4 splits on, the last of the `splits`; below that
+    the last split reads them before its quantized tiles (large batches, whose programs fill the GPU already). The
+    fragment-order loop is launched by this rule (`pnmix.kernels.fragment_decode` re-exports it)."""
     if splits >= 2 and items * (splits + 1) <= slots:
         return splits, splits, splits + 1
     if splits >= 4:

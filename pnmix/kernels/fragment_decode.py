@@ -35,6 +35,9 @@ import torch
 from pnmix import _runtime, sass
 from pnmix.kernels import fragment, ptx
 
+# the split rule of the loop, in one place: the gate simulates what is launched
+from pnmix.perfmodel import split_plan  # noqa: F401 (re-exported: fragment_attention and fragment_check launch by it)
+
 #: Ring depth of the copy pipeline (tiles in flight: STAGES - 1 ahead of the one computed).
 STAGES = 3
 QUERY_ROWS = 16  # the MMA's m: query rows of one KV head (GQA x new tokens), zero-padded
@@ -42,20 +45,6 @@ BLOCK_N = fragment.TILE
 GROUP = 128  # key group (tokens per scale row); two tiles
 #: Tokens of one trip of the kernel's loop (a key group: its operands are prepared once for its two tiles).
 TOKENS_PER_ITERATION = GROUP
-
-
-def split_plan(splits: int, items: int, slots: int) -> tuple[int, int, int]:
-    """(quantized splits, exact split, programs) per (sequence, KV head) for `splits` programs of the package's split
-    rule over `items` (sequence, KV head) pairs on a GPU that holds `slots` programs at once (2 per SM): the exact
-    regions (sinks, residual) get a program of their own where one more per item still fits in those slots, so that
-    their dense tiles run beside the quantized splits; else, from 4 splits on, the last of the `splits`; below that
-    the last split reads them before its quantized tiles (large batches, whose programs fill the GPU already).
-    `pnmix.perfmodel.split_plan` is the same rule (a test holds the two equal)."""
-    if splits >= 2 and items * (splits + 1) <= slots:
-        return splits, splits, splits + 1
-    if splits >= 4:
-        return splits - 1, splits - 1, splits
-    return splits, splits - 1, splits
 
 
 # Gluon kernels are decorated here (under the Triton interpreter too, where they cannot run: the twin stands in).
