@@ -401,12 +401,14 @@ def program_cycles(
     runs = tuple(sorted((k, min(v, SIMULATED_ITERATIONS)) for k, v in trips.items()))
     # the simulation depends on the GPU through its arch and DRAM latency only (H100 and H200 share it)
     key = (id(code), machine.gpu.arch, machine.dram_cycles, programs, warps_per_program, runs)
-    if cache is not None and key in cache:
-        sim = cache[key]
+    # the entry holds its code: a code freed after its entry was made cannot lend its id to another code and its
+    # simulation to that code's prediction
+    if cache is not None and key in cache and cache[key][0] is code:
+        sim = cache[key][1]
     else:
         sim = simulate(code, trips, machine, programs, warps_per_program)
         if cache is not None:
-            cache[key] = sim
+            cache[key] = (code, sim)
     cycles = sim.cycles
     limits = {}
     for loop, runs in sim.simulated_runs.items():

@@ -150,3 +150,19 @@ def test_what_holds_the_warps_is_named(body, programs, cause):
     held = sim.causes[0]
     assert max(held, key=held.get) == cause, held
     assert set(held) == set(perfmodel.CAUSES)
+
+
+def test_a_shared_simulation_cache_never_lends_one_codes_simulation_to_another():
+    """`program_cycles` keys its cache by the code's id: an entry whose code is not the one asked about (freed, its id
+    taken by another) is simulated again, not reused."""
+    machine = perfmodel.Machine.of(H100, 1.0)
+    short = loop_code([ins("FFMA R0, R0, R1, R2", stall=4) for _ in range(2)])
+    long = loop_code([ins("FFMA R0, R0, R1, R2", stall=4) for _ in range(20)])
+    alone = perfmodel.program_cycles(long, {0: 6}, {}, machine, 1, 4)["cycles"]
+    cache: dict = {}
+    perfmodel.program_cycles(short, {0: 6}, {}, machine, 1, 4, cache)
+    # the id collision a freed code would leave: `long` now has the key `short`'s entry was made under
+    (key,) = cache
+    cache[(id(long), *key[1:])] = cache.pop(key)
+    assert perfmodel.program_cycles(long, {0: 6}, {}, machine, 1, 4, cache)["cycles"] == alone
+    assert perfmodel.program_cycles(long, {0: 6}, {}, machine, 1, 4, cache)["cycles"] == alone  # and from the cache
