@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -46,6 +47,8 @@ BUDGETS_S = {
 #: Seconds a step of each kind is expected to take when no earlier report recorded one (its budget is
 #: about three times that): the progress bar's weights.
 DEFAULT_S = {kind: budget / 3 for kind, budget in BUDGETS_S.items()}
+#: A running step's share of its weight from the time alone stops here: past its expected time it is not done.
+TIME_SHARE_CAP = 0.95
 #: In a report's data folder: each step's name, kind, seconds and status, one JSON object a line (not
 #: *.json: a report's data folder given as --input holds result files only).
 STEP_TIMES = "step-times.jsonl"
@@ -146,16 +149,22 @@ def run(step: Step, bar: tqdm, refresh_s: float, weight: float = 0.0) -> Outcome
     counts.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     env[progress.ENV] = str(counts)
-    start, advanced = bar.n, [0.0]
+    start, advanced, began = bar.n, [0.0], time.monotonic()
 
     def poll(line: str) -> None:
+        # the step's share done: its tests done where they say more, else the time it ran of the time it is expected
+        # to take (so the bar moves through a test of many minutes), short of the whole until it ends
+        elapsed = time.monotonic() - began
+        share = weight * min(elapsed / weight, TIME_SHARE_CAP) if weight > 0 else 0.0
         done = progress.read(counts)
         if done is not None:
             line = f"{done[0]}/{done[1]} tests; {line}"
-            share = weight * done[0] / done[1]
-            if share > advanced[0]:
-                bar.update(share - advanced[0])
-                advanced[0] = share
+            share = max(share, weight * done[0] / done[1])
+        if weight > 0 and elapsed > weight:
+            line = f"{elapsed:.0f} s, expected {weight:.0f} s; {line}"
+        if share > advanced[0]:
+            bar.update(share - advanced[0])
+            advanced[0] = share
         bar.set_postfix_str(line, refresh=True)
 
     ended = subprocesses.run(
@@ -192,10 +201,18 @@ def with_budget(todo: Sequence[Step | Outcome], seconds: float | None) -> list[S
     return [dataclasses.replace(s, budget_s=budget) if isinstance(s, Step) else s for s in todo]
 
 
+#: The step times of the committed example report (a 2-core CPU machine, the CI class): what a first run on such a
+#: machine is expected to take, where its --out-dir holds no report of its own yet.
+EXAMPLE_TIMES = ROOT / "reports" / "example-cpu" / "data" / STEP_TIMES
+
+
 def recorded_times(out_dir: Path) -> list[dict]:
     """The step times the newest earlier report in `out_dir` recorded (`STEP_TIMES`; staging folders,
-    hidden, are not reports yet); empty where none did. Lines that do not read are left out."""
+    hidden, are not reports yet), else the example report's (`EXAMPLE_TIMES`); empty where neither did. Lines that
+    do not read are left out."""
     found = [p for p in Path(out_dir).glob(f"[!.]*/data/{STEP_TIMES}") if p.is_file()]
+    if not found:
+        found = [EXAMPLE_TIMES] if EXAMPLE_TIMES.is_file() else []
     if not found:
         return []
     rows = []

@@ -17,12 +17,24 @@ def _times(folder, rows, mtime):
     os.utime(path, (mtime, mtime))
 
 
-def test_each_step_weighs_its_time_in_the_newest_earlier_report(tmp_path):
+def test_each_step_weighs_its_time_in_the_newest_earlier_report(tmp_path, monkeypatch):
     args = cli.parser().parse_args(["--only", "reference", "--only", "triton", "--fidelity", "smoke"])
     todo = cli.plan(args, tmp_path / "new")
     names = [s.name for s in todo]
     assert names == ["conformance: reference", "conformance: triton", "benchmark suites", "fidelity (smoke)"]
-    # no earlier report: the default of each step's kind
+    # no earlier report here: the example report's times (the CI machine class)
+    example = tmp_path / "example" / steps.STEP_TIMES
+    example.parent.mkdir()
+    example.write_text(json.dumps({"name": "conformance: triton", "kind": "conformance-triton", "seconds": 227.0}))
+    monkeypatch.setattr(steps, "EXAMPLE_TIMES", example)
+    assert steps.weights(todo, steps.recorded_times(tmp_path / "new")) == [
+        steps.DEFAULT_S["conformance-pytorch"],
+        227.0,
+        steps.DEFAULT_S["benchmarks"],
+        steps.DEFAULT_S["fidelity-smoke"],
+    ]
+    # nor an example: the default of each step's kind
+    monkeypatch.setattr(steps, "EXAMPLE_TIMES", tmp_path / "nowhere" / steps.STEP_TIMES)
     assert steps.weights(todo, steps.recorded_times(tmp_path)) == [
         steps.DEFAULT_S[k] for k in ("conformance-pytorch", "conformance-triton", "benchmarks", "fidelity-smoke")
     ]
@@ -93,3 +105,25 @@ def test_a_pytest_step_shows_its_tests_done(tmp_path):
     assert counts == sorted(counts)
     assert max(n for _, n in bar.shown) > 0 and bar.n == 0  # advanced by the share done, then handed back
     assert progress.read(tmp_path / "nothing") is None
+
+
+def test_the_committed_example_report_weighs_a_first_run():
+    """A newcomer's first run is weighed by the example report's step times, not by the kinds' budgets (hours)."""
+    rows = steps.recorded_times(steps.EXAMPLE_TIMES.parent.parent / "no-report-here")
+    assert rows and {r["kind"] for r in rows} >= {"conformance-pytorch", "conformance-triton", "benchmarks"}
+
+
+def test_a_step_of_one_long_test_moves_the_bar_by_its_time_before_the_test_ends(tmp_path):
+    """The bar does not freeze through a test of many minutes: the step's share grows with its time against its
+    expected time (short of the whole), and says when it runs past it."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_long.py").write_text("import time\n\ndef test_long():\n    time.sleep(2.0)\n")
+    argv = (sys.executable, "-m", "pytest", str(tests / "test_long.py"), "-p", "no:cacheprovider")
+    step = steps.Step("pytest", (*argv, "-p", "reports.progress", "-q", "--rootdir", str(tests)), tmp_path / "out")
+    bar = _Bar()
+    steps.run(step, bar, 0.1, weight=1.0)
+    before_end = [(text, n) for text, n in bar.shown if text.startswith("0/1 tests") or " 0/1 tests" in text]
+    assert before_end and max(n for _, n in before_end) > 0.3, bar.shown  # moved while no test had ended
+    assert max(n for _, n in bar.shown) <= 1.0 and bar.n == 0
+    assert any("expected 1 s" in text for text, _ in bar.shown), bar.shown  # past its expected time: said so
