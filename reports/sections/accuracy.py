@@ -5,6 +5,7 @@ McNemar p), a figure of accuracy against key bits, and the three claim rows judg
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from benchmarks import tasks as tasks_suite
@@ -26,6 +27,7 @@ from reports.markdown import (
     figure,
     table,
 )
+from reports.sections import model_label
 
 #: FP16 within this much of chance is uninformative: no method can be told from it there.
 INFORMATIVE_MARGIN = 0.15
@@ -161,6 +163,10 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
     return "\n".join(md), png, _claims(data, useful, cite)
 
 
+#: Markers of the runs drawn as single points (own bits, Table 8), one per run: the budgets' lines use "o".
+SINGLE_MARKERS = ("s", "D", "^", "v", "P", "X", "*")
+
+
 def _figure(data: dict, useful: list[str]) -> bytes | None:
     base = pooled(fp16_run(data), useful)
 
@@ -181,26 +187,30 @@ def _figure(data: dict, useful: list[str]) -> bytes | None:
                     color=figures.color(family),
                     label=family,
                 )
-        for r in data["runs"]:
-            if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16:
-                a = accuracy(pooled(r, useful))
-                ax.errorbar(
-                    [r["key_bits"]],
-                    [a.value],
-                    yerr=[[a.value - a.low], [a.high - a.value]],
-                    ls="",
-                    marker="s",
-                    capsize=3,
-                    color=figures.color(r["label"]),
-                    label=r["label"],
-                )
+        singles = [
+            r
+            for r in data["runs"]
+            if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16
+        ]
+        for r, marker in zip(singles, itertools.cycle(SINGLE_MARKERS)):  # one marker per series: colours may repeat
+            a = accuracy(pooled(r, useful))
+            ax.errorbar(
+                [r["key_bits"]],
+                [a.value],
+                yerr=[[a.value - a.low], [a.high - a.value]],
+                ls="",
+                marker=marker,
+                capsize=3,
+                color=figures.color(r["label"]),
+                label=r["label"],
+            )
         fp16 = accuracy(base)
         ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
         ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
         ax.set(
             xlabel="key bits per element (the paper's counting)",
             ylabel="accuracy (informative tasks)",
-            title=f"Task accuracy against key bits: {data['model']}",
+            title=f"Task accuracy against key bits: {model_label(data['model'])}",
         )
 
     return figures.png(draw, size=(7.0, 4.5))

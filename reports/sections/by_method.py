@@ -37,7 +37,7 @@ from reports.inputs import Source, benchmarks, of_kind
 from reports.markdown import Citations, escape, table
 from reports.provenance import computed, measured
 from reports.sections import accuracy as acc
-from reports.sections import summary
+from reports.sections import model_label, summary
 from reports.sections.measured import is_fp16
 
 HEADING = "### Which method, at which budget"
@@ -220,7 +220,7 @@ def _accuracy(row: Row, view: str, cites: Citations) -> str:
         base = acc.fp16_run(s.data)
         given = f" ({', '.join(f'{k} {v}' for k, v in options.items())})" if options else ""
         cells.append(
-            f"{s.data['model'].split(' (')[0]}{given}: {acc.pooled_cell(run, base, tasks)} {cites.cite(_task(s))}"
+            f"{model_label(s.data['model'])}{given}: {acc.pooled_cell(run, base, tasks)} {cites.cite(_task(s))}"
         )
     return "; ".join(cells) or "-: no current task-accuracy result ran this configuration on tasks of this view"
 
@@ -244,7 +244,7 @@ def _drift(row: Row, runs: Sequence[Source], cites: Citations) -> str:
         if kl:
             q = long_output.quarter_means(kl)
             cells.append(
-                f"{s.data['model'].split(' (')[0]}: KL {q[0]:.3g} -> {q[-1]:.3g} over "
+                f"{model_label(s.data['model'])}: KL {q[0]:.3g} -> {q[-1]:.3g} over "
                 f"{s.data['summary']['positions']} positions {cites.cite(_long(s))}"
             )
     return "; ".join(cells) or "-: no current full long-output run of it"

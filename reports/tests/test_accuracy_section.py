@@ -163,3 +163,27 @@ def test_a_result_with_exact_windowed_layers_says_what_its_bits_cover(tmp_path):
     data["layers"] = {"quantized": 3, "total": 18}
     body = section.render([load(tmp_path, data)]).body
     assert "3 of 18 attention layers hold the method's cache" in body
+
+
+def test_the_figure_titles_its_model_by_name_and_gives_each_series_its_own_marker(tmp_path, monkeypatch):
+    """A figure's title names the model, not the path of the file on the machine that ran it; the runs drawn as
+    single points (keys only, values only, own bits) are told apart by their markers, whatever their colours."""
+    from reports import figures
+
+    data = synthetic.task_accuracy()
+    data["model"] = "gemma-3-270m (GGUF gemma.gguf; --model /root/.cache/somewhere/gemma.gguf)"
+    drawn = {}
+
+    def keep(draw, **kwargs):
+        with figures.drawn(draw, **kwargs) as fig:
+            (ax,) = fig.axes
+            drawn["title"] = ax.get_title()
+            handles, labels = figures.legend_entries([ax])
+            drawn["markers"] = {lb: h.lines[0].get_marker() for h, lb in zip(handles, labels) if hasattr(h, "lines")}
+        return b""
+
+    monkeypatch.setattr(figures, "png", keep)
+    section.render([load(tmp_path, data)])
+    assert drawn["title"] == "Task accuracy against key bits: gemma-3-270m", drawn["title"]
+    singles = {lb: m for lb, m in drawn["markers"].items() if lb.startswith(("keys only", "values only"))}
+    assert len(singles) == 2 and len(set(singles.values())) == 2, drawn["markers"]
