@@ -86,6 +86,13 @@ def workspace_estimate(arch: Architecture, batch: int, prompt: int, dense_attent
     )
 
 
+#: GiB under the budget within which the model does not decide whether a point fits: what a card keeps from tensors
+#: (the CUDA context with its library workspaces, the caching allocator's reserve and fragmentation) is not in the
+#: model. The paper's own Fig. 6b bounds it from below: FP16 fit at 38.48 GiB (B = 20) and one more sequence, 1.16
+#: GiB by this model, did not, so less than 39.64 GiB of the 40 was usable there.
+UNDECIDED_GIB = 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPoint:
     method: str
@@ -112,6 +119,14 @@ class MemoryPoint:
     @property
     def fits(self) -> bool:
         return self.peak <= self.budget_gib * GIB
+
+    @property
+    def decided(self) -> bool | None:
+        """Whether the point fits as far as the model can tell: True at least `UNDECIDED_GIB` under the budget,
+        False over it, None in between (the card's own reserve decides, which the model does not hold)."""
+        if self.peak > self.budget_gib * GIB:
+            return False
+        return True if self.peak <= (self.budget_gib - UNDECIDED_GIB) * GIB else None
 
     def as_dict(self) -> dict:
         return {

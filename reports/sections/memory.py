@@ -13,7 +13,7 @@ from reference.methods import NAMES
 from reference.records import GIB
 from reports import figures
 from reports.inputs import Source, benchmarks
-from reports.markdown import CONFIRMED, NOT_CONFIRMED, Citations, Claim, Section, figure, fmt, table
+from reports.markdown import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Citations, Claim, Section, figure, fmt, table
 from reports.provenance import computed, measured, quoted
 
 TITLE = "Memory feasibility (Fig. 6a, 6b)"
@@ -102,19 +102,27 @@ def _measured_claim(fc: FitClaim, points: list[dict]) -> Claim | None:
 def _model_claim(fc: FitClaim, arch) -> Claim:
     """The claim judged by the model at the same points (and, for a largest batch, the model's own)."""
     model = [(m, b, g, want, memory.point(arch, m, b, g)) for m, b, g, want in fc.points]
-    holds = all(p.fits == want for *_, want, p in model)
+    wrong = [p for *_, want, p in model if p.decided is not None and p.decided != want]
+    undecided = [p for *_, p in model if p.decided is None]
     evidence = "; ".join(
-        f"{m} B = {b}, L_gen = {g}: model peak {p.peak_gib:.2f} GiB ({'fits' if p.fits else 'over budget'})"
-        for m, b, g, _, p in model
+        f"{m} B = {b}, L_gen = {g}: model peak {p.peak_gib:.2f} GiB ({_fit_words(p)})" for m, b, g, _, p in model
     )
     if fc.largest_batch_of:
         best = memory.max_batch(arch, fc.largest_batch_of, paper.FIG6B_GENERATION)
         evidence += "; the model's largest batch: " + (f"B = {best.batch} ({best.peak_gib:.2f} GiB)" if best else "-")
-    if not holds:
+    if wrong or undecided:
         evidence += " (see the notes under Memory feasibility)"
-    return Claim(
-        fc.claim, CONFIRMED if holds else NOT_CONFIRMED, "computed", evidence + "; no GPU measurement", MODEL_SOURCE
-    )
+    status = NOT_CONFIRMED if wrong else INCONCLUSIVE if undecided else CONFIRMED
+    return Claim(fc.claim, status, "computed", evidence + "; no GPU measurement", MODEL_SOURCE)
+
+
+def _fit_words(p: memory.MemoryPoint) -> str:
+    if p.decided is None:
+        return (
+            f"under the budget by {p.budget_gib - p.peak_gib:.2f} GiB, less than the {memory.UNDECIDED_GIB:g} GiB "
+            "a card keeps from tensors: not decided by the model"
+        )
+    return "fits" if p.decided else "over budget"
 
 
 def judged(arch, points: list[dict]) -> list[tuple[Claim, Claim | None]]:
@@ -128,7 +136,7 @@ def _provenance(p: dict) -> str:
 
 
 def _yes(c: Claim | None) -> str:
-    return "-" if c is None else "yes" if c.status == CONFIRMED else "no"
+    return "-" if c is None else {CONFIRMED: "yes", INCONCLUSIVE: "undecided"}.get(c.status, "no")
 
 
 def _pivot(points: Sequence[memory.MemoryPoint], key: str) -> list[list]:

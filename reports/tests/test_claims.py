@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from reports import inputs
-from reports.markdown import CONFIRMED, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim
+from reports.markdown import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, NOT_MEASURED, Citations, Claim
 from reports.sections import claims as claims_section
 from reports.sections import fidelity, memory
 from reports.tests import synthetic
@@ -105,9 +105,20 @@ def test_the_memory_table_and_the_memory_claims_say_the_same():
     assert len(rows) == len(s.claims) == len(memory.CLAIMS)
     for claim in s.claims:
         row = rows[claim.claim.split(": ", 1)[1]]
-        assert claim.basis == "computed" and row["agrees"] == ("yes" if claim.status == CONFIRMED else "no")
+        word = {CONFIRMED: "yes", INCONCLUSIVE: "undecided"}.get(claim.status, "no")
+        assert claim.basis == "computed" and row["agrees"] == word
     pnmix = next(c for c in s.claims if c.claim.startswith("Fig. 6b") and "PN-Mix runs" in c.claim)
     assert pnmix.status == CONFIRMED and "the model's largest batch: B = " in pnmix.evidence
+
+
+def test_a_boundary_closer_to_the_budget_than_a_card_keeps_is_inconclusive_not_refuted():
+    """FP16's 21st sequence at 8K: 39.59 GiB by the model, 0.41 GiB under the 40 GiB budget, where the paper ran out
+    of memory. What a card keeps from tensors is not in the model, so it cannot say the paper is wrong there."""
+    fp16 = next(c for c in memory.render([]).claims if "FP16's largest batch" in c.claim)
+    assert fp16.status == INCONCLUSIVE, fp16
+    assert "not decided by the model" in fp16.evidence and "B = 20, L_gen = 8192: model peak 38.43 GiB (fits)" in (
+        fp16.evidence
+    )
 
 
 def test_measured_memory_points_decide_the_claims_and_the_table_shows_them(tmp_path):
