@@ -61,7 +61,7 @@ from pnmix.gpus import (
     programs_per_sm,
     smem_limit,
 )
-from pnmix.kernels import fragment, fragment_decode, ptx_unpack, ttgir
+from pnmix.kernels import fragment, fragment_check, fragment_decode, ptx_unpack, ttgir
 from pnmix.sass import toolchain
 from pnmix.token_cache import TritonTokenPrecisionCache
 from reference.channels.layout import CacheLayout
@@ -361,10 +361,28 @@ def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> di
     }
 
 
+def compile_fragment_loop(arch: int, use_ptx: bool = True, dtype: torch.dtype = torch.float16):
+    """The fragment-order loop (`pnmix.kernels.fragment_decode`) compiled ahead of time for sm_`arch` (no GPU needed:
+    triton's ptxas) exactly as `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT
+    would on such a device), as `triton.compile` returns it."""
+    if _runtime.INTERPRETED:
+        raise RuntimeError(
+            "compile_fragment_loop needs compiled kernels (triton's own jit functions are interpreted here): run "
+            "with TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
+        )
+    # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
+    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100, dtype=dtype)
+    gpu = next(g for g in GPUS if g.arch == arch)
+    with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
+        fragment_check.launch(args, 1.0, 3, use_ptx)
+    (launch,) = launches
+    return _compile(launch, arch)
+
+
 def _design_loop(arch: int, use_ptx: bool, dtype: str = "float16") -> tuple[dict, perfmodel.Kernel, list]:
     """The fragment-order loop compiled for sm_`arch` and queries of `dtype`: its resources, its model kernel and its
     loop's instructions."""
-    res = fragment_decode.resources(fragment_decode.compile_for(arch, use_ptx=use_ptx, dtype=DTYPES[dtype]))
+    res = fragment_decode.resources(compile_fragment_loop(arch, use_ptx=use_ptx, dtype=DTYPES[dtype]))
     kernel = perfmodel.Kernel.of(
         res["encoded"],
         res["registers"],

@@ -461,27 +461,6 @@ def launch_split(
     )  # fmt: skip
 
 
-def compile_for(arch: int, use_ptx: bool = True, dtype: torch.dtype = torch.float16):
-    """The kernel compiled ahead of time for sm_`arch` (no GPU needed: triton's ptxas) exactly as
-    `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT would on such a device), as
-    `triton.compile` returns it."""
-    from pnmix import aot  # deferred: aot imports this module (its gate compiles the loop)
-    from pnmix.kernels import fragment_check  # deferred: fragment_check imports this module (it launches the loop)
-
-    if _runtime.INTERPRETED:
-        raise RuntimeError(
-            "compile_for needs compiled kernels (triton's own jit functions are interpreted here): run with "
-            "TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
-        )
-    # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
-    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100, dtype=dtype)
-    gpu = next(g for g in aot.GPUS if g.arch == arch)
-    with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
-        fragment_check.launch(args, 1.0, 3, use_ptx)
-    (launch,) = launches
-    return aot._compile(launch, arch)
-
-
 def resources(compiled) -> dict:
     """Registers, local (spilled) bytes and shared memory of a compiled kernel, and its SASS with control codes."""
     registers, local_bytes = sass.registers_and_local_bytes(compiled.asm["cubin"])

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from pnmix import _runtime, perfmodel
+from pnmix import _runtime, aot, perfmodel
 from pnmix.kernels import fragment, fragment_check, fragment_decode, ptx
 
 
@@ -207,4 +207,4 @@ def test_compiling_the_loop_under_the_interpreter_says_how_to_compile_it():
     if not _runtime.INTERPRETED:
         pytest.skip("kernels are compiled in this process")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
-        fragment_decode.compile_for(80)
+        aot.compile_fragment_loop(80)
