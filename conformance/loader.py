@@ -267,15 +267,22 @@ def origin(name: str) -> str:
     return f"{name} = {ep.value}{dist}"
 
 
-def factory_module(name: str) -> str:
-    """The module that holds the factory of the implementation loaded as `name` (an import path's
-    module, a plug-in's entry-point module); ValueError for a name that is neither."""
+def factory(name: str) -> str:
+    """The 'package.module:factory' the implementation loaded as `name` comes from: an import path as
+    given, a plug-in's entry point (without its extras), whichever distribution registers it;
+    ValueError for a name that is neither."""
     if ":" in name:
-        return name.partition(":")[0]
+        return name
     ep = _entry_points().get(name)
     if ep is None:
         raise ValueError(f"unknown implementation {name!r}: expected one of {available_names()} or an import path")
-    return ep.value.partition(" ")[0].partition(":")[0]
+    return f"{ep.module}:{ep.attr}"
+
+
+def factory_module(name: str) -> str:
+    """The module that holds the factory of the implementation loaded as `name` (an import path's
+    module, a plug-in's entry-point module); ValueError for a name that is neither."""
+    return factory(name).partition(":")[0]
 
 
 def _import(target: str) -> object:

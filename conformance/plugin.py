@@ -116,12 +116,97 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("impl", impls, ids=[impl.name for impl in impls])
 
 
-def _xfail_lines(path: Path) -> list[tuple[str, str]]:
-    out = []
-    for raw in path.read_text().splitlines():
+#: The line of a known-failure file that binds it to the implementation it was written for.
+FACTORY_LINE = re.compile(r"factory\s*=\s*(.*)")
+_FACTORY_FORM = re.compile(r"[\w.]+:[\w.]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownFailures:
+    """A known-failure file: the factory it was written for ('package.module:factory', from its
+    'factory = ...' line; None: whichever implementation its node ids name) and its (node id, reason) lines."""
+
+    path: Path
+    factory: str | None
+    lines: list[tuple[str, str]]
+
+
+def read_known_failures(path: Path, flag: str) -> KnownFailures:
+    """The file's factory and node ids; UsageError naming `flag`, the file and the line for what is unreadable,
+    a malformed factory or a second one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise pytest.UsageError(f"{flag} {path}: cannot read it ({why})") from None
+    factory, lines = None, []
+    for number, raw in enumerate(text.splitlines(), 1):
         nodeid, _, reason = raw.partition("#")
-        if nodeid.strip():
-            out.append((nodeid.strip(), reason.strip() or f"known failure listed in {path.name}"))
+        bound = FACTORY_LINE.fullmatch(nodeid.strip())
+        if bound is None:
+            if nodeid.strip():
+                lines.append((nodeid.strip(), reason.strip() or f"known failure listed in {path.name}"))
+            continue
+        if factory is not None or _FACTORY_FORM.fullmatch(bound[1].strip()) is None:
+            said = "a second factory line" if factory is not None else f"got {nodeid.strip()!r}"
+            raise pytest.UsageError(
+                f"{flag} {path}:{number}: expected one line 'factory = package.module:factory' (the implementation "
+                f"whose known failures the file lists), {said}"
+            )
+        factory = bound[1].strip()
+    return KnownFailures(path, factory, lines)
+
+
+def _factory_of(config: pytest.Config, impl) -> str:
+    """The 'package.module:factory' the implementation was loaded from (`conformance.loader.factory`)."""
+    return loader.factory(config.stash[_NAMES][impl.name])
+
+
+def _owners(config: pytest.Config, known: KnownFailures, impls: list) -> list:
+    """The implementations among `impls` whose known failures `known` lists: those loaded from its factory
+    (a file that names none: every one). A name makes no owner: a plug-in named like a built-in is judged
+    without the built-in's known failures."""
+    if known.factory is None:
+        return impls
+    return [impl for impl in impls if _factory_of(config, impl) == known.factory]
+
+
+def _known_failure_files(config: pytest.Config) -> list[tuple[KnownFailures, list]]:
+    """Each known-failure file of this run with the implementations it belongs to: an implementation's
+    own file (conformance/xfails/<name>.txt, which must name its factory) and every --xfails FILE; a file
+    that belongs to none is said once."""
+    impls, out = implementations(config), []
+    for impl in impls:
+        path = XFAIL_DIR / f"{impl.name}.txt"
+        if not path.exists():
+            continue
+        known = read_known_failures(path, "known-failure file")
+        if known.factory is None:
+            raise pytest.UsageError(
+                f"{path}: expected a line 'factory = package.module:factory' naming the implementation whose "
+                "known failures it lists (its entry point in pyproject.toml)"
+            )
+        owners = _owners(config, known, [impl])
+        if not owners:
+            warnings.warn(
+                f"{path} lists the known failures of {known.factory}, not of {impl.name!r} loaded from "
+                f"{_factory_of(config, impl)}: none of them applied to it",
+                stacklevel=1,
+            )
+        out.append((known, owners))
+    for given in config.getoption("--xfails"):
+        path = Path(given)
+        if not path.exists():
+            raise pytest.UsageError(f"--xfails {path} does not exist")
+        known = read_known_failures(path, "--xfails")
+        owners = _owners(config, known, impls)
+        if not owners:
+            warnings.warn(
+                f"--xfails {path} lists the known failures of {known.factory}, which no implementation of this run "
+                "is loaded from: none of them applied",
+                stacklevel=1,
+            )
+        out.append((known, owners))
     return out
 
 
@@ -131,20 +216,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if meta:
             config.hook.pytest_deselected(items=meta)
             items[:] = [item for item in items if not item.nodeid.startswith(META)]
-    files = [XFAIL_DIR / f"{impl.name}.txt" for impl in implementations(config)]
-    files += [Path(p) for p in config.getoption("--xfails")]
     collected_files = {item.nodeid.split("::")[0] for item in items}
-    for path in files:
-        if not path.exists():
-            if path.parent != XFAIL_DIR:
-                raise pytest.UsageError(f"--xfails {path} does not exist")
-            continue
-        for nodeid, reason in _xfail_lines(path):
-            matched = [it for it in items if it.nodeid == nodeid or it.nodeid.startswith(nodeid + "[")]
+    for known, owners in _known_failure_files(config):
+        # a file bound to a factory marks only its implementations' tests, whatever its ids say
+        theirs = items if known.factory is None else [it for it in items if any(_impl_of(it) is o for o in owners)]
+        for nodeid, reason in known.lines:
+            matched = [it for it in theirs if it.nodeid == nodeid or it.nodeid.startswith(nodeid + "[")]
             for item in matched:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
-            if not matched and nodeid.split("::")[0] in collected_files:
-                warnings.warn(f"{path}: known-failure id matches no collected test: {nodeid}", stacklevel=1)
+            if owners and not matched and nodeid.split("::")[0] in collected_files:
+                warnings.warn(f"{known.path}: known-failure id matches no collected test: {nodeid}", stacklevel=1)
+
+
+def _impl_of(item: pytest.Item):
+    """The implementation a test runs on; None for a test that takes none."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("impl") if callspec is not None else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
