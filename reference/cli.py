@@ -1,6 +1,7 @@
 """`python -m reference`: storage and bit-width tables computed from the analytic model.
 
-Every number printed here is computed from `reference.channels.storage` (formula), not measured.
+Every number printed here is computed from `reference.channels.storage` and, for the per-token
+methods, `reference.tokens.config` (formula), not measured.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import sys
 import torch
 from tabulate import tabulate
 
+from reference import methods
 from reference.channels.config import PNMixConfig
 from reference.channels.selection import UNIFORM
 from reference.channels.storage import bit_widths, storage_model
-from reference.methods import METHODS
 from reference.models import MODEL_SHAPES
 from reference.paper import FIG6A_BATCH, FIG6B_GENERATION, MODEL, N_QUANTIZED, PROMPT
 from reference.records import GIB
+from reference.tokens.config import TokenPrecisionConfig, bits_per_element
+from reference.tokens.config import storage_model as token_storage_model
 
 
 def _int_at_least(text: str, low: int) -> int:
@@ -87,15 +90,58 @@ def bits_rows(configs: dict[str, PNMixConfig], head_dim: int, n_quantized: int) 
     return rows
 
 
-def model_rows(configs: dict[str, PNMixConfig], model: str, batch: int, length: int) -> list[list]:
-    """KV-cache bytes of every layer of `model` holding `length` tokens for each of `batch` sequences."""
+#: Shares of low-bit tokens the per-token methods are shown at: what they store depends on the share
+#: their allocation gives the low bits.
+LOW_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def registered() -> tuple[dict[str, PNMixConfig], dict[str, TokenPrecisionConfig]]:
+    """Every method of the registry (`reference.methods.names()`) with its default configuration, in table
+    order, by precision family: the channel family's, then the per-token ones'."""
+    family: dict[str, dict] = {methods.CHANNELS: {}, methods.TOKENS: {}}
+    for name in methods.names():
+        family[methods.method(name).precision][name] = methods.config(name)
+    return family[methods.CHANNELS], family[methods.TOKENS]
+
+
+def spread_low(config: TokenPrecisionConfig, n_tokens: int, share: float) -> torch.Tensor:
+    """Bits of `n_tokens` tokens, floor(n_tokens * share) of them low, spread evenly, the rest high."""
+    i = torch.arange(n_tokens, dtype=torch.float64)
+    low = torch.floor((i + 1) * share) > torch.floor(i * share)
+    return torch.where(low, config.low_bits, config.high_bits)
+
+
+def token_rows(configs: dict[str, TokenPrecisionConfig], head_dim: int, n_tokens: int, kv_heads: int) -> list[list]:
+    """Bits per element of each per-token method at every share of low tokens (`LOW_SHARES`), everything
+    stored counted, the class map spread over `kv_heads` heads."""
+    rows = []
+    for name, cfg in configs.items():
+        for share in LOW_SHARES:
+            b = bits_per_element(cfg, head_dim, spread_low(cfg, n_tokens, share), kv_heads)
+            rows.append([name, f"{share:.0%}", b.key, b.key_metadata, b.value, b.average])
+    return rows
+
+
+def model_rows(
+    configs: dict[str, PNMixConfig],
+    model: str,
+    batch: int,
+    length: int,
+    token_configs: dict[str, TokenPrecisionConfig] | None = None,
+) -> list[list]:
+    """KV-cache bytes of every layer of `model` holding `length` tokens for each of `batch` sequences; each
+    per-token method of `token_configs` at every share of low tokens (`LOW_SHARES`)."""
     shape = MODEL_SHAPES[model]
-    configs = {"FP16": METHODS["FP16"](), **configs}  # the baseline row, always first
+    configs = {methods.FP16: methods.config(methods.FP16), **configs}  # the baseline row, always first
     totals = {
         name: shape.layers * storage_model(cfg, batch, shape.kv_heads, shape.head_dim, length, torch.float16).total
         for name, cfg in configs.items()
     }
-    return [[name, total / GIB, totals["FP16"] / total] for name, total in totals.items()]
+    for name, cfg in (token_configs or {}).items():
+        for share in LOW_SHARES:
+            held = token_storage_model(cfg, batch, shape.kv_heads, shape.head_dim, spread_low(cfg, length, share))
+            totals[f"{name}, {share:.0%} low"] = shape.layers * sum(held.values())
+    return [[name, total / GIB, totals[methods.FP16] / total] for name, total in totals.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,11 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", action="store_true", help="also show the paper's Table 14 bit-width sweep next to the config"
     )
     parser.add_argument(
-        "--methods", action="store_true", help="also show every compared method's default (FP16, KIVI, Kitty, PN-Mix)"
+        "--methods",
+        action="store_true",
+        help=f"also show every compared method's default ({', '.join(methods.names())}); the per-token ones with "
+        f"{', '.join(f'{s * 100:g}' for s in LOW_SHARES)}%% of their tokens low",
     )
     args = parser.parse_args(argv)
+    shape = MODEL_SHAPES[args.model]
+    configs, token_configs = registered() if args.methods else ({}, {})
     try:
-        configs = {name: make() for name, make in METHODS.items()} if args.methods else {}
+        tokens = token_rows(token_configs, args.head_dim, args.n_quantized, shape.kv_heads)
+    except ValueError as err:
+        parser.error(f"--methods: the per-token methods ({', '.join(token_configs)}) cannot hold --head-dim: {err}")
+    try:
         base = _config_from_args(args)
         configs["this config: " + label(base)] = base
         if args.sweep:
@@ -135,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = dataclasses.replace(base, b_high=h, b_low=lo)
                     configs[label(cfg)] = cfg
         bits = bits_rows(configs, args.head_dim, args.n_quantized)
-        models = model_rows(configs, args.model, args.batch, args.length)
+        models = model_rows(configs, args.model, args.batch, args.length, token_configs)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
     print(
@@ -144,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     headers = ["config", "key bits", "mask bits", "key bits total", "value bits", "bytes/token/KV head"]
     print(tabulate(bits, headers=headers, tablefmt="github", floatfmt=("", ".4f", ".2e", ".4f", ".4f", ".2f")))
-    shape = MODEL_SHAPES[args.model]
+    if tokens:
+        print(
+            f"\nPer-token methods: average bits per element over {args.n_quantized} tokens, the low ones spread "
+            f"evenly, everything stored counted (the class map over {shape.kv_heads} KV heads, as {shape.name})\n"
+        )
+        headers = ["method", "low tokens", "key bits", "metadata bits", "value bits", "average"]
+        print(tabulate(tokens, headers=headers, tablefmt="github", floatfmt=("", "", ".4f", ".4f", ".4f", ".4f")))
     print(
         f"\nKV cache of {shape.name} ({shape.layers} layers, {shape.kv_heads} KV heads, head_dim "
         f"{shape.head_dim}; {shape.source}), batch {args.batch}, {args.length} tokens each, "

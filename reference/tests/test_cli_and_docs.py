@@ -2,11 +2,14 @@
 
 import doctest
 import importlib
+import re
 
 import pytest
+import torch
 
-from reference import PNMixConfig, bit_widths, storage_model
+from reference import PNMixConfig, bit_widths, methods, storage_model
 from reference.cli import main
+from reference.tokens import config as tokens
 
 
 def test_cli_prints_the_worked_example_and_model_bytes(capsys):
@@ -48,6 +51,43 @@ def test_cli_lists_every_method_from_the_same_accounting(capsys):
         line = next(row for row in out.splitlines() if row.startswith(f"| {name} "))
         assert f"{bit_widths(make(), 128).key_effective:.4f}" in line
     assert "| FP16 " in out and "16.0000" in out
+
+
+def test_cli_lists_every_registered_method(capsys):
+    """--methods lists every method of the registry, the per-token ones at their share of low tokens, with
+    their bits and bytes from their own accounting (here every token low: 3 bits and the class map)."""
+    assert main(["--methods", "--model", "Qwen3-8B", "--batch", "32", "--length", "8333"]) == 0
+    out = capsys.readouterr().out
+    rows = [row for row in out.splitlines() if row.startswith("| ")]
+    for name in methods.names():
+        assert [row for row in rows if re.match(rf"\| {re.escape(name)},? ", row)], f"{name} is not listed"
+    for name in methods.names(precision=methods.TOKENS):
+        cfg = methods.config(name)
+        low = tokens.bits_per_element(cfg, 128, torch.full((32768,), cfg.low_bits), kv_heads=8)
+        (row,) = [row for row in rows if re.match(rf"\| {re.escape(name)} +\| 100% ", row)]
+        assert f"{low.average:.4f}" in row and f"{low.key_metadata:.4f}" in row
+        held = tokens.storage_model(cfg, 32, 8, 128, torch.full((8333,), cfg.low_bits))
+        (row,) = [row for row in rows if row.startswith(f"| {name}, 100% low ")]
+        assert f"{36 * sum(held.values()) / 1024**3:.3f}" in row
+
+
+def test_cli_help_names_every_method(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help at hyphens too
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    said = capsys.readouterr().out
+    assert [name for name in methods.names() if name not in said] == []
+
+
+def test_cli_methods_at_a_head_dim_the_per_token_methods_cannot_hold_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--methods", "--head-dim", "48"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    (said,) = [line for line in err.splitlines() if "error" in line]
+    assert said.startswith("python -m reference: error: --methods: the per-token methods (TriAxialKV, role-aware")
+    assert "cannot hold --head-dim: head_dim (48) must be a multiple of group_size (32)" in said
 
 
 @pytest.mark.parametrize(

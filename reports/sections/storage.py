@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from reference import PNMixConfig, bit_widths, paper
-from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows
+from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows, token_rows
 from reference.methods import EVERY_TOKEN, METHODS, TOKEN_METHODS
 from reference.models import MODEL_SHAPES
-from reference.tokens.config import bits_per_element
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
 from reports.provenance import computed
 
@@ -35,19 +32,6 @@ def configs() -> dict[str, PNMixConfig]:
 
 
 TOKEN_LENGTH = 32768
-
-
-def token_rows(kv_heads: int) -> list[list]:
-    """Bits per element of the per-token methods at shares of low tokens 0, 25, 50, 75 and 100%."""
-    rows = []
-    for name, cfg in TOKEN_METHODS.items():
-        for share in (0.0, 0.25, 0.5, 0.75, 1.0):
-            i = torch.arange(TOKEN_LENGTH, dtype=torch.float64)
-            low = torch.floor((i + 1) * share) > torch.floor(i * share)  # floor(T * share) low tokens, spread evenly
-            bits = torch.where(low, cfg.low_bits, cfg.high_bits)
-            b = bits_per_element(cfg, HEAD_DIM, bits, kv_heads)
-            rows.append([name, f"{share:.0%}", b.key, b.key_metadata, b.value, b.average])
-    return rows
 
 
 def _show(value: object) -> str:
@@ -115,7 +99,7 @@ def render() -> Section:
             f"token and layer, here over {shape.kv_heads} KV heads) and role-aware PN-Mix's pair mask; "
             f"{TOKEN_LENGTH} tokens with the low ones spread evenly, head_dim {HEAD_DIM}.\n",
             table(
-                token_rows(shape.kv_heads),
+                token_rows(TOKEN_METHODS, HEAD_DIM, TOKEN_LENGTH, shape.kv_heads),
                 ["method", "low tokens", "key bits", "metadata bits", "value bits", "average"],
                 computed(
                     f"reference.tokens.config.bits_per_element(config, {HEAD_DIM}, token_bits, "
