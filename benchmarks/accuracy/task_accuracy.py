@@ -19,11 +19,13 @@ the outcome recorded.
 Resumable: every finished context's scores are appended to a file in --out (`Scores`); an interrupted
 sweep says what it kept and the same command resumes from it, with any number of processes. A score is
 kept under its run's configuration, so a sweep runs in pieces (some runs, some tasks, a few documents
-first) and a last one over everything scores only what no piece did; kept scores of code whose canaries
-moved are refused. Data-parallel under lm-eval's own
-multi-process launch: `accelerate launch -m benchmarks.task_accuracy ...` (or `torchrun`) gives each
-process its share of the documents (its own model copy, one GPU each where there are GPUs) and rank 0
-gathers them and writes the one result.
+first) and a last one over everything scores only what no piece did. Pieces combine only where made in the
+same dtype on the same kind of device (float32 on the CPU, bfloat16 on CUDA by default: two computations)
+by code whose canaries still reproduce; any other piece, and a kept line edited, swapped or out of range, is
+refused in one line naming its file (and line). A sweep holds a lock on its --out (`sweep_lock`): a second one
+there is refused, naming the holder. Data-parallel under lm-eval's own multi-process launch: `accelerate
+launch -m benchmarks.task_accuracy ...` (or `torchrun`) gives each process its share of the documents (its
+own model copy, one GPU each where there are GPUs) and rank 0 gathers them and writes the one result.
 
 The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
 every document's outcome per run and task, so that the report pairs each method with FP16 on the same
@@ -31,16 +33,21 @@ items (exact McNemar) and gives Wilson intervals (`benchmarks.accuracy.stats`). 
 unknown task, a hub task whose data is not cached while the hub is off or out of reach, a run that does
 not exist, a task longer than the model's context, a model file that cannot load, a model without RoPE
 or whose RoPE pair layout its code does not tell and --pair-layout does not give, an `--out` that cannot
-be written) are refused in one line before the model loads (`benchmarks.commands.preflight`).
+be written or that another sweep holds) are refused in one line before the model loads
+(`benchmarks.commands.preflight`). The result records its dtype and kind of device (`device_class`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
+import math
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -54,7 +61,7 @@ from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK, data_file, parse_task_name
-from reference.records import file_digest, loaded_code, record
+from reference.records import file_digest, loaded_code, now_utc, record, write_atomic
 
 RESULTS = Path(__file__).parents[1] / "results"
 CONFIGS = Path(__file__).parents[1] / "tasks" / "configs"
@@ -195,11 +202,114 @@ def _request_key(args: tuple) -> str:
 
 #: The run_key of a kept file's lines that record a context's seconds.
 TIME = "seconds"
+#: A context's scores take minutes on a CPU; a kept time past a week is a damaged line, not a measurement.
+MAX_CONTEXT_SECONDS = 7 * 24 * 3600.0
+#: The lock a sweep holds on its --out, holding its holder's pid, host, start and command.
+LOCK = ".task-accuracy.lock"
 
 
 def run_key(model_args: str) -> str:
     """What a kept score is filed under: the run's configuration (its model_args), not its label."""
     return hashlib.sha256(model_args.encode()).hexdigest()[:16]
+
+
+class KeptFileError(ValueError):
+    """A kept-scores file (or the --out lock) that cannot be read or written: one line naming the file, and the
+    line where one is read."""
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def computation(dtype, device) -> dict:
+    """What a kept score was computed in: the model's dtype (a torch dtype) and the kind of its device (a torch
+    device: "cpu", "cuda"). Pieces of a sweep combine only where these are equal: another dtype rounds every
+    activation otherwise, and a GPU runs other kernels (the Triton caches in half precision, cuBLAS) than the CPU."""
+    return {"dtype": str(dtype).removeprefix("torch."), "device": device.type}
+
+
+def score_problem(score) -> str:
+    """What is wrong with a kept score as JSON holds it ("" if nothing): the text generated, or [log-likelihood,
+    greedy] with a finite log-likelihood <= 0."""
+    if isinstance(score, str):
+        return ""
+    if not (isinstance(score, list) and len(score) == 2):
+        return f"score {json.dumps(score)}: expected [log-likelihood, greedy] or the text generated"
+    log_p, greedy = score
+    if isinstance(log_p, bool) or not isinstance(log_p, (int, float)) or not math.isfinite(log_p) or log_p > 0:
+        return f"log-likelihood {json.dumps(log_p)}: expected a finite number <= 0"
+    if not isinstance(greedy, bool):
+        return f"greedy {json.dumps(greedy)}: expected true or false"
+    return ""
+
+
+def seconds_problem(seconds) -> str:
+    """What is wrong with a context's kept seconds ("" if nothing): finite, 0 to MAX_CONTEXT_SECONDS."""
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if not number or not math.isfinite(seconds) or not 0 <= seconds <= MAX_CONTEXT_SECONDS:
+        return f"seconds {json.dumps(seconds)}: expected a context's time, 0 to {MAX_CONTEXT_SECONDS:g}"
+    return ""
+
+
+def kept_lines(path: Path) -> list[str]:
+    """The whole lines of a kept file; a last line without its newline (a write a kill cut short) is left out."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise KeptFileError(f"{path}: a folder where the sweep keeps a file of scores; remove it") from None
+    except OSError as err:
+        raise KeptFileError(f"{path}: cannot be read ({err.strerror or err})") from None
+    out = []
+    for n, line in enumerate(data.split(b"\n")[:-1], 1):
+        try:
+            out.append(line.decode())
+        except UnicodeDecodeError:
+            raise KeptFileError(f"{path} line {n}: not UTF-8 text; remove the file to start over") from None
+    return out
+
+
+def kept_head(path: Path, lines: list[str]) -> dict | None:
+    """A kept file's first line (its identity, computation and behaviour); None where it has none yet."""
+    if not lines:
+        return None
+    try:
+        head = json.loads(lines[0])
+    except ValueError:
+        head = None
+    if not isinstance(head, dict) or not isinstance(head.get("identity"), dict):
+        raise KeptFileError(
+            f"{path} line 1: not a kept-scores header (a JSON object with the sweep's identity); "
+            "remove the file to start over"
+        )
+    return head
+
+
+def kept_row(path: Path, n: int, line: str, head_digest: str) -> tuple[str, str, object]:
+    """(run_key, request key, score) of a kept file's line `n`, checked: its values in range and its digest that
+    of its run, request and score under its file's header."""
+    try:
+        row = json.loads(line)
+    except ValueError as err:
+        raise KeptFileError(f"{path} line {n}: not JSON ({err}); remove the file to start over") from None
+    if isinstance(row, list) and len(row) == 3:
+        raise KeptFileError(
+            f"{path} line {n}: no digest (kept by an earlier version of the sweep); remove the file to start over"
+        )
+    if not (isinstance(row, list) and len(row) == 4 and all(isinstance(row[i], str) for i in (0, 1, 3))):
+        raise KeptFileError(
+            f"{path} line {n}: expected [run, request, score, digest], got {line[:80]}; remove the file to start over"
+        )
+    run, key, score, digest = row
+    problem = seconds_problem(score) if run == TIME else score_problem(score)
+    if problem:
+        raise KeptFileError(f"{path} line {n}: {problem}; remove the file to start over")
+    if digest != _digest(head_digest, run, key, score):
+        raise KeptFileError(
+            f"{path} line {n}: its digest is not that of its run, request and score (the line was edited or "
+            "moved); remove the file to start over"
+        )
+    return run, key, score
 
 
 class Scores:
@@ -210,37 +320,63 @@ class Scores:
     those of an interrupted run of the same command, of other processes of a multi-process launch whatever
     their number, and of earlier sweeps over other runs or tasks, since a score is filed under its run's
     configuration and its request (a sweep can be run in pieces, by runs or by tasks, and a last one over
-    everything reuses them all). Each file's first line records the behaviour of the code that wrote it
-    (`benchmarks.canaries.behaviour.record`): a file whose canaries this tree no longer reproduces is refused,
-    naming what moved, so that no result mixes the scores of code that computes differently. This process
-    appends to its own file, `path`. A line cut short by a kill is not read. `remove` deletes every file of
-    the identity once the result holds their scores: one sweep at a time per folder."""
+    everything reuses them all). Each file's first line records the `computation` (dtype and kind of device)
+    and the behaviour of the code that wrote it (`benchmarks.canaries.behaviour.record`): a file of another
+    computation, or whose canaries this tree no longer reproduces, is refused, saying why, so that no result
+    mixes the scores of two computations. Each later line carries the digest of its run, request and score under
+    that first line: a line edited, swapped or moved is refused, naming its file and line, as is a value out of
+    range. This process appends to its own file, `path`. A last line cut short by a kill is not read (and is
+    dropped before this process appends). `remove` deletes every file of the identity once the result holds
+    their scores: one sweep at a time per folder (`sweep_lock`)."""
 
-    def __init__(self, folder: Path, identity: dict, behaviour: dict, part: str = "") -> None:
+    def __init__(self, folder: Path, identity: dict, behaviour: dict, part: str = "", *, made_in: dict) -> None:
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         self.pattern = f".task-accuracy-{digest}*.scores.jsonl"
         self.path = folder / f".task-accuracy-{digest}{part}.scores.jsonl"
-        self.identity, self.behaviour = identity, behaviour
+        self.identity, self.behaviour, self.made_in = identity, behaviour, made_in
         self.kept: dict[str, dict[str, tuple[float, bool] | str]] = {}
         self.seconds = 0.0  # the time the kept scores took to compute, wherever they were made
+        self._head_digest: str | None = None  # that of this process's file's first line, once it has one
         for path in sorted(folder.glob(self.pattern)):
-            self._read(path)
+            for run, key, score in self._read(path):
+                if run == TIME:
+                    self.seconds += score
+                else:
+                    self.kept.setdefault(run, {})[key] = score if isinstance(score, str) else (score[0], score[1])
         self.read = sum(map(len, self.kept.values()))
 
-    def _read(self, path: Path) -> None:
-        lines = path.read_text().splitlines()
-        head = json.loads(lines[0]) if lines else {}
-        if head.get("identity") != self.identity:
-            raise ValueError(f"{path} holds the scores of another sweep; remove it or choose another --out")
+    def _read(self, path: Path) -> list[tuple[str, str, object]]:
+        """The checked rows of one kept file, whose header must be this sweep's."""
+        lines = kept_lines(path)
+        head = kept_head(path, lines)
+        if head is None:  # empty, or its header cut short: nothing kept yet
+            return []
+        self._check_head(path, head)
+        head_digest = _digest(lines[0])
+        return [kept_row(path, n, line, head_digest) for n, line in enumerate(lines[1:], 2)]
+
+    def _check_head(self, path: Path, head: dict) -> None:
+        if head["identity"] != self.identity:
+            raise KeptFileError(f"{path} line 1: holds the scores of another sweep; remove it or choose another --out")
+        theirs = head.get("computation")
+        if not isinstance(theirs, dict):
+            raise KeptFileError(
+                f"{path} line 1: records no dtype and device (kept by an earlier version of the sweep); "
+                "remove it to start over"
+            )
+        if theirs != self.made_in:
+            raise KeptFileError(
+                f"{path} line 1: scores computed in {theirs.get('dtype')} on {theirs.get('device')}, this sweep "
+                f"computes in {self.made_in['dtype']} on {self.made_in['device']}: a different computation (another "
+                "dtype rounds every activation otherwise, a GPU runs other kernels than the CPU), so they do not "
+                "combine; resume it with the same dtype on the same kind of device, or remove it to start over"
+            )
         moved = canaries.moved(head.get("behaviour") or {})
         if moved or not (head.get("behaviour") or {}).get("canaries"):
             why = "; ".join(moved) if moved else "it records no canaries"
-            raise ValueError(f"{path} holds scores of code that computes otherwise ({why}); remove it to start over")
-        for run, key, score in _rows(lines):
-            if run == TIME:
-                self.seconds += score
-            else:
-                self.kept.setdefault(run, {})[key] = score if isinstance(score, str) else (score[0], score[1])
+            raise KeptFileError(
+                f"{path} line 1: holds scores of code that computes otherwise ({why}); remove it to start over"
+            )
 
     def get(self, run: str, args: tuple) -> tuple[float, bool] | str | None:
         """The kept score of `args` under the run whose `run_key` is `run`, or None."""
@@ -248,22 +384,52 @@ class Scores:
 
     def add(self, rows: list[tuple[str, tuple, tuple[float, bool] | str]], seconds: float) -> None:
         """Append the scores (log-likelihoods, or the text generated) of one finished context (one write):
-        rows of (run_key, request args, score), and the seconds they took."""
-        if not self.path.is_file():
-            head = {"identity": self.identity, "behaviour": self.behaviour}
-            self.path.write_text(json.dumps(head) + "\n")
-        lines = [json.dumps([run, _request_key(args), _plain(s)]) for run, args, s in rows]
-        with open(self.path, "a") as f:
-            f.write("".join(f"{line}\n" for line in [*lines, json.dumps([TIME, "", round(seconds, 3)])]))
+        rows of (run_key, request args, score), and the seconds they took. A score out of range is refused
+        before anything is written (ValueError); a failed write (a full disk) says what is kept (KeptFileError)."""
+        plain = [(run, _request_key(args), _plain(s)) for run, args, s in rows]
+        for run, _, score in plain:
+            if problem := score_problem(score):
+                raise ValueError(f"run {run}: {problem}: not kept")
+        time_row = (TIME, "", round(seconds, 3))
+        if problem := seconds_problem(time_row[2]):
+            raise ValueError(f"a context's {problem}: not kept")
+        try:
+            head_digest = self._head_digest or self._prepare()
+            lines = [json.dumps([*row, _digest(head_digest, *row)]) for row in [*plain, time_row]]
+            with open(self.path, "a") as f:
+                f.write("".join(f"{line}\n" for line in lines))
+        except OSError as err:
+            kept = sum(map(len, self.kept.values()))
+            raise KeptFileError(
+                f"{self.path}: this context's scores cannot be kept ({err.strerror or err}); the {kept} scores kept "
+                f"before it are in {self.path.parent}, and the same command resumes from them once it can write there"
+            ) from None
         self.seconds += seconds
         for run, args, score in rows:
             self.kept.setdefault(run, {})[_request_key(args)] = score
 
+    def _prepare(self) -> str:
+        """This process's file ready to append to (a last line cut short dropped, the header written where there
+        is none), and the digest of its header."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        whole = data[: data.rfind(b"\n") + 1]
+        if not whole:
+            head = json.dumps({"identity": self.identity, "computation": self.made_in, "behaviour": self.behaviour})
+            write_atomic(self.path, head + "\n", overwrite=True)
+        else:
+            if whole != data:
+                os.truncate(self.path, len(whole))
+            head = whole[: whole.find(b"\n")].decode()
+        self._head_digest = _digest(head)
+        return self._head_digest
+
     def recorded(self) -> tuple[int, float]:
         """How many contexts are kept and the seconds they took, read from every file now (every process's,
         every piece's)."""
-        paths = self.path.parent.glob(self.pattern)
-        times = [s for path in paths for run, _, s in _rows(path.read_text().splitlines()) if run == TIME]
+        times = [s for path in self.path.parent.glob(self.pattern) for run, _, s in self._read(path) if run == TIME]
         return len(times), sum(times)
 
     def remove(self) -> None:
@@ -271,17 +437,75 @@ class Scores:
             path.unlink(missing_ok=True)
 
 
-def _rows(lines: list[str]):
-    """(run_key, request key, score) of a kept file's lines after its first; a line cut short by a kill is skipped."""
-    for line in lines[1:]:
-        try:
-            yield tuple(json.loads(line))
-        except ValueError:
-            continue
-
-
 def _plain(score: tuple[float, bool] | str) -> list | str:
     return score if isinstance(score, str) else list(score)
+
+
+def _holder(record: bytes) -> str:
+    """A lock's holder as a reader reads it, from the record it wrote."""
+    try:
+        h = json.loads(record)
+        return f"pid {h['pid']} on {h['host']}, since {h['started_utc']}: `{h['command']}`"
+    except (ValueError, TypeError, KeyError):
+        return "its holder not yet recorded" if not record.strip() else "its holder's record unreadable"
+
+
+def _lock_fd(path: Path, out: Path) -> int:
+    """An open descriptor of `path` holding its exclusive flock; KeptFileError where another process holds it or
+    the file cannot be locked. Retried where the holder removed the file between its open and its lock."""
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise KeptFileError(f"{path}: cannot be opened as the sweep's lock ({err.strerror or err})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise KeptFileError(
+                f"{out}: another sweep writes there ({holder}); wait for it to end, or give another --out"
+            ) from None
+        except OSError as err:
+            os.close(fd)
+            raise KeptFileError(
+                f"{path}: cannot be locked ({err.strerror or err}); give an --out on a disk that takes file locks"
+            ) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise KeptFileError(f"{path}: removed and remade as it was locked, three times; retry")
+
+
+def _record_holder(fd: int, path: Path) -> None:
+    """This process as the holder of the lock `fd` (what a refused sweep names)."""
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started_utc": now_utc(), "command": " ".join(sys.argv)}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+    except OSError as err:
+        raise KeptFileError(f"{path}: this sweep cannot record itself as its holder ({err.strerror or err})") from None
+
+
+@contextlib.contextmanager
+def sweep_lock(out: Path):
+    """Hold `out`'s lock (LOCK: an exclusive flock, which the system drops when its holder ends, however it
+    ends) while the block runs: one sweep at a time per folder, since a finished sweep removes the kept files
+    of its identity there. Yields the holder that a stale lock file names (one whose process is gone, now
+    taken over), or None. KeptFileError, naming the holder, where another sweep holds it."""
+    path = out / LOCK
+    fd = _lock_fd(path, out)
+    try:
+        stale = os.pread(fd, 4096, 0)
+        _record_holder(fd, path)
+        yield _holder(stale) if stale.strip() else None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the lock goes: a process that opened this file sees it is gone, and retries
+        os.close(fd)
 
 
 class Shared:
@@ -521,7 +745,9 @@ def markdown(data: dict) -> str:
         for r in data["runs"]
     ]
     return (
-        f"# Task accuracy: {data['model']}\n\nMeasured on {data['device']}, {data['date_utc']}, `{data['command']}`; "
+        f"# Task accuracy: {data['model']}\n\nMeasured on {data['device']}"
+        + (f" in {data['dtype']}" if "dtype" in data else "")
+        + f", {data['date_utc']}, `{data['command']}`; "
         f"{sum(t['items'] for t in data['tasks'])} documents; "
         + (f"{note}; " if (note := layers_note(data)) else "")
         + "chance per task: "
@@ -538,6 +764,21 @@ def main(argv: list[str] | None = None) -> int:
     check_ranges(p, args)
     source = preflight.model(p, args.model)  # the suite's prompts are plain text: no chat template needed
     args.out = preflight.output_folder(p, args.out)
+    # rank 0 holds the lock for every process of a launch (the launcher ends them all where it refuses)
+    rank = int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    with contextlib.ExitStack() as held:
+        if rank == 0:
+            try:
+                stale = held.enter_context(sweep_lock(args.out))
+            except KeptFileError as err:
+                p.error(f"--out: {err}")
+            if stale:
+                print(f"{p.prog}: took over {args.out / LOCK} from a sweep that is gone ({stale})", file=sys.stderr)
+        return sweep(p, args, source)
+
+
+def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
+    """The sweep of `main`'s checked arguments, with `args.out` held: the exit status."""
     manager = task_index([str(CONFIGS), *map(str, args.include_path)], args.tasks or ())
     tasks, config = check_args(p, args, manager, source)
     limit = args.limit
@@ -582,9 +823,10 @@ def main(argv: list[str] | None = None) -> int:
     identity = {"model": source.fingerprint, **given, "lm_eval": __import__("lm_eval").__version__}
     # each process of a multi-process launch keeps its scores in a file of its own
     part = "" if base.world_size == 1 else f"-rank{base.rank}of{base.world_size}"
+    made_in = computation(base.settings.dtype, base.device)  # pieces combine only where it is the same
     try:
-        scores = Scores(args.out, identity, behaviour, part)
-    except ValueError as err:
+        scores = Scores(args.out, identity, behaviour, part, made_in=made_in)
+    except KeptFileError as err:
         p.error(f"--out: {err}")
     if scores.read:
         print(f"{p.prog}: resuming: {scores.read} scores kept in {args.out} read back", file=sys.stderr)
@@ -595,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
             results = evaluate(tasks, limit, manager, shared)
     except RequestTooLong as error:
         p.error(f"--tasks: {error}")
+    except KeptFileError as error:  # a full disk: what was kept before it stays kept
+        print(f"{p.prog}: error: {error}", file=sys.stderr)
+        return 1
     except (KeyboardInterrupt, interrupts.Terminated) as stop:
         kept = sum(map(len, scores.kept.values()))
         where = f"kept in {args.out} ({scores.pattern}); the same command resumes from them"
@@ -607,7 +852,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     base.barrier()
-    contexts, seconds = scores.recorded() if base.rank == 0 else (0, 0.0)
+    try:
+        contexts, seconds = scores.recorded() if base.rank == 0 else (0, 0.0)
+    except KeptFileError as error:
+        print(f"{p.prog}: error: {error}", file=sys.stderr)
+        return 1
     base.barrier()  # rank 0 has read every process's file before any is removed
     if base.rank != 0:  # lm-eval gathered every document's outcome on rank 0, which writes the result
         scores.path.unlink(missing_ok=True)
@@ -616,6 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     data = record(
         "task-accuracy",
         base.device,
+        # a bfloat16 result on a GPU and a float32 one on the CPU are different computations: told apart by these
+        dtype=made_in["dtype"],
+        device_class=made_in["device"],
         model=source.describe(),
         model_fingerprint=source.fingerprint,
         head_dim=d,

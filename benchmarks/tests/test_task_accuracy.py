@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
+import torch
+
 from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.accuracy import task_accuracy
 from benchmarks.tasks import DECODE_MARK
@@ -79,6 +81,9 @@ def test_every_run_is_scored_on_the_same_documents(tiny, tmp_path, monkeypatch):
     assert kitty["key_bits"] == pytest.approx(accuracy_sweep.key_bits(methods.config("Kitty"), 32))
     assert "code" in data and (tmp_path / path.name.replace(".json", ".md")).is_file()
     assert data["layers"] == {"quantized": 2, "total": 2} and task_accuracy.layers_note(data) == ""
+    # the computation, so that a report tells a float32 CPU result from a bfloat16 GPU one
+    assert (data["dtype"], data["device_class"]) == ("float32", "cpu")
+    assert f"Measured on {data['device']} in float32, " in (tmp_path / path.name.replace(".json", ".md")).read_text()
 
 
 def test_a_model_whose_windowed_layers_keep_exact_caches_says_what_its_bits_cover():
@@ -222,21 +227,22 @@ def test_kept_scores_are_read_back_as_written(tmp_path):
     from benchmarks.canaries import behaviour as canaries
 
     identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
-    scores = task_accuracy.Scores(tmp_path, identity, behaviour, "-rank1of2")
+    cpu = task_accuracy.computation(torch.float32, torch.device("cpu"))
+    scores = task_accuracy.Scores(tmp_path, identity, behaviour, "-rank1of2", made_in=cpu)
     choice, generation = ("ctx", " 4213"), ("ctx", {"until": ["\n"], "max_gen_toks": 4})
     scores.add([("FP16", choice, (-1.5, True)), ("FP16", generation, " 4213.")], 2.5)
     with open(scores.path, "a") as f:
         f.write('["FP16", "cut sho')  # a kill mid-line
-    again = task_accuracy.Scores(tmp_path, identity, behaviour)
+    again = task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu)
     assert again.read == 2 and again.get("FP16", choice) == (-1.5, True) and again.get("FP16", generation) == " 4213."
     again.add([("KIVI", choice, (-2.0, False))], 1.5)
     assert (2, 4.0) == again.recorded() and again.seconds == 4.0  # each context's time, every process's file
     assert again.path != scores.path  # one process now: its own file, beside the two processes' ones
-    other = task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour)  # files under its own name
+    other = task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour, made_in=cpu)  # files under its own name
     assert other.read == 0
     scores.path.rename(other.path)  # a file whose name says one sweep and whose first line another
-    with pytest.raises(ValueError, match="another sweep"):
-        task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour)
+    with pytest.raises(ValueError, match="line 1: holds the scores of another sweep"):
+        task_accuracy.Scores(tmp_path, {"model": "other"}, behaviour, made_in=cpu)
 
 
 def test_kept_scores_of_code_that_computes_otherwise_are_refused(tmp_path):
@@ -245,18 +251,19 @@ def test_kept_scores_of_code_that_computes_otherwise_are_refused(tmp_path):
     from benchmarks.canaries import behaviour as canaries
 
     identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
-    scores = task_accuracy.Scores(tmp_path, identity, behaviour)
+    cpu = task_accuracy.computation(torch.float32, torch.device("cpu"))
+    scores = task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu)
     scores.add([("FP16", ("ctx", " 1"), (-1.0, True))], 1.0)
-    assert task_accuracy.Scores(tmp_path, identity, behaviour).read == 1
+    assert task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu).read == 1
     head, *rows = scores.path.read_text().splitlines()
     moved = json.loads(head)
     moved["behaviour"]["canaries"]["pipeline:task-accuracy"]["exact"]["chosen"] += 1  # another candidate chosen
     scores.path.write_text("\n".join([json.dumps(moved), *rows]) + "\n")
     with pytest.raises(ValueError, match=r"computes otherwise .*task-accuracy pipeline"):
-        task_accuracy.Scores(tmp_path, identity, behaviour)
-    scores.path.write_text("\n".join([json.dumps({"identity": identity}), *rows]) + "\n")
+        task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu)
+    scores.path.write_text("\n".join([json.dumps({"identity": identity, "computation": cpu}), *rows]) + "\n")
     with pytest.raises(ValueError, match="records no canaries"):
-        task_accuracy.Scores(tmp_path, identity, behaviour)
+        task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu)
 
 
 @pytest.mark.long  # three fresh processes importing lm-eval and torch: about a minute on two CPU cores
