@@ -361,28 +361,35 @@ def run(scope: str, jobs: int, ptx: bool = True, predictions: bool = True) -> di
     }
 
 
-def compile_fragment_loop(arch: int, use_ptx: bool = True, dtype: torch.dtype = torch.float16):
+#: Query rows per KV head the fragment-order loop is compiled for here: the workloads' GQA (Qwen3-8B: 4).
+FRAGMENT_ROWS = 4
+
+
+def compile_fragment_loop(arch: int, use_ptx: bool = True, dtype: torch.dtype = torch.float16, merges: bool = True):
     """The fragment-order loop (`pnmix.kernels.fragment_decode`) compiled ahead of time for sm_`arch` (no GPU needed:
-    triton's ptxas) exactly as `fragment_check.launch` launches it (its launch recorded, then compiled as the JIT
-    would on such a device), as `triton.compile` returns it."""
+    triton's ptxas) exactly as `fragment_check.launch` launches it (its launches recorded, then the one that merges
+    its splits itself, or the one that leaves them to the merge kernel, compiled as the JIT would on such a device),
+    as `triton.compile` returns it."""
     if _runtime.INTERPRETED:
         raise RuntimeError(
             "compile_fragment_loop needs compiled kernels (triton's own jit functions are interpreted here): run "
             "with TRITON_INTERPRET=0, as `python -m pnmix.aot` does"
         )
     # specialized as a long context is: tiles and groups multiples of 16, splits neither 1 nor a multiple of 16
-    args, _ = fragment_check.synthetic(tiles=32, seed=0, sinks=32, residual=100, dtype=dtype)
+    args, _ = fragment_check.synthetic(tiles=32, seed=0, rows=FRAGMENT_ROWS, sinks=32, residual=100, dtype=dtype)
     gpu = next(g for g in GPUS if g.arch == arch)
     with _runtime.recording(_runtime.Target(arch, gpu.sms)) as launches:
         fragment_check.launch(args, 1.0, 3, use_ptx)
-    (launch,) = launches
+    (launch,) = [x for x in launches if bool(x.constexprs["FUSED"]) == merges]
     return _compile(launch, arch)
 
 
-def _design_loop(arch: int, use_ptx: bool, dtype: str = "float16") -> tuple[dict, perfmodel.Kernel, list]:
-    """The fragment-order loop compiled for sm_`arch` and queries of `dtype`: its resources, its model kernel and its
-    loop's instructions."""
-    res = fragment_decode.resources(compile_fragment_loop(arch, use_ptx=use_ptx, dtype=DTYPES[dtype]))
+def _design_loop(
+    arch: int, use_ptx: bool, dtype: str = "float16", merges: bool = True
+) -> tuple[dict, perfmodel.Kernel, list]:
+    """The fragment-order loop compiled for sm_`arch` and queries of `dtype`, merging its splits itself or not: its
+    resources, its model kernel and its loop's instructions."""
+    res = fragment_decode.resources(compile_fragment_loop(arch, use_ptx=use_ptx, dtype=DTYPES[dtype], merges=merges))
     kernel = perfmodel.Kernel.of(
         res["encoded"],
         res["registers"],
@@ -394,51 +401,74 @@ def _design_loop(arch: int, use_ptx: bool, dtype: str = "float16") -> tuple[dict
     return res, kernel, kernel.code.instructions[loop.start : loop.end] if loop else []
 
 
+#: The fragment-order loop's two launched forms: merging its splits itself (batch 1) or not (large batches).
+LOOP_FORMS = {True: "merging in the loop", False: "with the merge kernel"}
+
+
+def _predicted_step(kernels: dict, merge: perfmodel.Kernel, storage, w, gpu, cache: dict) -> dict:
+    """The decode step of the form the package launches at `w` on `gpu` (`perfmodel.merges_in_loop`)."""
+    items = w.batch * w.kv_heads
+    splits = perfmodel.default_splits(gpu, items, w.context, fragment_decode.TOKENS_PER_ITERATION)
+    programs = perfmodel.split_plan(splits, items, 2 * gpu.sms)[2]
+    merges = perfmodel.merges_in_loop(items, programs, 2 * gpu.sms)
+    step = perfmodel.decode_step(
+        kernels[merges],
+        None if merges else merge,
+        storage,
+        w,
+        gpu,
+        cache,
+        exact_last=fragment.TILE,
+        merge_chunk=fragment_decode.merge_chunk(w.gqa) if merges else None,
+    )
+    return step | {"form": LOOP_FORMS[merges]}
+
+
 def design(inputs: dict[int, tuple[dict, perfmodel.Storage]], cache: dict) -> list[dict]:
     """The fragment-order path (`pnmix.kernels.fragment_attention`: what a `PNMixCache` of the default configuration
     runs in float16 or bfloat16 where the loop passed its first-use self-test) on each arch and dtype: the loop's
-    resources, the shared-memory stores of its loop (none: no code passes through shared memory after its copy), and
-    the predicted decode step at every workload per GPU: the loop over the quantized region and the exact regions
-    (`split_plan`), and the package's merge (the float16 case's kernel for both dtypes)."""
+    resources in each form (merging its splits itself or not, with the inline-PTX unpack and without), the
+    shared-memory stores of its loop (none: no code passes through shared memory after its copy), and the predicted
+    decode step at every workload per GPU in the form the package launches there (`_predicted_step`)."""
     out = []
     for (arch, (merge_row, storage)), dtype in itertools.product(sorted(inputs.items()), ("float16", "bfloat16")):
         entry = {"arch": arch, "dtype": dtype}
         compiled = {}
         try:
-            for use_ptx in (True, False):
-                compiled[use_ptx] = _design_loop(arch, use_ptx, dtype)
+            for use_ptx, merges in itertools.product((True, False), (True, False)):
+                compiled[use_ptx, merges] = _design_loop(arch, use_ptx, dtype, merges)
         except Exception as exc:  # a failure to compile is a finding of the gate, not a crash of it
             out.append(entry | {"problems": [f"does not compile: {type(exc).__name__}: {str(exc).splitlines()[-1]}"]})
             continue
-        (res, kernel, body), (plain_res, _, plain_body) = compiled[True], compiled[False]
-        stores = sum(1 for i in body if i.base in ("STS", "STSM"))
-        plain_stores = sum(1 for i in plain_body if i.base in ("STS", "STSM"))
-        problems = [f"{res['local_bytes']} B of local memory per thread (spills)"] if res["local_bytes"] else []
-        problems += [f"{stores} shared-memory stores in its loop"] if stores else []
-        if plain_res["local_bytes"]:
-            problems.append(f"plain unpack: {plain_res['local_bytes']} B of local memory per thread (spills)")
-        if plain_stores:
-            problems.append(f"plain unpack: {plain_stores} shared-memory stores in its loop")
+        problems, forms = [], {}
+        for (use_ptx, merges), (res, _, body) in compiled.items():
+            name = ("" if use_ptx else "plain unpack, ") + LOOP_FORMS[merges]
+            stores = sum(1 for i in body if i.base in ("STS", "STSM"))
+            if res["local_bytes"]:
+                problems.append(f"{name}: {res['local_bytes']} B of local memory per thread (spills)")
+            if stores:
+                problems.append(f"{name}: {stores} shared-memory stores in its loop")
+            forms[name] = {
+                "registers": res["registers"],
+                "local_bytes": res["local_bytes"],
+                "shared_bytes": res["shared_bytes"],
+                "loop_instructions": len(body),
+                "loop_shared_stores": stores,
+            }
         if merge_row["key"] not in cache:
             cache[merge_row["key"]] = model_kernel(merge_row)
-        merge = cache[merge_row["key"]]
+        kernels = {merges: compiled[True, merges][1] for merges in (True, False)}
+        worst = max(forms.values(), key=lambda f: (f["local_bytes"], f["registers"]))
         entry |= {
-            "registers": res["registers"],
-            "local_bytes": res["local_bytes"],
-            "shared_bytes": res["shared_bytes"],
-            "loop_instructions": len(body),
-            "loop_shared_stores": stores,
+            **{k: worst[k] for k in ("registers", "local_bytes", "shared_bytes")},
+            "loop_instructions": forms[LOOP_FORMS[False]]["loop_instructions"],
+            "loop_shared_stores": max(f["loop_shared_stores"] for f in forms.values()),
             "stages": fragment_decode.STAGES,
-            "plain": {
-                "registers": plain_res["registers"],
-                "local_bytes": plain_res["local_bytes"],
-                "loop_instructions": len(plain_body),
-                "loop_shared_stores": plain_stores,
-            },
+            "forms": forms,
             "problems": problems,
             "predictions": {
                 gpu.name: [
-                    perfmodel.decode_step(kernel, merge, storage, w, gpu, cache, exact_last=fragment.TILE)
+                    _predicted_step(kernels, cache[merge_row["key"]], storage, w, gpu, cache)
                     for w in perfmodel.WORKLOADS
                 ]
                 for gpu in GPUS
@@ -810,7 +840,8 @@ def render(result: dict) -> str:
             "configuration where the loop passed its first-use self-test; the kernel rows above are its fallback): "
             "the fragment-order loop (codes in MMA-fragment order, 16 tokens per warp, "
             f"{fragment_decode.STAGES}-stage cp.async ring, float32-grade operands, headroom exponents; its last "
-            "split reads the exact regions first), then the merge: predicted",
+            "split reads the exact regions first; the last program of a head merges its splits, one launch): "
+            "predicted",
             tabulate(rows, head, tablefmt="github"),
             "",
         ]

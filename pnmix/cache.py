@@ -270,6 +270,7 @@ class PNMixCache:
         #: Where fragment order: how decode computes the quantized region (`fragment_attention.PATHS`) and why.
         self.fragment_path: tuple[str, str] | None = None
         self._high_index: torch.Tensor | None = None  # fragment order: each head's salient channels, int32
+        self._semaphores: torch.Tensor | None = None  # fragment order on a device: the loop's merge counters
         self.capacity = max_cache_len
         self.capturable = capturable
         self._page: _PageWork | None = None  # capturable: set by prefill where a page fits
@@ -344,6 +345,8 @@ class PNMixCache:
             path, why = "twin", f"{why}; the loop's torch twin computes its part"
         self.code_order, self.fragment_path = "fragment", (path, why)
         self._high_index = spec_packing.salient_channel_index(self.channel_mask, layout.n_high_channels).to(torch.int32)
+        if path in ("ptx", "plain"):  # the loop's merge counters, zero between launches (allocated before any capture)
+            self._semaphores = torch.zeros(layout.batch * layout.kv_heads, dtype=torch.int32, device=device)
 
     def _reorder(self, planes: dict[str, torch.Tensor]) -> None:
         """Rewrite the spec's bytes of whole pages (views of the reordered components) in fragment order, in place."""
@@ -790,7 +793,14 @@ class PNMixCache:
             return decode_attention(q, region, lay, num_splits=num_splits, scale=scale)
         if fragment_attention.covers(q, lay):
             return fragment_attention.decode(
-                q, region, lay, self._high_index, self.fragment_path[0], num_splits=num_splits, scale=scale
+                q,
+                region,
+                lay,
+                self._high_index,
+                self.fragment_path[0],
+                num_splits=num_splits,
+                scale=scale,
+                semaphores=self._semaphores,
             )
         # what the loop does not cover reads the whole buffers put back in the spec's order (whole pages: in order)
         spec = fragment.to_spec_order(*(region.tensors[n] for n in REORDERED))

@@ -538,22 +538,40 @@ def split_plan(splits: int, items: int, slots: int) -> tuple[int, int, int]:
     return splits, splits - 1, splits
 
 
+def merges_in_loop(items: int, programs: int, slots: int) -> bool:
+    """Whether the fragment-order loop merges its splits itself (the last program of each head) rather than leaving
+    them to the merge kernel: where its `items` x `programs` fit the GPU's `slots` at once (one wave, batch 1), so
+    that the merge kernel's launch and round trips would stand alone after it; with more waves (large batches) that
+    merge is a few percent of the step, and the gate predicts the loop without the merge's code the faster there."""
+    return items * programs <= slots
+
+
 def split_trips_exact_last(
-    code: Code, storage: Storage, context: int, block_n: int, plan: tuple[int, int, int], exact_block: int
+    code: Code,
+    storage: Storage,
+    context: int,
+    block_n: int,
+    plan: tuple[int, int, int],
+    exact_block: int,
+    merge_chunk: int | None = None,
 ) -> list[dict[int, int]]:
     """Trips of each loop of a split kernel whose exact regions one program reads, before any quantized tile of its
     own (the fragment-order loop, `split_plan`): a program of its own from 4 splits on, the last split otherwise.
     The loops before the main one are the sinks' and the residual's, in source order, `exact_block` tokens a trip;
-    the main loop takes the split's share of the quantized tokens (`_chunk`). One entry per program of a (sequence,
-    KV head)."""
+    the main loop takes the split's share of the quantized tokens (`_chunk`); a loop after it is the merge of a
+    kernel that merges its splits itself (`merge_chunk` splits a trip). Every program is given the merge: the
+    simulation takes no branch, and the last program to finish, which merges, is the one the step waits for. One
+    entry per program of a (sequence, KV head)."""
     sinks = min(storage.n_sink, context)
     rest = context - sinks
     n_q = rest // storage.residual_length * storage.residual_length
     exact = [sinks, rest - n_q]
-    before = [i for i, loop in enumerate(code.loops) if loop is not code.main]  # in source order
-    if len(before) != len(exact):
-        raise ValueError(f"expected {len(exact)} exact-region loops beside the main loop, found {len(before)}")
     main = code.loops.index(code.main)
+    before, after = list(range(main)), list(range(main + 1, len(code.loops)))  # loops in source order
+    if len(before) != len(exact):
+        raise ValueError(f"expected {len(exact)} exact-region loops before the main loop, found {len(before)}")
+    if after and merge_chunk is None:
+        raise ValueError(f"{len(after)} loops after the main loop (a merge in the kernel): give merge_chunk")
     quantized, exact_split, programs = plan
     out = []
     for split in range(programs):
@@ -562,6 +580,8 @@ def split_trips_exact_last(
         trips[main] = max(0, -(-(hi - lo) // block_n))
         for i, n in zip(before, exact, strict=True):
             trips[i] = -(-n // exact_block) if split == exact_split else 0
+        for i in after:
+            trips[i] = -(-programs // merge_chunk)
         out.append(trips)
     return out
 
@@ -607,19 +627,22 @@ def kernel_cycles(
 
 def decode_step(
     split: Kernel,
-    merge: Kernel,
+    merge: Kernel | None,
     storage: Storage,
     workload: Workload,
     gpu: GPU,
     cache: dict | None = None,
     latency_factor: float | None = None,
     exact_last: int | None = None,
+    merge_chunk: int | None = None,
 ) -> dict:
     """The predicted decode-attention time of one layer at `workload` on `gpu`: the split kernel and the merge
     kernel each simulated over its grid's waves, a launch overhead per kernel; beside it FP16 SDPA's time at the
     rate `pnmix.gpus.fp16_decode_rate` states, the ratio FP16 / PN-Mix (above 1: PN-Mix faster) and the fraction of
     HBM bandwidth the quantized cache is read at. exact_last: the split kernel's last split alone reads the exact
-    regions, this many tokens a trip (`split_trips_exact_last`); None: every split its share (`split_trips`)."""
+    regions, this many tokens a trip (`split_trips_exact_last`); None: every split its share (`split_trips`).
+    merge None: the split kernel merges its splits itself (its last program of a head, `merge_chunk` splits a trip
+    of its merge loop): one launch."""
     cache = {} if cache is None else cache
     machine = Machine.of(gpu, latency_factor)
     block_n = int(split.constexprs["BLOCK_N"])
@@ -633,30 +656,32 @@ def decode_step(
         loop_bytes = {i: per_tile[r] for i, r in enumerate(split_roles(split.code)) if r in per_tile}
     else:
         plan = split_plan(splits, items, 2 * gpu.sms)
-        trips = split_trips_exact_last(split.code, storage, workload.context, block_n, plan, exact_last)
-        code = split.code
-        loop_bytes = {i: exact_last * workload.head_dim * 4 for i, x in enumerate(code.loops) if x is not code.main}
+        trips = split_trips_exact_last(split.code, storage, workload.context, block_n, plan, exact_last, merge_chunk)
+        loop_bytes = {i: exact_last * workload.head_dim * 4 for i in range(main)}  # the exact loops
         loop_bytes[main] = per_tile["quantized"]
     occupancy = programs_per_sm(gpu.arch, split.registers, split.warps, split.shared_bytes)
     if occupancy < 1:
         raise ValueError(f"the split kernel does not fit an SM of {gpu.name}")
     launched = len(trips)  # programs per (sequence, KV head): the splits, and an exact-region one where it has its own
     split_cycles, waves, slowest = kernel_cycles(split, trips, loop_bytes, machine, items * launched, occupancy, cache)
-    merge_trips = {i: 1 for i in range(len(merge.code.loops))}
-    if merge.code.main is not None and "CHUNK" in merge.constexprs:
-        chunk = min(int(merge.constexprs["CHUNK"]), 1 << (launched - 1).bit_length())
-        merge_trips[merge.code.loops.index(merge.code.main)] = -(-launched // chunk)
-    merge_occupancy = programs_per_sm(gpu.arch, merge.registers, merge.warps, merge.shared_bytes)
-    merge_cycles, _, _ = kernel_cycles(
-        merge, [merge_trips], {}, machine, items * workload.gqa, max(1, merge_occupancy), cache
-    )
+    merge_cycles = 0.0
+    if merge is not None:
+        merge_trips = {i: 1 for i in range(len(merge.code.loops))}
+        if merge.code.main is not None and "CHUNK" in merge.constexprs:
+            chunk = min(int(merge.constexprs["CHUNK"]), 1 << (launched - 1).bit_length())
+            merge_trips[merge.code.loops.index(merge.code.main)] = -(-launched // chunk)
+        merge_occupancy = programs_per_sm(gpu.arch, merge.registers, merge.warps, merge.shared_bytes)
+        merge_cycles, _, _ = kernel_cycles(
+            merge, [merge_trips], {}, machine, items * workload.gqa, max(1, merge_occupancy), cache
+        )
     sinks = min(storage.n_sink, workload.context)
     n_q = (workload.context - sinks) // storage.residual_length * storage.residual_length
     read = items * (n_q * storage.quantized_bytes_per_token + (workload.context - n_q) * workload.head_dim * 4)
     split_us = split_cycles / (gpu.boost_ghz * 1e3)
     merge_us = merge_cycles / (gpu.boost_ghz * 1e3)
     memory_us = read / (gpu.hbm_gbps * 1e3)
-    total_us = max(split_us, memory_us) + merge_us + 2 * LAUNCH_US
+    launches = 1 if merge is None else 2
+    total_us = max(split_us, memory_us) + merge_us + launches * LAUNCH_US
     held = slowest["causes"].get(main, {})
     shares = {k: round(v / sum(held.values()), 3) for k, v in held.items() if v} if sum(held.values()) else {}
     if memory_us >= split_us or slowest["limits"].get(main) == "memory":
@@ -674,7 +699,7 @@ def decode_step(
         "waves": [list(w) for w in waves],
         "split_us": round(split_us, 3),
         "merge_us": round(merge_us, 3),
-        "launch_us": 2 * LAUNCH_US,
+        "launch_us": launches * LAUNCH_US,
         "time_us": round(total_us, 3),
         "bytes": round(read),
         "fraction_of_hbm": round(read / (total_us * 1e-6) / (gpu.hbm_gbps * 1e9), 4),

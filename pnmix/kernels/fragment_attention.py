@@ -1,9 +1,10 @@
 """Decode attention over a cache whose quantized region is stored in fragment order (pnmix/kernels/NOTES.md, "Codes
 in fragment order"): what `PNMixCache` runs where its pages are written in that order.
 
-One decode step is two launches, as on the spec's order: the fragment-order loop
+One decode step is one launch at batch 1, two at large batches: the fragment-order loop
 (`fragment_decode.fragment_split_kernel`: the exact regions, sinks and residual, read by a program of their own
-beside the quantized splits, or by the last split before its tiles: `fragment_decode.split_plan`) and the
+beside the quantized splits, or by the last split before its tiles: `fragment_decode.split_plan`), whose last
+program of each head merges its splits where its grid is one wave (`perfmodel.merges_in_loop`), else the
 package's merge of every split. The loop runs where `fragment_check.decide`
 found it right on the device ("ptx" or "plain"); on a CPU its torch twin takes its place ("twin": what the tests
 run, and what a cache forced into fragment order computes there). Anything the loop does not cover (more than one
@@ -19,6 +20,7 @@ import torch
 
 from pnmix import _runtime
 from pnmix.kernels import attention, fragment, fragment_decode
+from pnmix.perfmodel import merges_in_loop
 from reference import CacheLayout
 
 #: Paths of the quantized region's partials: the loop with its inline-PTX or plain unpack, or its torch twin.
@@ -120,10 +122,13 @@ def decode(
     *,
     num_splits: int | None = None,
     scale: float | None = None,
+    semaphores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of q [B, H, 1, d] (`covers`) over a region whose quantized planes are in fragment order:
     [B, H, 1, d] in q's dtype. index: int32 [B, H_kv, 64], each head's salient channels ascending; path: one of
-    `PATHS`; num_splits: the loop's splits (None: the package's rule, in key groups)."""
+    `PATHS`; num_splits: the loop's splits (None: the package's rule, in key groups); semaphores: int32 zeros, one
+    per (sequence, KV head) at least, kept zero by the loop, with which it merges its splits itself where the
+    package's rule says so (`perfmodel.merges_in_loop`: a grid of one wave); without them the merge kernel does."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if region.tensors["value_payload"].shape[2] == 0:  # no quantized rows held (a dynamic cache): nothing to reorder
@@ -148,8 +153,16 @@ def decode(
         counts = region.counts if region.counts is not None else attention.counts_tensor(t, q.device)
         scales = tuple(r[name].flatten(0, 1) for name in ("key_scale", "key_zero", "value_scale", "value_zero"))
         exact = tuple(r[name].flatten(0, 1) for name in ("sink_key", "sink_value", "residual_key", "residual_value"))
+        heads = batch * n_kv
+        if semaphores is not None and semaphores.numel() >= heads and merges_in_loop(heads, total, 2 * gpu.sms):
+            merged = torch.empty_like(q)
+            fragment_decode.launch_split(
+                q, index, planes(r), scales, exact, counts, out, heads, n_rep, quantized, exact_split, total, 0,
+                qk_scale, path == "ptx", merged, semaphores,
+            )  # fmt: skip
+            return merged
         fragment_decode.launch_split(
-            q, index, planes(r), scales, exact, counts, out, batch * n_kv, n_rep, quantized, exact_split, total, 0,
+            q, index, planes(r), scales, exact, counts, out, heads, n_rep, quantized, exact_split, total, 0,
             qk_scale, path == "ptx",
         )  # fmt: skip
     return attention.merge(*out, q, n_kv, total)

@@ -20,14 +20,15 @@ from collections.abc import Callable
 import torch
 
 from pnmix import _runtime
-from pnmix.kernels import fragment, fragment_decode
+from pnmix.kernels import attention, fragment, fragment_decode
 
 #: What `decide` keeps per device: (path, why); path is "ptx", "plain" or "off".
 _decisions: dict[str, tuple[str, str]] = {}
 #: The self-test's heads: tiles (two key groups per split), splits, real query rows (GQA 4), exact tokens (a sink
 #: tile and a residual of a tile and a part).
 SELF_TEST = {"heads": 2, "tiles": 8, "splits": 2, "rows": 4, "seed": 0, "sinks": 32, "residual": 100}
-Launcher = Callable[[dict, float, int, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+#: A launcher returns the partials (m, l, acc) and, where it merges them itself, the merged output.
+Launcher = Callable[[dict, float, int, bool], tuple[torch.Tensor, ...]]
 
 
 def synthetic(
@@ -119,9 +120,11 @@ def planes_of(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def launch(args: dict, qk_scale: float, n_splits: int, use_ptx: bool = True):
     """The loop launched on a CUDA device over stacked heads (`synthetic`'s layout), its planes and scales held as a
-    cache holds them: per head and split the log2-domain max m, the sum l and the unnormalized output acc, [heads,
-    splits (`fragment_decode.split_plan`), rows(, 128)]. While launches are recorded (`pnmix._runtime.recording`,
-    the gate) it is recorded, not run, and its outputs are left empty."""
+    cache holds them, in both forms the package launches: leaving its splits to the merge kernel, whose partials
+    it returns (per head and split the log2-domain max m, the sum l and the unnormalized output acc, [heads, splits
+    (`fragment_decode.split_plan`), rows(, 128)]), and merging them itself, whose output it returns ([heads, rows,
+    128] in q's dtype). While launches are recorded (`pnmix._runtime.recording`, the gate) they are recorded, not
+    run, and the outputs are left empty."""
     heads, tiles = args["words"].shape[:2]
     rows = args["q"].shape[1]
     dev = args["q"].device
@@ -131,16 +134,22 @@ def launch(args: dict, qk_scale: float, n_splits: int, use_ptx: bool = True):
     # the package's plan on the device (the gate records it for its target GPU)
     gpu = _runtime.target()
     quantized, exact_split, total = fragment_decode.split_plan(n_splits, heads, 2 * gpu.sms if gpu else 0)
-    m = torch.empty(heads * total * rows, device=dev)
-    l = torch.empty(heads * total * rows, device=dev)  # noqa: E741 (the paper's l)
-    acc = torch.empty(heads * total * rows, 128, device=dev)
     scales = tuple(args[name].contiguous() for name in ("ks", "kz", "vs", "vz"))
     exact = tuple(args[name].contiguous() for name in EXACT)
+    merged = torch.empty(heads * rows, 128, dtype=args["q"].dtype, device=dev)
+    semaphores = torch.zeros(heads, dtype=torch.int32, device=dev)
+    q, idx = args["q"].contiguous(), args["idx"].contiguous()
+    m, l, acc = out = attention.partials(heads * total * rows, 128, dev)  # noqa: E741 (the paper's l)
     fragment_decode.launch_split(
-        args["q"].contiguous(), args["idx"].contiguous(), (lo, hi, vp), scales, exact, counts, (m, l, acc),
-        heads, rows, quantized, exact_split, total, 0, qk_scale, use_ptx,
+        q, idx, (lo, hi, vp), scales, exact, counts, out, heads, rows, quantized, exact_split, total, 0, qk_scale,
+        use_ptx,
     )  # fmt: skip
-    return m.view(heads, total, rows), l.view(heads, total, rows), acc.view(heads, total, rows, 128)
+    fragment_decode.launch_split(
+        q, idx, (lo, hi, vp), scales, exact, counts, attention.partials(heads * total * rows, 128, dev), heads, rows,
+        quantized, exact_split, total, 0, qk_scale, use_ptx, merged, semaphores,
+    )  # fmt: skip
+    partials = m.view(heads, total, rows), l.view(heads, total, rows), acc.view(heads, total, rows, 128)
+    return (*partials, merged.view(heads, rows, 128))
 
 
 def judge(
@@ -154,18 +163,24 @@ def judge(
     )
     qk_scale = 1 / math.sqrt(128) / math.log(2)
     try:
-        m, total, acc = launcher({k: v.to(device) for k, v in args.items()}, qk_scale, case["splits"], use_ptx)
+        m, total, acc, *merged = launcher({k: v.to(device) for k, v in args.items()}, qk_scale, case["splits"], use_ptx)
     except Exception as exc:  # a kernel that does not compile or launch here fails its self-test, named
         return False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     worst = 0.0
     for h in range(case["heads"]):
-        out = fragment_decode.merge(m[h].cpu(), total[h].cpu(), acc[h].cpu())[: case["rows"]].double()
         exact = reference(head(args, h), planes[h], qk_scale, torch.float64)
         single = reference(head(args, h), planes[h], qk_scale, torch.float32).double()
-        err, bound = float((out - exact).abs().max()), 2 * float((single - exact).abs().max())
-        if not err <= bound:  # NaN fails too
-            return False, f"head {h}: error {err:.3g} against float64 attention, above {bound:.3g}"
-        worst = max(worst, err / bound)
+        bound = 2 * float((single - exact).abs().max())
+        # the partials merged here, and the loop's own merge where it made one (in q's dtype: its rounding too)
+        outs = {"its splits": fragment_decode.merge(m[h].cpu(), total[h].cpu(), acc[h].cpu())[: case["rows"]]}
+        if merged:
+            outs["its merge"] = merged[0][h].cpu()
+            bound += float((exact.to(merged[0].dtype).double() - exact).abs().max())
+        for what, out in outs.items():
+            err = float((out.double() - exact).abs().max())
+            if not err <= bound:  # NaN fails too
+                return False, f"head {h}, {what}: error {err:.3g} against float64 attention, above {bound:.3g}"
+            worst = max(worst, err / bound)
     return True, f"within the bound (worst error {worst:.2f} of it)"
 
 

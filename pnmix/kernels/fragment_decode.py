@@ -189,6 +189,8 @@ def fragment_split_kernel(
     m_ptr,
     l_ptr,
     acc_ptr,
+    out_ptr,
+    sem_ptr,
     lo_stride,
     hi_stride,
     vp_stride,
@@ -207,6 +209,8 @@ def fragment_split_kernel(
     STAGES: gl.constexpr,
     PTX: gl.constexpr,
     BF16: gl.constexpr,
+    FUSED: gl.constexpr,
+    ROWS: gl.constexpr,
 ):
     """Partial attention of one (sequence, KV head) bh over one split of its quantized tiles (module docstring), read
     from a cache's buffers as held (`PNMixCache` in fragment order). q: [B * H_kv * n_rep, 128], the n_rep query rows
@@ -381,6 +385,52 @@ def fragment_split_kernel(
     orow = gl.arange(0, 16, layout=gl.SliceLayout(1, o.type.layout))[:, None]
     ocol = gl.arange(0, 128, layout=gl.SliceLayout(0, o.type.layout))[None, :]
     gl.store(acc_ptr + (out + orow) * 128 + ocol, o, mask=(orow + ocol * 0) < n_rep)
+    if FUSED:
+        # The last program of a head to finish merges its splits: no merge kernel, one launch fewer. Every thread's
+        # partial stores come before the barrier, the barrier before the count's release; the merging program reads
+        # the others' partials after the count's acquire (the split-K pattern of CUTLASS's semaphore).
+        _sync_threads()
+        done = gl.atomic_add(sem_ptr + bh, 1, sem="acq_rel", scope="gpu")
+        if done == total_splits - 1:
+            gl.store(sem_ptr + bh, 0)  # zero again for the next launch (a captured step replays with it zero)
+            _merge_head(m_ptr, l_ptr, acc_ptr, out_ptr, bh, total_splits, n_rep, W, ROWS)
+
+
+@gluon.jit
+def _merge_head(m_ptr, l_ptr, acc_ptr, out_ptr, bh, splits, n_rep, W: gl.constexpr, ROWS: gl.constexpr):
+    """Head bh's partials of its `splits` programs merged by log-sum-exp into its n_rep query rows of out (q's
+    dtype), as `attention.merge` does: 128 // ROWS splits a trip, 128 partial numbers a thread, read past L1."""
+    CH: gl.constexpr = 128 // ROWS
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [W, 1, 1], [2, 1, 0])
+    SR: gl.constexpr = gl.SliceLayout(2, L3)  # [splits, rows]
+    RC: gl.constexpr = gl.SliceLayout(0, L3)  # [rows, channels]
+    s_ar = gl.arange(0, CH, layout=gl.SliceLayout(1, SR))
+    r_ar = gl.arange(0, ROWS, layout=gl.SliceLayout(0, SR))
+    c_ar = gl.arange(0, 128, layout=gl.SliceLayout(0, RC))
+    c3 = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
+    top = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, SR))
+    total = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(0, SR))
+    o = gl.zeros([ROWS, 128], gl.float32, layout=RC)
+    for first in range(0, splits, CH):
+        split = first + s_ar
+        ok = (split < splits)[:, None] & (r_ar < n_rep)[None, :]
+        at = (bh * splits + split)[:, None] * n_rep + r_ar[None, :]
+        m_c = gl.load(m_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l_c = gl.load(l_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
+        a_c = gl.load(
+            acc_ptr + at[:, :, None] * 128 + c3, mask=ok[:, :, None] & (c3 < 128), other=0.0, cache_modifier=".cg"
+        )
+        new = gl.maximum(top, gl.max(m_c, axis=0))
+        safe = gl.where(new > float("-inf"), new, 0.0)  # rows without a token yet: nothing to rescale
+        alpha = gl.exp2(top - safe)
+        w = gl.exp2(m_c - safe[None, :])  # a split without tokens (m = -inf) weighs nothing
+        total = total * alpha + gl.sum(l_c * w, axis=0)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, RC))[:, None] + gl.sum(a_c * w[:, :, None], axis=0)
+        top = new
+    o = o / gl.convert_layout(total, gl.SliceLayout(1, RC))[:, None]
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, RC))[:, None]
+    dst = out_ptr + (bh * n_rep + rows) * 128 + c_ar[None, :]
+    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=(rows + c_ar[None, :] * 0) < n_rep)
 
 
 @gluon.jit
@@ -436,7 +486,23 @@ def _headroom(top):
 
 
 def launch_split(
-    q, index, planes, scales, exact, counts, out, heads, n_rep, n_splits, exact_split, total, first, qk_scale, use_ptx
+    q,
+    index,
+    planes,
+    scales,
+    exact,
+    counts,
+    out,
+    heads,
+    n_rep,
+    n_splits,
+    exact_split,
+    total,
+    first,
+    qk_scale,
+    use_ptx,
+    merged=None,
+    semaphores=None,
 ):
     """Launch the loop over `heads` (sequence, KV head) pairs, as a cache holds them (`fragment_split_kernel`'s
     docstring): q [heads * n_rep, 128]; index int32 [heads, 64]; planes (key low, key high, values) as int32 words
@@ -444,8 +510,17 @@ def launch_split(
     residual keys, residual values), each [heads, ...] (a head every stride(0)); counts int32 on the device; out the
     partials (m, l, acc) of `total` splits per head, the loop's from split `first`: its `n_splits` over the quantized
     tiles, split `exact_split` (n_splits - 1, or n_splits: one more program; `split_plan`) reading the exact regions.
-    While
-    launches are recorded (the gate) it is recorded, not run."""
+    While launches are recorded (the gate) it is recorded, not run. merged and semaphores (int32 [>= heads], zero, kept
+    zero by the loop): the last program of each head merges its splits into merged [heads * n_rep, 128] (q's dtype),
+    so no merge kernel is launched; the partials then are this launch's alone (first 0, total its programs)."""
+    fused = merged is not None
+    programs = max(n_splits, exact_split + 1)
+    if fused and (semaphores is None or semaphores.numel() < heads or first != 0 or total != programs):
+        raise ValueError(
+            f"a merge in the loop needs semaphores for {heads} heads and the partials of this launch alone "
+            f"(first 0, total {programs}), got semaphores "
+            f"{None if semaphores is None else semaphores.numel()}, first {first}, total {total}"
+        )
     lo, hi, vp = planes
     ks, kz, vs, vz = scales
     # an empty region is still passed as a tensor the kernel may take the address of (it reads none of it)
@@ -453,12 +528,24 @@ def launch_split(
     m, l_sum, acc = out
     return _runtime.launch(
         fragment_split_kernel,
-        (heads, max(n_splits, exact_split + 1)),
+        (heads, programs),
         q, index, lo, hi, vp, ks, ks.view(torch.int32), kz, vs, vz, sk, sv, rk, rv, counts, m, l_sum, acc,
+        merged if fused else m, semaphores if fused else counts,
         lo.stride(0), hi.stride(0), vp.stride(0), ks.stride(0), vs.stride(0), sk.stride(0), rk.stride(0), rv.stride(0),
         n_rep, n_splits, exact_split, total, first, qk_scale,
         num_warps=fragment.WARPS, W=fragment.WARPS, STAGES=STAGES, PTX=use_ptx, BF16=q.dtype == torch.bfloat16,
+        FUSED=fused, ROWS=_rows(n_rep) if fused else 1,
     )  # fmt: skip
+
+
+def _rows(n_rep: int) -> int:
+    """The merge's query rows: n_rep to the next power of two (at most `QUERY_ROWS`)."""
+    return 1 << max(0, n_rep - 1).bit_length()
+
+
+def merge_chunk(n_rep: int) -> int:
+    """Splits a trip of the loop's own merge (`_merge_head`) for n_rep query rows per KV head."""
+    return 128 // _rows(n_rep)
 
 
 def resources(compiled) -> dict:

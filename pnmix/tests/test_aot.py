@@ -198,16 +198,25 @@ def test_the_default_kernel_is_predicted_at_its_speedup_target(gate):
 @pytest.mark.gpu_gate
 @needs_tools
 def test_the_fragment_order_loop_compiles_without_spills_and_keeps_codes_out_of_shared_memory(gate):
-    """`pnmix.kernels.fragment_decode` on sm_80 and sm_90: no spills, and no shared-memory store in its loop (the
-    codes go from their cp.async copy to the MMA's registers; every layout conversion on the way is asserted
-    trivial when it compiles)."""
+    """`pnmix.kernels.fragment_decode` on sm_80 and sm_90, in each form the package launches (merging its splits
+    itself or leaving them to the merge kernel; with the inline-PTX pair unpack, `ptx.fragment_pair`, and without,
+    the path a failed self-test takes): no spills, and no shared-memory store in its loop (the codes go from their
+    cp.async copy to the MMA's registers; every layout conversion on the way is asserted trivial when it
+    compiles)."""
     proc, result = gate
     designs = {(d["arch"], d["dtype"]): d for d in result["fragment_design"]}
     assert set(designs) == {(a, t) for a in (80, 90) for t in ("float16", "bfloat16")}, result["fragment_design"]
     for d in designs.values():
         assert d["problems"] == [] and d["local_bytes"] == 0 and d["loop_shared_stores"] == 0, d
-        # and without the inline-PTX pair unpack (`ptx.fragment_pair`), the path a failed self-test would take
-        assert d["plain"]["local_bytes"] == 0 and d["plain"]["loop_shared_stores"] == 0, d
+        assert len(d["forms"]) == 4 and all(
+            f["local_bytes"] == f["loop_shared_stores"] == 0 for f in d["forms"].values()
+        )
+        # batch 1 merges in the loop (one wave), batch 64 leaves it to the merge kernel
+        forms = {p["workload"]: p["form"] for ps in d["predictions"].values() for p in ps}
+        assert {w: f for w, f in forms.items() if "B=1," in w} == {
+            w: "merging in the loop" for w in forms if "B=1," in w
+        }
+        assert {f for w, f in forms.items() if "B=64," in w} == {"with the merge kernel"}
     assert "Fragment-order path" in proc.stdout
 
 

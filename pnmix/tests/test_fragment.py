@@ -128,9 +128,12 @@ def test_the_gate_predicts_the_split_plan_the_loop_runs(items, slots):
         assert programs == max(quantized, exact_split + 1) and 1 <= quantized <= programs
 
 
-def twin_launcher(perturb_ptx: bool = False, perturb_plain: bool = False, raises: bool = False):
-    """A stand-in for `fragment_check.launch` on the CPU: the twin per head, optionally wrong (one output channel
-    off by one) on either path, or raising as a kernel that does not compile would."""
+def twin_launcher(
+    perturb_ptx: bool = False, perturb_plain: bool = False, raises: bool = False, merge_drops_a_split: bool = False
+):
+    """A stand-in for `fragment_check.launch` on the CPU: the twin per head and its merge in q's dtype (the loop's
+    own), optionally wrong (one output channel off by one) on either path, raising as a kernel that does not compile
+    would, or with a merge that leaves the last split out (the partials right)."""
 
     def run(args, qk_scale, n_splits, use_ptx):
         if raises:
@@ -143,7 +146,12 @@ def twin_launcher(perturb_ptx: bool = False, perturb_plain: bool = False, raises
         if (perturb_ptx and use_ptx) or (perturb_plain and not use_ptx):
             acc = acc.clone()
             acc[..., 5] += l[..., None][..., 0]  # the output's channel 5 off by one
-        return m, l, acc
+        rows = args["q"].shape[1]
+        kept = slice(None, -1) if merge_drops_a_split else slice(None)
+        merged = torch.stack(
+            [fragment_decode.merge(m[h, kept], l[h, kept], acc[h, kept])[:rows] for h in range(m.shape[0])]
+        )
+        return m, l, acc, merged.to(args["q"].dtype)
 
     return run
 
@@ -178,6 +186,37 @@ def test_a_fast_path_wrong_both_ways_is_off_with_one_warning_naming_what_differe
         path, why = fragment_check.decide("cpu", torch.float16, launcher=launcher)
     assert path == "off" and len(caught) == 1
     assert ("above" in why) or ("RuntimeError: PTX assembly aborted" in why and "more lines" not in why), why
+
+
+def test_a_loop_whose_own_merge_is_wrong_fails_its_self_test_though_its_partials_are_right(clean_decisions):
+    """The loop's merge (the last program of a head) is judged as its partials are: one that leaves a split out
+    turns the path off, named."""
+    with pytest.warns(RuntimeWarning, match=r"self-test failed") as caught:
+        path, why = fragment_check.decide("cpu", torch.float16, launcher=twin_launcher(merge_drops_a_split=True))
+    assert path == "off" and len(caught) == 1 and "its merge: error" in why, why
+
+
+def test_the_loop_merges_in_its_last_program_only_with_counters_for_every_head_and_its_own_partials():
+    q = torch.zeros(4, 128, dtype=torch.float16)
+    planes = tuple(torch.zeros(2, 8, dtype=torch.int32) for _ in range(3))
+    scales = tuple(torch.zeros(2, 8, dtype=torch.float16) for _ in range(4))
+    exact = tuple(torch.zeros(2, 1, 128, dtype=torch.float16) for _ in range(4))
+    out = tuple(torch.zeros(2 * 3 * 2) for _ in range(3))
+    counts, merged = torch.zeros(4, dtype=torch.int32), torch.empty(4, 128, dtype=torch.float16)
+    common = (q, torch.zeros(2, 64, dtype=torch.int32), planes, scales, exact, counts, out, 2, 2, 2, 2)
+    for semaphores, total, first in ((None, 3, 0), (torch.zeros(1, dtype=torch.int32), 3, 0),
+                                     (torch.zeros(2, dtype=torch.int32), 4, 0),
+                                     (torch.zeros(2, dtype=torch.int32), 3, 1)):  # fmt: skip
+        with pytest.raises(ValueError, match="a merge in the loop needs semaphores for 2 heads"):
+            fragment_decode.launch_split(*common, total, first, 1.0, True, merged, semaphores)
+
+
+@pytest.mark.parametrize(
+    ("items", "programs", "slots", "merges"),
+    [(8, 9, 264, True), (8, 33, 264, True), (512, 1, 264, False), (8, 34, 264, False)],
+)
+def test_the_loop_merges_its_splits_itself_where_its_grid_is_one_wave(items, programs, slots, merges):
+    assert perfmodel.merges_in_loop(items, programs, slots) is merges
 
 
 def test_without_a_launcher_a_cpu_is_off_without_a_self_test(clean_decisions):

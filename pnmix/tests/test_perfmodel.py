@@ -166,3 +166,23 @@ def test_a_shared_simulation_cache_never_lends_one_codes_simulation_to_another()
     cache[(id(long), *key[1:])] = cache.pop(key)
     assert perfmodel.program_cycles(long, {0: 6}, {}, machine, 1, 4, cache)["cycles"] == alone
     assert perfmodel.program_cycles(long, {0: 6}, {}, machine, 1, 4, cache)["cycles"] == alone  # and from the cache
+
+
+def test_a_kernel_that_merges_its_splits_gives_every_program_the_merge_loop_after_its_main_loop():
+    """The fragment-order loop's form that merges its splits itself: loops before the main one are the exact
+    regions' (on the exact program alone), the loop after it the merge, ceil(programs / merge_chunk) trips for every
+    program (the one that merges is the one the step waits for)."""
+
+    def loop(label: int, n: int) -> list:  # sinks 0, residual 1, main 2, merge 3
+        return [f".L_x_{label}", *(ins("FFMA R0, R0, R1, R2") for _ in range(n)), ins(f"@P0 BRA `(.L_x_{label})")]
+
+    code = perfmodel.Code.of([*loop(0, 2), *loop(1, 2), *loop(2, 9), *loop(3, 3), ins("EXIT")])
+    storage = perfmodel.Storage(n_sink=32, residual_length=128, group_size=128, quantized_bytes_per_token=72.0)
+    plan = perfmodel.split_plan(8, 8, 264)  # batch 1: a program of its own for the exact regions
+    trips = perfmodel.split_trips_exact_last(code, storage, 4096, 128, plan, 64, merge_chunk=4)
+    assert len(trips) == plan[2] == 9
+    assert all(t[3] == 3 for t in trips)  # 9 programs, 4 a trip
+    assert [t[0] for t in trips] == [0] * 8 + [1] and [t[1] for t in trips] == [0] * 8 + [2]
+    assert sum(t[2] for t in trips) == 31  # the 31 key groups of 3,968 quantized tokens
+    with pytest.raises(ValueError, match="give merge_chunk"):
+        perfmodel.split_trips_exact_last(code, storage, 4096, 128, plan, 64)
