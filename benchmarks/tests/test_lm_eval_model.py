@@ -2,10 +2,12 @@
 attend as token-by-token decoding does, continuations of one context share it correctly, and bad
 model_args are refused in one line before anything loads."""
 
+import dataclasses
 import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -568,3 +570,92 @@ def test_the_command_refuses_a_hub_task_it_cannot_download_before_the_model_load
     (tmp_path / "datasets" / "Rowan___hellaswag").mkdir(parents=True)  # downloaded before: lm-eval reads it
     monkeypatch.setattr(HarnessCLI, "execute", lambda *a, **k: None)
     assert lm_eval_cli.main([*argv, "hellaswag"]) == 0
+
+
+@pytest.mark.slow  # six lm-eval runs of two documents in this process: about 15 s on two CPU cores
+def test_simple_evaluates_request_cache_is_keyed_per_configuration_or_refused(tiny, tmp_path, monkeypatch):
+    """The import route's use_cache=BASE: a database not keyed to the model's configuration is refused before
+    any lookup (lm-eval keys a response by the request alone, so FP16's would be returned for PN-Mix); the
+    one `cache_for` names is taken, a rerun reads every response from it, and another configuration is
+    refused it."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    _tiny_task(tmp_path)
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    base = str(tmp_path / "requests")
+    fp16 = {"pretrained": str(tiny), "method": "FP16"}
+    pnmix = f"pretrained={tiny},method=PN-Mix," + ",".join(f"{k}={v}" for k, v in PAGES.items())
+
+    def run(model_args, use_cache: str) -> list:
+        out = lm_eval.simple_evaluate(
+            model="pnmix", model_args=model_args, tasks=["pnmix_tiny_cached"], task_manager=manager, use_cache=use_cache
+        )
+        return [sample["resps"] for sample in out["samples"]["pnmix_tiny_cached"]]
+
+    for model_args in (fp16, pnmix):  # one BASE for both: neither may read the other's responses
+        with pytest.raises(lm_eval_model.UnkeyedCache, match=r"^use_cache: the request database \S+_rank0\.db is not"):
+            run(model_args, base)
+    keyed = {"FP16": lm_eval_model.cache_for(base, fp16), "PN-Mix": lm_eval_model.cache_for(base, pnmix)}
+    assert keyed["FP16"] != keyed["PN-Mix"] and all(k.startswith(f"{base}-pnmix-") for k in keyed.values())
+    with pytest.raises(lm_eval_model.UnkeyedCache, match=f"pass use_cache={keyed['FP16']} "):
+        run(fp16, base)
+    first = {"FP16": run(fp16, keyed["FP16"]), "PN-Mix": run(pnmix, keyed["PN-Mix"])}
+    assert first["FP16"] != first["PN-Mix"]  # the marked document reads the quantized cache
+    with pytest.raises(lm_eval_model.UnkeyedCache, match=f"pass use_cache={keyed['PN-Mix']} "):
+        run(pnmix, keyed["FP16"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was asked for a response the cache holds")
+
+    monkeypatch.setattr(lm_eval_model.PNMixLM, "_loglikelihood_tokens", refuse)
+    assert run(fp16, keyed["FP16"]) == first["FP16"] and run(pnmix, keyed["PN-Mix"]) == first["PN-Mix"]
+
+
+def _command(argv: list[str], tmp_path: Path, path: str | None = None) -> subprocess.CompletedProcess:
+    """pnmix-lm-eval run as a user runs it (offline; `path` first on PYTHONPATH)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (path, os.environ.get("PYTHONPATH"))))
+    command = [sys.executable, "-m", "benchmarks.accuracy.lm_eval_cli", *argv]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # a fresh process: lm-eval sets up a task and loads the model, about 15 s on two CPU cores
+def test_the_command_refuses_a_request_past_max_length_in_one_line(tiny, tmp_path):
+    _tiny_task(tmp_path)
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},method=FP16,max_length=16", "--tasks"]
+    run = _command([*argv, "pnmix_tiny_cached", "--include_path", str(tmp_path)], tmp_path)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert last.startswith("pnmix-lm-eval: error: task pnmix_tiny_cached doc ") and "past max_length=16" in last
+
+
+EXITING_PLUGIN = "import os\n\n\ndef make():\n    os._exit(0)  # a plug-in ending the process from its factory\n"
+
+
+@pytest.mark.slow  # two fresh processes importing torch: about 10 s on two CPU cores
+def test_the_command_refuses_a_plugin_that_exits_the_process_in_one_line(tiny, tmp_path):
+    (tmp_path / "exiting_plugin.py").write_text(EXITING_PLUGIN)
+    argv = ["--model", "pnmix", "--model_args", f"pretrained={tiny},impl=exiting_plugin:make", "--tasks", "x"]
+    run = _command(argv, tmp_path, path=str(tmp_path))
+    said = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert run.returncode == 2 and len(said) == 1, said[-20:]
+    assert said[0].startswith("pnmix-lm-eval: error: model_args impl=exiting_plugin:make: implementation ")
+    assert "ended the process (exit status 0)" in said[0]
+
+
+@pytest.mark.parametrize("command", [[], ["run"]])
+def test_help_names_the_pnmix_model_its_model_args_and_the_methods(command, capsys):
+    from reference import PNMixConfig, methods
+    from reference.tokens.config import TokenPrecisionConfig
+
+    with pytest.raises(SystemExit) as exit_:
+        lm_eval_cli.main([*command, "--help"])
+    said = " ".join(capsys.readouterr().out.split())  # the lines as one, wherever they wrap
+    assert exit_.value.code == 0 and "--model pnmix --model_args pretrained=" in said
+    options = [f.name for f in dataclasses.fields(lm_eval_model.Options) if f.name not in lm_eval_model.LM_EVAL_PASSES]
+    fields = [f.name for cls in (PNMixConfig, TokenPrecisionConfig) for f in dataclasses.fields(cls)]
+    missing = [
+        name for name in [*options, *fields, *methods.REGISTRY] if not re.search(rf"\b{re.escape(name)}\b", said)
+    ]
+    assert not missing and "reference.methods.REGISTRY" in said
