@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.efficiency import compiled
@@ -61,6 +62,24 @@ def tree_units() -> frozenset[str]:
     return frozenset(u for p in records.code_files(*TREE) for u in records.code_units(p) or ())
 
 
+def _units(path: Path) -> frozenset[str]:
+    return frozenset(records.code_units(path) or ())
+
+
+def _once(read: Callable[[Path], object], path: Path) -> object:
+    """`read(path)` (a file's digest or its units); inside `split`, once per file: a thousand results that
+    measured one file have it read and parsed once, not a thousand times."""
+    if _READ is None:
+        return read(path)
+    if (read, path) not in _READ:
+        _READ[read, path] = read(path)
+    return _READ[read, path]
+
+
+#: What `split` has read of each file, while it runs (the tree does not change under one report's judgement).
+_READ: dict[tuple[Callable, Path], object] | None = None
+
+
 def changed_files(code: dict) -> list[str]:
     """The recorded files whose code here differs from what was measured, or that are not here. Where a
     result records what each file does (`units`), a file is unchanged while every definition it measured
@@ -70,16 +89,15 @@ def changed_files(code: dict) -> list[str]:
     units = code.get("units") or {}
     for key, digest in sorted(code["files"].items()):
         measured = units.get(key)
-        if measured is not None:  # the file itself as it is now, and (for this tree's code) any file of the tree
-            path = records.code_path(str(key))
-            here = set(records.code_units(path) or ()) if path is not None else set()
-            if not str(key).startswith(records.SITE):
-                here |= tree_units()
-            if not set(measured) <= here:
-                out.append(key)
-            continue
         path = records.code_path(str(key))
-        if path is None or records.file_digest(path) != digest:
+        if path is None:
+            unchanged = False
+        elif measured is None:
+            unchanged = _once(records.file_digest, path) == digest
+        else:  # the file itself as it is now, and (for this tree's code) any file of the tree
+            here, tree = _once(_units, path), frozenset() if str(key).startswith(records.SITE) else tree_units()
+            unchanged = all(u in here or u in tree for u in measured)
+        if not unchanged:
             out.append(key)
     return out
 
@@ -137,6 +155,9 @@ def _benchmark_commit(data: dict) -> str | None:
 def split_source(source: Source) -> list[tuple[Source, Verdict]]:
     """The parts of one result file, each with its verdict (a file whose parts agree stays whole)."""
     data = source.data
+    if source.refused:  # its numbers are not what its own outcomes give (`inputs.load`): shown, never compared
+        code = data.get("code")
+        return [(source, Verdict(False, source.refused, code.get("commit") if isinstance(code, dict) else None))]
     if source.kind == "conformance":
         suite = data.get("code")
         details = {d.get("name"): d for d in data.get("implementation_details") or []}
@@ -182,11 +203,70 @@ def _grouped(names, verdicts: dict, part, source: Source) -> list[tuple[Source, 
 
 def split(sources: Sequence[Source]) -> tuple[list[Source], list[tuple[Source, Verdict]]]:
     """(current sources, history: (source, verdict) pairs), in the given order."""
+    global _READ
     current, history = [], []
-    for s in sources:
-        for part, verdict in split_source(s):
-            if verdict.current:
-                current.append(part)
-            else:
-                history.append((part, verdict))
+    _READ = {}
+    try:
+        for s in sources:
+            for part, verdict in split_source(s):
+                if verdict.current:
+                    current.append(part)
+                else:
+                    history.append((part, verdict))
+    finally:
+        _READ = None
     return current, history
+
+
+#: Pairs of contradicting results said in full on page 1; past them, a count.
+SHOWN_CONTRADICTIONS = 5
+
+
+def _task_outcomes(sources: Sequence[Source]) -> dict[tuple, dict[tuple, list[tuple[Source, str]]]]:
+    """Every run's outcomes on every task, by what decides them: the model (its fingerprint), the pair layout,
+    the run (its label and configuration, model_args), the task, its data file and its items."""
+    out: dict[tuple, dict[tuple, list[tuple[Source, str]]]] = {}
+    for s in sources:
+        if s.kind != "task-accuracy":
+            continue
+        d = s.data
+        model, data = d.get("model_fingerprint") or d["model"], d.get("task_files") or {}
+        for run in d["runs"]:
+            for t in d["tasks"]:
+                key = (model, d.get("pair_layout"), run["label"], run.get("model_args"), t["name"])
+                key += (data.get(t["name"]), t["items"])
+                correct = tuple(run["results"][t["name"]]["correct"])
+                out.setdefault(key, {}).setdefault(correct, []).append((s, run["label"]))
+    return out
+
+
+def contradictions(sources: Sequence[Source]) -> list[str]:
+    """Results that ran the same model, configuration and items and disagree on some item's outcome, one
+    line per pair of files (SHOWN_CONTRADICTIONS, then a count): a result file is evidence as given, not
+    signed, and two that disagree cannot both be right. Task accuracy only: its outcomes are right or wrong
+    per item, so a disagreement is exact, not a matter of tolerance."""
+    pairs: dict[tuple[int, int], tuple[Source, Source, list[str]]] = {}  # by the files' ids: a Source is no key
+    for key, variants in _task_outcomes(sources).items():
+        task, items = key[4], key[6]
+        (first, holders), *others = variants.items()  # each other variant against the first file's
+        a = holders[0][0]
+        for outcomes, [(b, label), *_] in others:
+            if b is not a:
+                differ = sum(x != y for x, y in zip(first, outcomes, strict=True))
+                pairs.setdefault((id(a), id(b)), (a, b, []))[2].append(f"{label} on {task} ({differ} of {items} items)")
+    lines = []
+    for a, b, where in list(pairs.values())[:SHOWN_CONTRADICTIONS]:
+        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+        ran = [(s.data.get("device"), s.data.get("versions")) for s in (a, b)]
+        why = (
+            "they cannot both be right"
+            if ran[0] == ran[1]
+            else f"they ran on {a.data.get('device')} and {b.data.get('device')} (with the library versions each "
+            "records): check whether that explains it; otherwise they cannot both be right"
+        )
+        lines.append(
+            f"`{a.name}` and `{b.name}` ran the same model, configuration and items and disagree: {shown}; {why}"
+        )
+    if len(pairs) > SHOWN_CONTRADICTIONS:
+        lines.append(f"and {len(pairs) - SHOWN_CONTRADICTIONS} more pairs of files like these")
+    return lines

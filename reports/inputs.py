@@ -9,8 +9,11 @@ benchmarks.fidelity.analyses`), "gpu-check" (`python -m benchmarks.gpu_check`) a
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,9 +40,10 @@ class Source:
     origin: str  # "this run", "committed" or "--input"
     command: str | None = None  # the command that wrote it, when the file does not record it
     shown_as: str | None = None  # its path once the report is published, for files this run wrote
+    refused: str = ""  # why no comparison may use it (`load`); empty when one may
 
-    @property
-    def name(self) -> str:
+    @functools.cached_property
+    def name(self) -> str:  # cached: every table row citing the file asks for it
         return self.shown_as or display_path(self.path)
 
 
@@ -106,11 +110,34 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
 
 
+#: The largest result file read (64 MiB, 27 times the largest committed one): parsing takes about 3.3 bytes of
+#: memory per byte of JSON, and the checks and sections more; a larger file is refused unread.
+MAX_BYTES = 64 * 2**20
+#: The longest text (a key or a value) of a result kept as read: a longer one is cut to this many characters
+#: when the file is read, marked with the count cut and a digest of the whole (two texts that differ past
+#: the cut stay two). The longest text of a committed result has 741.
+MAX_TEXT = 1000
+
+
+def _too_large(path: Path, size: int) -> InputError:
+    return InputError(
+        [f"{path}: {size:,} bytes, over the {MAX_BYTES:,} bytes (64 MiB) a result file may have; not read"]
+    )
+
+
 def parse(path: Path) -> object:
     """The JSON content of `path`; InputError, one line naming the file, for any file that is not JSON
-    (unreadable, not UTF-8, malformed, nested past the parser's depth, an integer past Python's digits)."""
+    (unreadable, not UTF-8, malformed, nested past the parser's depth, an integer past Python's digits) or
+    that is larger than MAX_BYTES (refused before it is read; at most MAX_BYTES + 1 bytes are ever read)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise _too_large(path, size)
+            raw = f.read(MAX_BYTES + 1)  # the file may have grown since
+        if len(raw) > MAX_BYTES:
+            raise _too_large(path, len(raw))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError([f"{path}: cannot read it as JSON (not UTF-8 text: {_cause(err)})"]) from None
     except OSError as err:
@@ -121,8 +148,42 @@ def parse(path: Path) -> object:
         raise InputError([f"{path}: cannot read it as JSON ({_cause(err)})"]) from None
 
 
+def cut(text: str) -> str:
+    """`text`, or its first MAX_TEXT characters and how many more there were, with a digest of the whole."""
+    if len(text) <= MAX_TEXT:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    return f"{text[:MAX_TEXT]}... [{len(text) - MAX_TEXT:,} more characters cut, sha256 {digest}]"
+
+
+def cut_texts(data: object) -> object:
+    """`data` with every text (keys too) cut to MAX_TEXT characters (`cut`); the same object when none is
+    longer. Not recursive: the parser takes deeper nesting than a recursive walk could follow."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if any(len(k) > MAX_TEXT for k in value):  # rebuilt in its order: the sections show keys in it
+                pairs = [(cut(k), v) for k, v in value.items()]
+                value.clear()
+                value.update(pairs)
+            items = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        for k, v in items:
+            if isinstance(v, str) and len(v) > MAX_TEXT:
+                value[k] = cut(v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+    return cut(data) if isinstance(data, str) else data
+
+
 def load(path: str | os.PathLike, origin: str, command: str | None = None, shown_as: str | None = None) -> Source:
-    """One result file, parsed and checked against the schema of its kind (InputError otherwise)."""
+    """One result file, parsed and checked against the schema of its kind (InputError otherwise), its texts
+    cut to MAX_TEXT (`cut_texts`). One whose aggregates or verdicts are not what its own outcomes give
+    (`schema.disagreements`) is read, and refused: `Source.refused` says why, and no comparison uses it."""
     path = Path(path)
     data = parse(path)
     kind = kind_of(data, path)
@@ -131,7 +192,13 @@ def load(path: str | os.PathLike, origin: str, command: str | None = None, shown
         problems = schema.capped(benchmark_value_problems(data))
     if problems:
         raise InputError([f"{path} ({kind}): {p}" for p in problems])
-    return Source(kind, path, data, origin, command, shown_as)
+    data = cut_texts(data)
+    wrong = schema.disagreements(kind, data)
+    refused = ""
+    if wrong:
+        more = f" (and {len(wrong) - 1} more such values)" if len(wrong) > 1 else ""
+        refused = f"refused: its numbers are not what its own outcomes give: {wrong[0]}{more}"
+    return Source(kind, path, data, origin, command, shown_as, refused)
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -152,14 +219,14 @@ def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
 def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
     """Every result file of `paths`, plus the files a gpu_check record names (its benchmark and
     conformance results) when they lie next to it and were not given already. Every file is read
-    before failing, so that the error lists the problems of all of them."""
-    sources, errors = [], []
+    before failing, so that the error lists the problems of all of them (`summarized`)."""
+    sources, refused = [], []
 
     def add(path: Path) -> None:
         try:
             sources.append(load(path, origin))
         except InputError as err:
-            errors.extend(err.lines)
+            refused.append((path, err.lines))
 
     for p in expand(paths):
         add(p)
@@ -170,9 +237,40 @@ def load_all(paths: Iterable[str | os.PathLike], origin: str) -> list[Source]:
             if mate.is_file() and mate.resolve() not in seen:
                 seen.add(mate.resolve())
                 add(mate)
-    if errors:
-        raise InputError(errors)
+    if refused:
+        raise InputError(summarized(refused))
     return sources
+
+
+#: Files refused for one problem said in full, and refused files said in all; past them, a count.
+SHOWN_ALIKE, SHOWN_FILES = 3, 20
+#: What differs between two files refused for the same problem: the values and positions it quotes.
+_PARTICULARS = re.compile(r"'[^']*'|\d+")
+
+
+def summarized(refused: list[tuple[Path, list[str]]]) -> list[str]:
+    """The lines of the refused files (each names its file): the first SHOWN_ALIKE files refused for one
+    problem, then "and N more like it"; at most SHOWN_FILES files in all, then how many more there are."""
+    alike: dict[tuple[str, ...], list[list[str]]] = {}
+    for path, lines in refused:
+        problem = tuple(_PARTICULARS.sub("_", line.replace(str(path), "", 1)) for line in lines)
+        alike.setdefault(problem, []).append(lines)
+    out, shown, counted = [], 0, 0
+    for group in alike.values():
+        if shown == SHOWN_FILES:
+            break
+        these = group[: min(SHOWN_ALIKE, SHOWN_FILES - shown)]
+        out += [line for lines in these for line in lines]
+        if len(group) > len(these):
+            out.append(f"and {_files(len(group) - len(these))} refused like it")
+        shown, counted = shown + len(these), counted + len(group)
+    if len(refused) > counted:
+        out.append(f"and {_files(len(refused) - counted)} refused for other problems")
+    return out
+
+
+def _files(n: int) -> str:
+    return f"{n:,} more file{'s' if n > 1 else ''}"
 
 
 def companions(record: dict) -> list[str]:

@@ -9,6 +9,7 @@ reasons) is markdown-safe only once `escape`d: `table` escapes every cell, heade
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 
@@ -17,27 +18,63 @@ from tabulate import tabulate
 SOURCE = "Source: "
 #: What ends a line for markdown or for `str.splitlines` (which the report's own markdown tools use).
 _BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-#: A code span (CommonMark: a run of backticks closed by a run of the same length): markdown shows what is
-#: inside as written and reads no HTML there, so escaping leaves it alone.
-_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
-#: A `<` not already escaped: the one character that can start HTML (a tag, a comment) in a line of markdown.
-_OPEN = re.compile(r"(?<!\\)<")
+#: What markdown reads inline, outside code spans: a backslash escape (a backslash and an ASCII punctuation
+#: character: CommonMark's only escapes), a run of backticks (a code span opens or stays text), a `<` (HTML or
+#: an autolink), a `]` that closes a link or image (`](url)`, `][ref]`, `]: url`) and a `|` (a table cell).
+_INLINE = re.compile(r"\\[!-/:-@\[-`{-~]|`+|<|\](?=[(\[:])|\|")
+#: What ends or breaks a figure's caption, as the text of an image and in emphasis: every bracket and `*` too.
+_CAPTION = re.compile(r"\\[!-/:-@\[-`{-~]|`+|<|[\[\]*]")
+#: A `|` that a table reads as the end of a cell: one no backslash precedes (in a code span too).
+_PIPE = re.compile(r"(?<!\\)\|")
 #: Characters that HTML reads as markup (the summary of `details` is HTML, where backslashes do nothing).
 _HTML = re.compile(r"&(?!(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});)|<|>")
 
 
-def escape(text: object) -> str:
-    """`text` made safe to place in a line of markdown, by markdown's own rules: control characters and
-    line breaks become one space (a name cannot start a table row or a heading), a `<` outside code spans is
-    backslash-escaped (no HTML of a result file reaches the page), and so is a `>` that starts the text
-    (no block quote). Code spans are left as written: markdown reads no HTML there. Idempotent."""
-    text = _BREAKS.sub(" ", str(text))
+@functools.lru_cache(maxsize=16)
+def _closing(run: int) -> re.Pattern:
+    """The end of a code span opened by `run` backticks: a run of exactly as many (CommonMark)."""
+    return re.compile(rf"(?<!`)`{{{run}}}(?!`)")
+
+
+def _escaped(text: str, special: re.Pattern, cell: bool, spans: bool = True) -> str:
+    """`text` as markdown reads it left to right (CommonMark's order): a backslash escape stays as written; a
+    code span (a run of backticks closed by a run of the same length) stays as written, its pipes escaped in a
+    table `cell`; backticks that close no span (every backtick, without `spans`) are escaped; so is every other
+    `special` match."""
     out, at = [], 0
-    for span in _CODE_SPAN.finditer(text):
-        out += [_OPEN.sub("\\<", text[at : span.start()]), span.group(0)]
-        at = span.end()
-    out.append(_OPEN.sub("\\<", text[at:]))
-    text = "".join(out)
+    while (m := special.search(text, at)) is not None:
+        token = m.group(0)
+        out.append(text[at : m.start()])
+        at = m.end()
+        if token[0] == "\\" and len(token) == 2:
+            out.append(token)
+        elif token[0] == "`":
+            close = _closing(len(token)).search(text, at) if spans else None
+            if close is None:
+                out.append("\\`" * len(token))
+            else:
+                span = text[m.start() : close.end()]
+                out.append(_PIPE.sub(r"\\|", span) if cell else span)
+                at = close.end()
+        elif token == "|" and not cell:
+            out.append(token)
+        else:
+            out.append("\\" + token)
+    out.append(text[at:])
+    return "".join(out)
+
+
+def escape(text: object, *, cell: bool = False, spans: bool = True) -> str:
+    """`text` made safe to place in a line of markdown, by markdown's own rules (CommonMark, GitHub's tables):
+    control characters and line breaks become one space (a name cannot start a table row or a heading); outside
+    code spans a `<` is backslash-escaped (no HTML or autolink of a result file reaches the page), and so are a
+    `]` that would close a link or image, a backtick that opens no code span, and a `>` that starts the text (no
+    block quote); in a table `cell`, every `|` (in code spans too: a cell cannot end early). Code spans are
+    left as written (markdown reads no HTML there), and so are backslash escapes; without `spans`, for a text
+    that another module places beside code spans of its own, every backtick is escaped (its own would pair
+    with theirs). Idempotent. Texts of result files reach it already cut to `reports.inputs.MAX_TEXT`
+    characters."""
+    text = _escaped(_BREAKS.sub(" ", str(text)), _INLINE, cell, spans)
     return "\\" + text if text.startswith(">") else text
 
 
@@ -49,18 +86,23 @@ def escape_html(text: object) -> str:
 
 
 def cell(value: object) -> object:
-    """A table cell: text escaped, with `|` escaped too (a cell cannot end early); numbers as they are."""
-    return escape(value).replace("|", "\\|") if isinstance(value, str) else value
+    """A table cell: text escaped, its `|` too (a cell cannot end early); numbers as they are."""
+    return escape(value, cell=True) if isinstance(value, str) else value
 
 
 def escaped(data: object) -> object:
-    """A result's content with every text in it (keys and values) a safe table cell, for the markdown of
-    a module that does not escape what it writes (`benchmarks.fidelity.claims.markdown`)."""
+    """A result's content with every text in it (keys and values) safe in a table cell, in prose and in the
+    code spans of a module that does not escape what it writes (`benchmarks.fidelity.claims.markdown`): no
+    text carries a code span of its own."""
     if isinstance(data, dict):
-        return {cell(k): escaped(v) for k, v in data.items()}
+        return {_piece(k): escaped(v) for k, v in data.items()}
     if isinstance(data, list):
         return [escaped(v) for v in data]
-    return cell(data)
+    return _piece(data)
+
+
+def _piece(value: object) -> object:
+    return escape(value, cell=True, spans=False) if isinstance(value, str) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +204,24 @@ def details(summary: str, body: str) -> str:
     return f"<details><summary>{escape_html(summary)}</summary>\n\n{body}\n</details>\n"
 
 
+#: Figures a section draws at most (about 0.3 s each, one or more per result): past them, its tables alone
+#: show the other results and it says so (`undrawn`); a thousand results do not take a thousand figures.
+MAX_FIGURES = 12
+
+
+def undrawn(skipped: int, what: str) -> str:
+    """What a section says of the `skipped` `what` (results, tables) it drew no figure for ("" for none)."""
+    if skipped <= 0:
+        return ""
+    return (
+        f"{skipped} more {what} have no figure here (a section draws at most {MAX_FIGURES} figures); the tables "
+        "show every one.\n"
+    )
+
+
 def figure(name: str, caption: str) -> str:
     """A figure of this report (`name`: a file name it writes) with its caption, escaped."""
-    caption = escape(caption).replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
+    caption = _escaped(_BREAKS.sub(" ", caption), _CAPTION, cell=False)
     return f"![{caption}]({name})\n\n*{caption}*\n"
 
 

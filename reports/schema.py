@@ -19,9 +19,12 @@ bounds are far past any real run: a value beyond one is a damaged or hand-edited
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 
+from benchmarks.fidelity import equal_bits
+from benchmarks.fidelity import long_output as bench_long
 from reference import paper
 from reference.equations.saliency import CRITERIA
 from reference.records import BENCHMARK
@@ -516,19 +519,25 @@ def _items(schema: object, items: list, path: str) -> list[tuple[str, str]]:
 
 def _bad_text(data: object) -> tuple[str, str] | None:
     """The first string (key or value) of `data` that is not valid Unicode (a lone surrogate, which JSON's
-    \\ud800 escapes can write and no file or page can hold), as (path, repr); None when there is none."""
+    \\ud800 escapes can write and no file or page can hold), as (path, repr); None when there is none. The
+    file is encoded once (the common case: all of it is valid) before any string is looked at."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        return None
+    except (UnicodeEncodeError, RecursionError):
+        pass
     stack = [("", data)]
     while stack:  # not recursive: the parser accepts deeper nesting than a recursive walk could follow
         path, value = stack.pop()
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if not _encodable(k):
-                    return path or "the file", f"has a key that is not valid Unicode ({k!r})"
-                stack.append((_key(path, k), v))
-        elif isinstance(value, list):
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
-        elif isinstance(value, str) and not _encodable(value):
-            return path or "the file", f"is a string that is not valid Unicode ({_found(value)})"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            if isinstance(k, str) and not _encodable(k):
+                return path or "the file", f"has a key that is not valid Unicode ({k!r})"
+            where = _key(path, k) if isinstance(k, str) else f"{path}[{k}]"
+            if isinstance(v, (dict, list)):
+                stack.append((where, v))
+            elif isinstance(v, str) and not _encodable(v):
+                return where, f"is a string that is not valid Unicode ({_found(v)})"
     return None
 
 
@@ -607,6 +616,90 @@ def _equal_bits(data: dict) -> list[tuple[str, str]]:
 
 #: What a file of a kind must agree with itself on, past the shape of each value.
 CONSISTENT = {"long-output": _long_output, "task-accuracy": _task_accuracy, "equal-bits": _equal_bits}
+
+
+# -- what a result's own outcomes give ------------------------------------------------------------
+
+#: `benchmarks.fidelity.long_output.rounded` keeps 6 significant digits of each position's value: a mean of
+#: them is within half a unit of the 6th digit (5e-6 of its size) of the mean the summary was computed from.
+ROUNDED = 5e-6
+#: What a recomputation may raise on outcomes of the right shape but the wrong content (a prompt without a
+#: method, a series shorter than the others): the file is refused, saying so.
+_UNCOMPUTABLE = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError)
+
+
+def _why(err: Exception) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:120]}{'...' if len(text) > 120 else ''}"
+
+
+def _summary_from_series(data: dict) -> list[str]:
+    """A long-output summary against `long_output.summarize` of the per-prompt series the file keeps (a file
+    without them has nothing to recompute from)."""
+    series = data.get("per_prompt")
+    if series is None:
+        return []
+    summary = data["summary"]
+    try:
+        again = bench_long.summarize(series, len(summary["bin_edges"]) - 1)
+    except _UNCOMPUTABLE as err:
+        return [f"per_prompt: its series cannot be summarized ({_why(err)})"]
+    out = [
+        f"summary.{key} is {summary[key]}, its per_prompt series give {again[key]}"
+        for key in ("positions", "bin_edges")
+        if summary[key] != again[key]
+    ]
+    given, computed = summary["methods"], again["methods"]
+    out += [
+        f"summary.methods lacks {name!r}, which its per_prompt series hold" for name in computed if name not in given
+    ]
+    for name, curves in given.items():
+        for metric, curve in curves.items():
+            mine = computed.get(name, {}).get(metric)
+            where = f"summary.methods[{name!r}].{metric}"
+            if mine is None:
+                out.append(f"{where} has no per_prompt series to come from")
+                continue
+            if len(mine) != len(curve):
+                out.append(f"{where} has {len(curve)} values, its per_prompt series give {len(mine)}")
+                continue
+            out += [
+                f"{where}[{i}] is {a:.6g}, its per_prompt series give {b:.6g}"
+                for i, (a, b) in enumerate(zip(curve, mine, strict=True))
+                if not math.isclose(a, b, rel_tol=2 * ROUNDED, abs_tol=1e-12)
+            ]
+    return out
+
+
+def _claims_from_results(data: dict) -> list[str]:
+    """An equal-bits result's verdicts (`claims`: each claim and whether it holds) against
+    `equal_bits.claims` of its own results."""
+    try:
+        again = {c["claim"]: c["holds"] for c in equal_bits.claims(data["results"])}
+    except _UNCOMPUTABLE as err:
+        return [f"claims: cannot be recomputed from its results ({_why(err)})"]
+    given = {c["claim"]: c["holds"] for c in data["claims"]}
+    said = {True: "holds", False: "does not hold"}
+    out = [f"claims lacks {c!r} ({said[h]} on its results)" for c, h in again.items() if c not in given]
+    for claim, holds in given.items():
+        if claim not in again:
+            out.append(f"claims has {claim!r}, which its results do not give")
+        elif holds != again[claim]:
+            out.append(f"claims says {claim!r} {said[holds]}; its results say it {said[again[claim]]}")
+    return out
+
+
+#: The kinds that keep the outcomes their aggregates and verdicts come from, and the check of each. A
+#: task-accuracy result keeps only its per-document outcomes (the report computes every accuracy, interval
+#: and verdict from them); a fidelity result keeps no per-prompt values: its summary is evidence as given.
+RECOMPUTED = {"long-output": _summary_from_series, "equal-bits": _claims_from_results}
+
+
+def disagreements(kind: str, data: dict) -> list[str]:
+    """Where a result of `kind` (of the right shape: `problems`) says what its own outcomes do not give,
+    recomputed by the functions that made it; one line each (none: it says what they give)."""
+    check = RECOMPUTED.get(kind)
+    return check(data) if check else []
 
 
 def did_not_run(info: dict) -> bool:

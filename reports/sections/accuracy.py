@@ -5,11 +5,12 @@ McNemar p), a figure of accuracy against key bits, and the three claim rows judg
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
 from benchmarks import tasks as tasks_suite
-from benchmarks.accuracy.stats import accuracy, items_to_resolve, paired, paired_interval, resolves
+from benchmarks.accuracy.stats import Accuracy, accuracy, items_to_resolve, paired, paired_interval, resolves
 from benchmarks.accuracy.task_accuracy import layers_note
 from reference import paper
 from reports import figures
@@ -17,6 +18,7 @@ from reports.inputs import Source
 from reports.markdown import (
     CONFIRMED,
     INCONCLUSIVE,
+    MAX_FIGURES,
     NOT_CONFIRMED,
     NOT_MEASURED,
     Citations,
@@ -26,6 +28,7 @@ from reports.markdown import (
     escape,
     figure,
     table,
+    undrawn,
 )
 from reports.sections import model_label
 
@@ -52,6 +55,17 @@ SCALE = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _wilson(outcomes: tuple[bool, ...]) -> Accuracy:
+    return accuracy(outcomes)
+
+
+def wilson(outcomes: Sequence) -> Accuracy:
+    """`benchmarks.accuracy.stats.accuracy` of `outcomes`, computed once per list of outcomes: a result's FP16
+    run is judged against every task and every other run (scipy's interval takes about a millisecond)."""
+    return _wilson(tuple(bool(o) for o in outcomes))
+
+
 def pooled(run: dict, tasks: Sequence[str]) -> list[bool]:
     """A run's item outcomes over `tasks`, in one order (the pairing with FP16 follows it)."""
     return [bool(o) for t in tasks for o in run["results"][t]["correct"]]
@@ -68,7 +82,7 @@ def usable(data: dict, task: dict) -> str:
     """ "yes", or why `task` is left out of the pooled accuracy and the verdicts."""
     if answer_in_question(task["name"]):
         return "no: answer in the question"
-    a = accuracy(fp16_run(data)["results"][task["name"]]["correct"])
+    a = wilson(fp16_run(data)["results"][task["name"]]["correct"])
     return (
         "yes" if a.value >= task["chance"] + INFORMATIVE_MARGIN and a.low > task["chance"] else "no: FP16 near chance"
     )
@@ -90,7 +104,7 @@ def pooled_cell(run: dict, base: dict, tasks: Sequence[str]) -> str:
     """A run's accuracy pooled over `tasks` [95% Wilson] and, for a run other than FP16, its paired difference
     from FP16 on the same items with the exact McNemar p: the pooled accuracy as every table shows it."""
     mine = pooled(run, tasks)
-    a, d = accuracy(mine), paired(mine, pooled(base, tasks))
+    a, d = wilson(mine), paired(mine, pooled(base, tasks))
     return f"{a.value:.3f} [{a.low:.3f}, {a.high:.3f}]" + (
         "" if run is base else f", {d.difference:+.3f}, p {d.p_value:.2g}"
     )
@@ -98,7 +112,7 @@ def pooled_cell(run: dict, base: dict, tasks: Sequence[str]) -> str:
 
 def _cell(run: dict, base: dict, task: str) -> str:
     mine, ref = run["results"][task]["correct"], base["results"][task]["correct"]
-    a = accuracy(mine)
+    a = wilson(mine)
     if run is base:
         return f"{a.value:.2f} [{a.low:.2f}, {a.high:.2f}]"
     d = paired(mine, ref)
@@ -109,7 +123,10 @@ def _bits(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes | None, list[Claim]]:
+def render_result(
+    source: Source, cites: Citations, n: int, drawn: bool = True
+) -> tuple[str, bytes | None, list[Claim]]:
+    """One result's tables, claims and (where `drawn`) figure."""
     data = source.data
     cite = cites.cite(
         f"measured on {data['device']}, {data['date_utc']}, command `{data['command']}`, model {data['model']} "
@@ -146,10 +163,10 @@ def render_result(source: Source, cites: Citations, n: int) -> tuple[str, bytes 
         f"{cite}; FP16: accuracy [95% Wilson]; others: accuracy (difference from FP16 on the same items, exact "
         "McNemar p)",
     )
-    png = _figure(data, useful) if useful else None
+    png = _figure(data, useful) if useful and drawn else None
     power = ""
     if useful:
-        pooled_fp16 = accuracy(pooled(base, useful))
+        pooled_fp16 = wilson(pooled(base, useful))
         need = items_to_resolve(0.05, min(max(pooled_fp16.value, 0.5), 0.95))
         enough = "resolves" if pooled_fp16.n >= need else "does not resolve"
         power = (
@@ -177,7 +194,7 @@ def _figure(data: dict, useful: list[str]) -> bytes | None:
                 key=lambda r: r["key_bits"],
             )
             if runs:
-                accs = [accuracy(pooled(r, useful)) for r in runs]
+                accs = [wilson(pooled(r, useful)) for r in runs]
                 ax.errorbar(
                     [r["key_bits"] for r in runs],
                     [a.value for a in accs],
@@ -193,7 +210,7 @@ def _figure(data: dict, useful: list[str]) -> bytes | None:
             if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16
         ]
         for r, marker in zip(singles, itertools.cycle(SINGLE_MARKERS)):  # one marker per series: colours may repeat
-            a = accuracy(pooled(r, useful))
+            a = wilson(pooled(r, useful))
             ax.errorbar(
                 [r["key_bits"]],
                 [a.value],
@@ -204,7 +221,7 @@ def _figure(data: dict, useful: list[str]) -> bytes | None:
                 color=figures.color(r["label"]),
                 label=r["label"],
             )
-        fp16 = accuracy(base)
+        fp16 = wilson(base)
         ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
         ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
         ax.set(
@@ -350,11 +367,12 @@ def render(sources: Sequence[Source]) -> Section:
     cites = Citations("A")
     parts, figs, claims = [], {}, []
     for n, s in enumerate(sources, start=1):
-        md, png, found = render_result(s, cites, n)
+        md, png, found = render_result(s, cites, n, drawn=n <= MAX_FIGURES)
         parts.append(md)
         claims += found
         if png is not None:
             figs[f"task-accuracy-{n}.png"] = png
+    parts.append(undrawn(len(sources) - MAX_FIGURES, "results"))
     if not sources:
         parts.append("No task-accuracy result: run `python -m benchmarks.task_accuracy` (or give one with --input).\n")
     # a claim no result ran the runs for is still a row: "not measured here", saying which runs it needs

@@ -1,6 +1,6 @@
 """History: results whose behaviour this tree no longer reproduces, or of code that it no longer has
-(`reports.currency`), each labelled with its commit and what changed, with what it measured. None of them
-enters a comparison."""
+(`reports.currency`), or refused when read (`reports.inputs.load`), each labelled with its commit and why, with
+what it measured. None of them enters a comparison."""
 
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def render(history: Sequence[tuple[Source, Verdict]]) -> Section:
         "Measurements whose canaries this tree does not reproduce (the same code paths on fixed tiny "
         "workloads: a method, an implementation or a tool's step that computes something else now, named), "
         "or that record none; conformance and timing files of code that differs from this tree's, or that do "
-        "not record which code they measured. They are kept (in the repository or where they were given) and "
+        "not record which code they measured; and results refused because an aggregate or verdict they hold is "
+        "not what their own outcomes give (recomputed when read). They are kept (in the repository or where they "
+        "were given) and "
         "shown here with their commit; no comparison above uses them.\n",
         table(rows, ["file", "kind", "device", "date", "commit", "why not current"], "each file as it records itself"),
     ]

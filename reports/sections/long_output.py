@@ -11,6 +11,7 @@ from reports.inputs import Source
 from reports.markdown import (
     CONFIRMED,
     INCONCLUSIVE,
+    MAX_FIGURES,
     NOT_CONFIRMED,
     NOT_MEASURED,
     Citations,
@@ -20,6 +21,7 @@ from reports.markdown import (
     escaped,
     figure,
     sources_under_tables,
+    undrawn,
 )
 from reports.provenance import measured
 
@@ -129,7 +131,7 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
         parts.append(sources_under_tables(demote(body, 2), f"measured: long-output run {label}"))
         if s.data.get("model_fingerprint"):
             parts.append(escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n")
-        png = figures.png(_draw(s), ncols=len(PANELS), size=(4.6, 3.6))
+        png = figures.png(_draw(s), ncols=len(PANELS), size=(4.6, 3.6)) if i <= MAX_FIGURES else None
         if png is not None:
             figs[FIGURE.format(i)] = png
             positions = s.data["summary"]["positions"]
@@ -140,6 +142,7 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
                     f"and NLL per span of positions (measured, {label})",
                 )
             )
+    parts.append(undrawn(len(sources) - MAX_FIGURES, "runs"))
     if not figures.available():
         parts.append(figures.MISSING + "\n")
     return parts, figs

@@ -4,6 +4,7 @@ The title names only the figures that have a result."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from benchmarks.efficiency.analysis import FIG7_FIT
@@ -12,7 +13,19 @@ from reference import paper
 from reports import figures
 from reports.inputs import BENCHMARK as BENCH
 from reports.inputs import COMPUTED_SUITES, Source, benchmark_problems, benchmarks, of_kind
-from reports.markdown import SOURCE, Citations, Section, details, escape, figure, fmt, ratio, table
+from reports.markdown import (
+    MAX_FIGURES,
+    SOURCE,
+    Citations,
+    Section,
+    details,
+    escape,
+    figure,
+    fmt,
+    ratio,
+    table,
+    undrawn,
+)
 from reports.provenance import quoted
 from reports.sections.gpu_claims import PAPER_MAX_THROUGHPUT, judge_all
 from reports.sections.measured import (
@@ -54,7 +67,7 @@ def throughput_rows(rows: Sequence[dict]) -> list[list]:
     return out
 
 
-def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
+def _throughput(rows: list[dict]) -> tuple[str, Callable]:
     best = max_feasible(rows)
     fp16 = next((v["tokens_per_s"] for m, v in best.items() if is_fp16(m)), None)
     kitty = best.get(KITTY, {}).get("tokens_per_s")
@@ -104,13 +117,13 @@ def _throughput(rows: list[dict]) -> tuple[str, bytes | None]:
         title = f"Fig. 6c: throughput vs batch (measured: {rows[0]['device']}; stars: the paper's {paper.GPU})"
         ax.set(xlabel="batch B", ylabel="tokens / s", title=title)
 
-    return md, figures.png(draw)
+    return md, functools.partial(figures.png, draw)
 
 
 # -- Fig. 7 ----------------------------------------------------------------------------------
 
 
-def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
+def _latency(rows: list[dict]) -> tuple[str, Callable]:
     fit = slopes(rows)
     fp16 = next((v for m, v in fit.items() if is_fp16(m)), None)
     last = max(r["step"] for r in rows)
@@ -178,7 +191,7 @@ def _latency(rows: list[dict]) -> tuple[str, bytes | None]:
         ax.axvspan(*FIG7_FIT, alpha=0.08, color="k", label="slope window")
         ax.set(xlabel="decode step t", ylabel="ms per step", title=f"Fig. 7: decode latency, {rows[0]['device']}")
 
-    return md, figures.png(draw)
+    return md, functools.partial(figures.png, draw)
 
 
 # -- kernel ----------------------------------------------------------------------------------
@@ -202,7 +215,7 @@ def kernel_rows(rows: Sequence[dict]) -> list[list]:
     ]
 
 
-def _kernel(rows: list[dict]) -> tuple[str, bytes | None]:
+def _kernel(rows: list[dict]) -> tuple[str, Callable]:
     copy = rows[0]["copy_gbps"]
     md = "\n".join(
         [
@@ -241,7 +254,7 @@ def _kernel(rows: list[dict]) -> tuple[str, bytes | None]:
             ax.set_xscale("log", base=2)
             ax.set(xlabel="context (tokens)", ylabel="GB/s", title=f"decode attention, B = {b}")
 
-    return md, figures.png(draw, ncols=len(batches), size=(5.0, 4.0))
+    return md, functools.partial(figures.png, draw, ncols=len(batches), size=(5.0, 4.0))
 
 
 # -- launch choices --------------------------------------------------------------------------
@@ -476,17 +489,22 @@ def render(sources: Sequence[Source]) -> Section:
             "`python -m benchmarks.gpu_check` on a CUDA machine and pass the files with `--input`.\n"
         )
     every = [r for rows in full.values() for r in rows]
+    skipped = 0
     for n, ((name, device), run) in enumerate(runs(every).items()):
         parts.append(escape(f"### {device}: `{name}`") + "\n")
         for suite, (prefix, render_suite) in RENDERERS.items():
             rows = [r for r in run if r["suite"] == suite]
             if not rows:
                 continue
-            md, png = render_suite(rows)
+            md, drawing = render_suite(rows)  # its table, and its figure to draw (None: it has none)
             parts.append(md)
+            room = len(figs) < MAX_FIGURES
+            png = drawing() if drawing is not None and room else None
+            skipped += drawing is not None and not room
             if png is not None:
                 figs[f"{prefix}-{n + 1}.png"] = png
                 parts.append(figure(f"{prefix}-{n + 1}.png", f"{suite}, {device} (measured)"))
+    parts.append(undrawn(skipped, "tables"))
     for s in checks:
         parts += [line + "\n" for line in gpu_check_lines(s)]
     tiny = benchmarks(sources, scale="tiny")

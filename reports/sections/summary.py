@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from conformance.strategies import REALISTIC, REALISTIC_TOKENS, describe
 from reference import PNMixConfig, methods
 from reference.tokens.config import TokenPrecisionConfig
+from reports import currency
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
 from reports.sections import conformance as matrix
@@ -50,23 +51,21 @@ def _bits(records: Sequence[dict]) -> str:
 
 def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
     """implementation -> [(its kernel point, time / FP16's time at the same point, same file and device)]."""
+
+    def point(e: dict) -> tuple:
+        return id(e["source"]), e["device"], e["batch"], e["context"]
+
+    # FP16's first timed entry at each point, found once (not by a scan of every entry per entry)
+    fp16: dict[tuple, dict] = {}
+    for f in entries:
+        if is_fp16(f["method"]) and f.get("ms"):
+            fp16.setdefault(point(f), f)
     out: dict[str, list[tuple[dict, float]]] = collections.defaultdict(list)
     for e in entries:
         impl = e.get("implementation")
         if impl is None or is_fp16(e["method"]) or e.get("oom") or e.get("ms") is None:
             continue
-        base = next(
-            (
-                f
-                for f in entries
-                if is_fp16(f["method"])
-                and f["source"] is e["source"]
-                and f["device"] == e["device"]
-                and (f["batch"], f["context"]) == (e["batch"], e["context"])
-                and f.get("ms")
-            ),
-            None,
-        )
+        base = fp16.get(point(e))
         if base is not None:
             out[impl].append((e, e["ms"] / base["ms"]))
     return out
@@ -237,6 +236,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
     workload = describe(REALISTIC)
     parts = [
         _lead(by_impl, rows),
+        _contradicting(sources),
         table(
             rows,
             ["implementation", "verdict", "method as run", "bits / element", "attention error", "decode speed"],
@@ -264,10 +264,24 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         parts.append(by_method)
     if history:
         parts.append(
-            f"{history} result file(s) measured code that differs from this tree's; they are left out of every "
-            "comparison and listed under History.\n"
+            f"{history} result file(s) measured code that differs from this tree's, or were refused (their numbers "
+            "are not what their own outcomes give); they are left out of every comparison and listed under History.\n"
         )
-    return Section("Summary", "\n".join(parts))
+    return Section("Summary", "\n".join(p for p in parts if p))
+
+
+def _contradicting(sources: Sequence[Source]) -> str:
+    """Current results that cannot both be right (`reports.currency.contradictions`), said before anything
+    is compared: every comparison below uses both."""
+    found = currency.contradictions(sources)
+    if not found:
+        return ""
+    head = (
+        "**Contradicting results**: a result file is evidence as given, not signed, and these measured the same "
+        "thing with different outcomes; the sections below show both. Which is right cannot be told from the "
+        "files: run it again.\n\n"
+    )
+    return head + "\n".join(f"- {escape(line)}" for line in found) + "\n"
 
 
 def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:

@@ -409,20 +409,20 @@ SHOWN_TEXT = (
 REQUIRED_METHODS = ("FP16", "TriAxialKV", "PN-Mix", "role-aware PN-Mix", "KIVI", "Kitty")
 
 
-def hostile(data: object, keys: tuple[str, ...] = SHOWN_TEXT) -> object:
-    """`data` with HOSTILE appended to every text under `keys` (and in lists of text under them), and to
+def hostile(data: object, keys: tuple[str, ...] = SHOWN_TEXT, text: str = HOSTILE) -> object:
+    """`data` with `text` appended to every text under `keys` (and in lists of text under them), and to
     the names of tasks and of methods (dict keys the sections show) other than those the schemas require."""
 
     def spoil(value: object) -> object:
         if isinstance(value, str):
-            return value if value in REQUIRED_METHODS else value + HOSTILE
+            return value if value in REQUIRED_METHODS else value + text
         return [spoil(v) for v in value] if isinstance(value, list) else value
 
     def walk(value: object, under: str = "") -> object:
         if isinstance(value, dict):
             out = {}
             for k, v in value.items():
-                key = k + HOSTILE if under in ("methods", "results") and k not in REQUIRED_METHODS else k
+                key = k + text if under in ("methods", "results") and k not in REQUIRED_METHODS else k
                 out[key] = spoil(v) if k in keys and not isinstance(v, dict) else walk(v, k)
             return out
         return [walk(v) for v in value] if isinstance(value, list) else value

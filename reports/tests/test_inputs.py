@@ -87,6 +87,7 @@ COMMITTED = sorted(p for d in ("benchmarks/results", "reports/example-cpu/data")
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_committed_results_pass_the_schema_of_their_kind(path):
     source = inputs.load(path, "committed")
+    assert source.refused == ""  # its aggregates and verdicts are what its own outcomes give
     if source.kind == "pytest-benchmark":
         assert inputs.benchmark_problems(source.data) == []
 
