@@ -103,7 +103,8 @@ def current_measurement(data: dict) -> dict:
 
 
 def hostile_inputs(tmp_path) -> list[str]:
-    """Every kind of result, current, with every attack in every name, device, command and label it shows."""
+    """Every kind of result with every attack in every name, device, command and label it shows: current
+    (compared in its section) and of other code (under History)."""
     argv = []
     for name, make in VALID.items():
         data = make()
@@ -111,12 +112,15 @@ def hostile_inputs(tmp_path) -> list[str]:
         keys = tuple(k for k in synthetic.SHOWN_TEXT if k not in ("claim", "evidence"))  # recomputed from results
         for i, attack in enumerate(ATTACKS):
             spoiled = synthetic.hostile(synthetic.current(data), keys, attack)
-            if name in ("task-accuracy", "fidelity", "long-output", "equal-bits", "role-calibration"):
+            if name in currency.BEHAVIOUR_KINDS:
                 spoiled = current_measurement(spoiled)
+            old = synthetic.hostile(synthetic.of_other_code(data), synthetic.SHOWN_TEXT, attack)
             argv += ["--input", str(synthetic.write(tmp_path, f"{name}-{i}.json", spoiled))]
+            argv += ["--input", str(synthetic.write(tmp_path, f"{name}-{i}-old.json", old))]
     return argv
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's, for a character no font draws
 def test_the_rendered_report_has_no_html_link_or_image_of_its_inputs(tmp_path, monkeypatch):
     monkeypatch.setattr(currency.canaries, "moved", lambda recorded: [])
@@ -126,7 +130,9 @@ def test_the_rendered_report_has_no_html_link_or_image_of_its_inputs(tmp_path, m
     out = ["--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results", *NOTHING_RUN]
     assert cli.main([*out, *argv]) == 0
     md = (tmp_path / "out" / "r" / "REPORT.md").read_text()
-    assert md.count("onerror=alert(1)") > 20 and "## 8. Task accuracy" in md  # the attacks are shown, as text
+    sections = md.split("\n## ")
+    task_accuracy, history = (next(s for s in sections if s.startswith(n)) for n in ("8. Task", "10. History"))
+    assert "onerror=alert(1)" in task_accuracy and "-old.json" in history  # the attacks are shown, as text
     assert foreign(md) == []
     assert "M" * (inputs.MAX_TEXT + 1) not in md and "M" * inputs.MAX_TEXT in md
     assert tables(md) and tables_without_source(md) == []
