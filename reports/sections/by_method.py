@@ -2,10 +2,8 @@
 configuration, and one per other configuration a current task-accuracy result ran of it (a family's
 configuration nearest a key-bit budget), each cell citing where it comes from.
 
-- bits / element: computed by the storage accounting for the conformance suite's realistic workload
-  (`conformance.strategies.REALISTIC`, the workload of the per-implementation table above it): every byte
-  the cache holds x 8 / the keys and values it caches (`reference.channels.storage.storage_model`; the
-  per-token methods by `reference.tokens.config.bits_per_element`, from every token low to every token
+- bits / element: the storage section's count of the configuration (`reports.sections.storage.count`: one
+  number per configuration in every section; the per-token methods from every token low to every token
   high, since their allocation sets the share);
 - attention error: measured by the conformance runs, where an implementation of the method's design ran
   this very configuration on that workload;
@@ -28,16 +26,14 @@ import torch
 
 from benchmarks.efficiency.plugins import BUILTIN_IMPLEMENTATIONS
 from benchmarks.fidelity import long_output
-from conformance.strategies import REALISTIC, compact, describe
+from conformance.strategies import compact
 from reference import PNMixConfig, methods
-from reference.channels.layout import CacheLayout
-from reference.channels.storage import storage_model
-from reference.tokens.config import TokenPrecisionConfig, bits_per_element
+from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks, of_kind
 from reports.markdown import Citations, escape, table
 from reports.provenance import computed, measured
 from reports.sections import accuracy as acc
-from reports.sections import model_label, summary
+from reports.sections import model_label, storage, summary
 from reports.sections.measured import is_fp16
 
 HEADING = "### Which method, at which budget"
@@ -125,38 +121,30 @@ def rows_of(sources: Sequence[Source]) -> tuple[list[Row], list[str]]:
 
 
 def label(row: Row) -> str:
+    """A method at its own configuration by its name; any other configuration by its design and what it is
+    (a KIVI cache with 1-bit keys is not KIVI-2), with the key-bit budgets the sweep picked it for."""
     budgets = ", ".join(f"{b:g}" for b in sorted(row.budgets, reverse=True))
     if row.own:
-        return row.method + (f" (the sweep's choice at {budgets} key bits)" if budgets else "")
-    at = f" @ {budgets} key bits" if budgets else ""
+        return row.method + (f" (the sweep's pick for its {budgets}-bit key budget)" if budgets else "")
+    at = f" (the sweep's pick for its {budgets}-bit key budget)" if budgets else ""
     described = summary.as_run(compact(row.config))
-    return f"{row.method}{at}: {compact(row.config) if described == '-' else described}"
+    design = methods.method(row.method).design
+    return f"{design}, {compact(row.config) if described == '-' else described}{at}"
 
 
 # -- bits ------------------------------------------------------------------------------------------
 
 
 def bits(config: PNMixConfig | TokenPrecisionConfig) -> str:
-    """Bits per element as stored on the realistic workload, keys and values apart (module doc)."""
-    w = REALISTIC
+    """Section 3's count (`storage.count_text`); a per-token method from every token low to every token high."""
     if isinstance(config, TokenPrecisionConfig):
-        ends = [
-            bits_per_element(config, w.head_dim, torch.full((w.total,), b), w.kv_heads)
-            for b in (config.low_bits, config.high_bits)
-        ]
+        ends = [storage.count(config, share)[0] for share in (1.0, 0.0)]
         low, high = config.low_bits, config.high_bits
-        return f"{ends[0].average:.2f}-{ends[1].average:.2f} (every token at {low} to {high} bits)"
-    parts = storage_model(config, w.batch, w.kv_heads, w.head_dim, w.total, w.dtype).as_dict()
-    stream = {c.name: c.stream for c in CacheLayout(config, w.batch, w.kv_heads, w.head_dim, w.dtype).components}
-    elements = w.total * w.batch * w.kv_heads * w.head_dim
-    side = {s: 8 * sum(n for k, n in parts.items() if stream[k] == s) / elements for s in ("keys", "values")}
-    return f"{8 * sum(parts.values()) / (2 * elements):.2f} (K {side['keys']:.2f}, V {side['values']:.2f})"
+        return f"{ends[0]:.2f}-{ends[1]:.2f} (every token at {low} to {high} bits)"
+    return storage.count_text(config)
 
 
-BITS_SOURCE = computed(
-    "reference.channels.storage.storage_model (per-token methods: reference.tokens.config.bits_per_element) on "
-    f"the conformance suite's realistic workload, {describe(REALISTIC)}, every byte held"
-)
+BITS_SOURCE = computed(f"reports.sections.storage.count, {storage.COUNT_RULE}")
 
 
 # -- attention error -------------------------------------------------------------------------------
@@ -306,7 +294,7 @@ def render(sources: Sequence[Source]) -> str:
         )
     headers = [
         "method",
-        "bits / element",
+        storage.COUNT_NAME,
         "attention error",
         *(f"accuracy, {v}" for v in shown),
         "long-output drift",
@@ -315,9 +303,9 @@ def render(sources: Sequence[Source]) -> str:
     notes = (
         "One row per method of the registry (`reference.methods.REGISTRY`) at its own configuration, and one per "
         "other configuration of it that a current task-accuracy result ran (its family's configuration nearest "
-        "a key-bit budget, the paper's counting). bits / element: computed, every byte held x 8 / the keys and "
-        "values cached, on the realistic workload of the table above; a per-token method from every token low "
-        "to every token high (its allocation sets the share). attention error: as in the table above, from the "
+        "a key-bit budget, the paper's counting), named by its design and configuration. bits: the storage "
+        "section's count of the configuration, as everywhere in this report; a per-token method from every token "
+        "low to every token high (its allocation sets the share). attention error: as in the table above, from the "
         "spec or Triton implementation of the method's design where it ran this very configuration. accuracy: "
         "pooled over the informative tasks of each view (section 8's rule) [95% Wilson], then the paired "
         "difference from FP16 on the same items with the exact McNemar p; one entry per model. long-output "

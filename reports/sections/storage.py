@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from reference import PNMixConfig, bit_widths, paper
-from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows, token_rows
+from reference.cli import SWEEP_PAIRS, bits_rows, label, model_rows, spread_low, token_rows
 from reference.methods import EVERY_TOKEN, METHODS, TOKEN_METHODS
 from reference.models import MODEL_SHAPES
+from reference.tokens.config import TokenPrecisionConfig, bits_per_element
 from reports.markdown import CONFIRMED, NOT_CONFIRMED, Claim, Section, table
 from reports.provenance import computed
 
@@ -32,6 +33,31 @@ def configs() -> dict[str, PNMixConfig]:
 
 
 TOKEN_LENGTH = 32768
+
+#: How every section names a configuration's bits: this section's count, so that one configuration has one number.
+COUNT_NAME = "bits / element (section 3's count)"
+COUNT_RULE = (
+    f"section 3's count: head_dim {HEAD_DIM}, {N_QUANTIZED} quantized tokens, the exact residual excluded "
+    "(the paper's convention); a per-token method at its share of low tokens"
+)
+
+
+def count(config: PNMixConfig | TokenPrecisionConfig, low_share: float = 0.5) -> tuple[float, float, float]:
+    """(average, keys, values) bits per element of a configuration as this section counts it: a channel
+    configuration's key bits total and value bits (`bit_widths`, as the first table), a per-token one's at
+    `low_share` of its tokens low (as the per-token table, over the model's KV heads)."""
+    if isinstance(config, TokenPrecisionConfig):
+        kv_heads = MODEL_SHAPES[MODEL].kv_heads
+        b = bits_per_element(config, HEAD_DIM, spread_low(config, TOKEN_LENGTH, low_share), kv_heads)
+        return b.average, b.key + b.key_metadata, b.value
+    bw = bit_widths(config, HEAD_DIM, N_QUANTIZED)
+    return (bw.key_total + bw.value_effective) / 2, bw.key_total, bw.value_effective
+
+
+def count_text(config: PNMixConfig | TokenPrecisionConfig, low_share: float = 0.5) -> str:
+    """'2.26 (K 2.26, V 2.26)': `count`, as every section prints it."""
+    average, keys, values = count(config, low_share)
+    return f"{average:.2f} (K {keys:.2f}, V {values:.2f})"
 
 
 def _show(value: object) -> str:

@@ -1,8 +1,8 @@
 """The first screen: one row per implementation, with what decides between them.
 
-Verdict (conforms, or the failing properties by name), bits per element and attention error on the
-conformance suite's realistic workload (`conformance.strategies.REALISTIC`: thousands of tokens, so
-that sinks and the exact residual are a small share, as the paper counts), and decode speed against
+Verdict (conforms, or the failing properties by name), the storage section's count of the configuration
+each ran (the one number a configuration has in the report), attention error on the conformance suite's
+realistic workload (`conformance.strategies.REALISTIC`: thousands of tokens), and decode speed against
 FP16 where a GPU ran the kernel benchmark. Only current results enter (`reports.currency`); every
 column says where it comes from.
 """
@@ -22,31 +22,31 @@ from reports import currency
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
 from reports.sections import conformance as matrix
+from reports.sections import storage
 from reports.sections.measured import is_fp16
 
 #: What the conformance suite records on its realistic workload (conformance/test_p8_storage.py, p7).
-BITS, KEY_BITS, VALUE_BITS, ERROR = (
-    "realistic_bits_per_element",
-    "realistic_key_bits_per_element",
-    "realistic_value_bits_per_element",
-    "realistic_attention_error",
-)
+BITS, ERROR = matrix.HELD_BITS, "realistic_attention_error"
 #: The benchmark the speed column reads: decode attention of one layer at the paper's scale.
 SPEED_SUITE = "kernel"
 
 
-def _largest(records: Sequence[dict], key: str) -> float | None:
-    values = [r["measured"][key] for r in records if isinstance((r.get("measured") or {}).get(key), (int, float))]
-    return max(values) if values else None
+def counted(description: str | None) -> float | None:
+    """The storage section's count of the configuration a realistic-workload record ran (its share of low
+    tokens for a per-token one); None where no configuration reads."""
+    config = ran_config(description, whole=True)
+    if config is None:
+        return None
+    return storage.count(config, REALISTIC_TOKENS.low_share)[0]
 
 
-def _bits(records: Sequence[dict]) -> str:
-    total = _largest(records, BITS)
-    if total is None:
-        return "-"
-    key, value = _largest(records, KEY_BITS), _largest(records, VALUE_BITS)
-    split = f" (K {key:.2f}, V {value:.2f})" if key is not None and value is not None else ""
-    return f"{total:.2f}{split}"
+def _bits(description: str | None, records: Sequence[dict]) -> str:
+    """The storage section's count of the configuration as run; where none reads, the bits it held (measured)."""
+    config = ran_config(description, whole=True)
+    if config is not None:
+        return storage.count_text(config, REALISTIC_TOKENS.low_share)
+    held = matrix.held_bits(records)
+    return "-" if held == "-" else f"{held} held on the test workload (measured)"
 
 
 def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
@@ -219,8 +219,8 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
                 f"{name} {details[name]['version']}" if name in details else name,
                 ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
                 method_as_run(name, set(ran), details.get(name)),
-                "; ".join(_bits(by_workload[w]) for w in figures),
-                "; ".join(fmt(_largest(by_workload[w], ERROR), ".3g") for w in figures),
+                "; ".join(_bits(w, by_workload[w]) for w in figures),
+                "; ".join(fmt(matrix.largest(by_workload[w], ERROR), ".3g") for w in figures),
                 _speed(speeds.get(name, [])),
             ]
         )
@@ -239,7 +239,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         _contradicting(sources),
         table(
             rows,
-            ["implementation", "verdict", "method as run", "bits / element", "attention error", "decode speed"],
+            ["implementation", "verdict", "method as run", storage.COUNT_NAME, "attention error", "decode speed"],
             source,
         ),
         "method as run: what each implementation ran the workload with. It starts from the paper's configuration "
@@ -249,16 +249,15 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
         "the configuration is given, marked as no method of the storage section, with the methods of its "
         "design it is not: a row named KIVI or Kitty there is that design at PN-Mix's configuration, not the "
         "KIVI or Kitty the storage, memory and claims sections compare. "
-        f"bits / element: every byte the cache holds (packed codes, scales and zeros, metadata, sinks and the "
-        f"exact residual, and bytes an implementation keeps for bookkeeping) x 8 / the keys and values it caches, "
-        f"on the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}; per-token "
-        "caches: the same tokens and shapes, `conformance.strategies.REALISTIC_TOKENS`, each token low with "
-        f"chance {REALISTIC_TOKENS.low_share:.0%}); K and "
-        "V split where its storage report says which bytes are whose; '-': not measured on it. attention error: the "
+        f"bits: the storage section's count of the method as run ({storage.COUNT_RULE}), the one number each "
+        "configuration has in this report; what each implementation measurably held on the test workload, "
+        "residual and sinks included, is in the conformance section. attention error: the "
         "largest absolute difference of its decode attention from float64 attention over the exact tokens, on "
-        "the same workload. decode speed: its decode-attention time over FP16 SDPA's at the same point of the "
-        "same run (lower is faster), at the largest context measured on a GPU; CPU timings are not shown here "
-        "(they predict nothing about a GPU).\n",
+        f"the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}; per-token "
+        "caches: the same tokens and shapes, `conformance.strategies.REALISTIC_TOKENS`, each token low with "
+        f"chance {REALISTIC_TOKENS.low_share:.0%}). decode speed: its decode-attention time over FP16 SDPA's at "
+        "the same point of the same run (lower is faster), at the largest context measured on a GPU; CPU timings "
+        "are not shown here (they predict nothing about a GPU).\n",
     ]
     if by_method:
         parts.append(by_method)
@@ -284,6 +283,14 @@ def _contradicting(sources: Sequence[Source]) -> str:
     return head + "\n".join(f"- {escape(line)}" for line in found) + "\n"
 
 
+def _most_counted(devices: dict[str, list[dict]]) -> tuple[float, str] | None:
+    """The largest storage-section count among the configurations an implementation ran the realistic
+    workload with (an implementation of both families ran two), with its description."""
+    ran = {(r.get("measured") or {}).get("realistic_workload") for recs in devices.values() for r in recs}
+    counts = [(b, d) for d in ran - {None} if (b := counted(d)) is not None]
+    return max(counts, default=None)
+
+
 def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:
     """Which implementations conform, which fail, and which store the fewest bits, in two sentences."""
     if not by_impl:
@@ -296,13 +303,14 @@ def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:
     listed = {
         n: sum(r["outcome"] == "xfailed" for recs in by_impl[n].values() for r in recs) for n in conforming
     }  # known differences, listed in its xfails file: it conforms except for them
-    bits = {n: _largest([r for recs in by_impl[n].values() for r in recs], BITS) for n in conforming}
-    bits = {n: b for n, b in bits.items() if b is not None and not listed[n]}
+    bits = {n: _most_counted(by_impl[n]) for n in conforming if not listed[n]}
+    bits = {n: b for n, b in bits.items() if b is not None}
     if bits:
-        fewest = min(bits.values())
+        fewest = min(b for b, _ in bits.values())
+        named = [f"{n} as run ({as_run(d)})" for n, (b, d) in bits.items() if b == fewest]
         out.append(
-            "Fewest bits per element among those that conform with no listed difference: "
-            f"{', '.join(n for n, b in bits.items() if b == fewest)} ({fewest:.2f})."
+            "Fewest bits per element (the storage section's count) among those that conform with no listed "
+            f"difference: {', '.join(named)}, {fewest:.2f}."
         )
     excepted = [f"{n} ({k})" for n, k in listed.items() if k]
     if excepted:

@@ -179,7 +179,9 @@ def test_the_figure_titles_its_model_by_name_and_gives_each_series_its_own_marke
             (ax,) = fig.axes
             drawn["title"] = ax.get_title()
             handles, labels = figures.legend_entries([ax])
-            drawn["markers"] = {lb: h.lines[0].get_marker() for h, lb in zip(handles, labels) if hasattr(h, "lines")}
+            drawn["markers"] = {
+                lb: h.lines[0].get_marker() for h, lb in zip(handles, labels, strict=True) if hasattr(h, "lines")
+            }
         return b""
 
     monkeypatch.setattr(figures, "png", keep)

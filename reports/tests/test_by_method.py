@@ -12,7 +12,7 @@ from conformance.strategies import REALISTIC, compact, describe
 from reference import methods
 from reports import cli, inputs
 from reports.sections import accuracy as acc
-from reports.sections import by_method
+from reports.sections import by_method, storage
 from reports.tests import synthetic
 from reports.tests.mdtables import table_after, tables_without_source
 
@@ -40,6 +40,10 @@ def task_accuracy(model: str = "TinyLM") -> dict:
 
 def load(tmp_path, name, data):
     return inputs.load(synthetic.write(tmp_path, name, data), "--input")
+
+
+PN_15 = "PN-Mix, K H2(20%)L1, V 2-bit, G 128, 32 sinks (the sweep's pick for its 1.5-bit key budget)"
+KIVI_15 = "KIVI, K 1-bit, V 2-bit, G 128 (the sweep's pick for its 1.5-bit key budget)"
 
 
 def rows(md: str) -> dict[str, dict[str, str]]:
@@ -82,16 +86,16 @@ def test_a_row_per_registry_method_and_per_other_configuration_run(tmp_path):
     empty = rows(by_method.render([]))
     assert list(empty) == list(methods.REGISTRY)  # every method, in the registry's order, with nothing measured
     shown = rows(by_method.render([load(tmp_path, "acc.json", task_accuracy())]))
-    assert "PN-Mix (the sweep's choice at 2.25 key bits)" in shown  # PN-Mix's own configuration at that budget
-    assert "KIVI-2 (the sweep's choice at 2.25 key bits)" in shown
-    others = [m for m in shown if " @ " in m]
-    assert [m.split(":")[0] for m in others] == [
-        "KIVI-2 @ 3 key bits",
-        "KIVI-2 @ 1.5 key bits",
-        "PN-Mix @ 3 key bits",
-        "PN-Mix @ 1.5 key bits",
+    assert "PN-Mix (the sweep's pick for its 2.25-bit key budget)" in shown  # its own configuration at that budget
+    assert "KIVI-2 (the sweep's pick for its 2.25-bit key budget)" in shown
+    others = [m for m in shown if m.startswith(("KIVI,", "PN-Mix,"))]  # a design's other configurations
+    assert others == [
+        "KIVI, K 3-bit, V 2-bit, G 128 (the sweep's pick for its 3-bit key budget)",
+        "KIVI, K 1-bit, V 2-bit, G 128 (the sweep's pick for its 1.5-bit key budget)",
+        "PN-Mix, K H4(50%)L1, V 2-bit, G 128, 32 sinks (the sweep's pick for its 3-bit key budget)",
+        "PN-Mix, K H2(20%)L1, V 2-bit, G 128, 32 sinks (the sweep's pick for its 1.5-bit key budget)",
     ]
-    assert "PN-Mix @ 1.5 key bits: K H2(20%)L1, V 2-bit, G 128, 32 sinks" in others
+    assert len(shown) == len(methods.REGISTRY) + len(others)
     assert not any("keys only" in m or "values only" in m for m in shown)  # Table 8's runs are no method
 
 
@@ -110,15 +114,15 @@ def test_the_accuracy_is_the_task_accuracy_sections_and_cites_its_file(tmp_path)
     pooled = "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"
     cells = rows(md)
     for label, row in (
-        ("PN-Mix @ 1.5", cells["PN-Mix @ 1.5 key bits: K H2(20%)L1, V 2-bit, G 128, 32 sinks"]),
-        ("KIVI @ 1.5", next(v for k, v in cells.items() if k.startswith("KIVI-2 @ 1.5"))),
+        ("PN-Mix @ 1.5", cells[PN_15]),
+        ("KIVI @ 1.5", cells[KIVI_15]),
         ("FP16", cells["FP16"]),
     ):
         model, rest = row[MC].split(": ", 1)
         number, cite = rest.rsplit(" ", 1)
         assert model == "TinyLM" and number == section[label][pooled]
         assert legend(md)[cite].endswith(f"file `{source.name}`") and "task accuracy" in legend(md)[cite]
-    assert cells["KIVI-2 @ 1.5 key bits: K 1-bit, V 2-bit, G 128"][MC].startswith("TinyLM: 0.650 [")  # 10 lost
+    assert cells[KIVI_15][MC].startswith("TinyLM: 0.650 [")  # 10 lost
     assert tables_without_source(md) == []
 
 
@@ -128,7 +132,7 @@ def test_each_view_is_pooled_apart(tmp_path):
     for r in data["runs"]:
         r["results"]["a_gen_1k"] = {"correct": [1] * 30 + [0] * 10 if r["label"] != "PN-Mix @ 1.5" else [0] * 40}
     cells = rows(by_method.render([load(tmp_path, "acc.json", data)]))
-    pn = cells["PN-Mix @ 1.5 key bits: K H2(20%)L1, V 2-bit, G 128, 32 sinks"]
+    pn = cells[PN_15]
     runs = {r["label"]: r for r in data["runs"]}
     base = runs["FP16"]
     assert pn[MC].startswith(f"TinyLM: {acc.pooled_cell(runs['PN-Mix @ 1.5'], base, ['a_1k'])} [")
@@ -154,8 +158,8 @@ def test_measured_cells_cite_their_results(tmp_path):
     assert cells["Kitty"]["decode speed"].startswith("0.50x FP16's time")
     # KIVI's design ran its preset of the paper's configuration, not KIVI-2's: no number, and why
     assert cells["KIVI-2"]["attention error"].startswith("-: its design's implementations ran the workload as K 1-bit")
-    bits, cite = pnmix["bits / element"].rsplit(" ", 1)
-    assert bits == "2.68 (K 2.68, V 2.68)" and cited[cite].startswith("computed: reference.channels.storage")
+    bits, cite = pnmix[storage.COUNT_NAME].rsplit(" ", 1)
+    assert bits == "2.26 (K 2.26, V 2.26)" and cited[cite].startswith("computed: reports.sections.storage.count")
 
 
 def test_a_plugin_timed_at_a_methods_points_is_not_the_method(tmp_path):
@@ -174,8 +178,8 @@ def test_a_method_without_a_measurement_shows_a_dash_with_the_reason(tmp_path):
     assert kivi1["long-output drift"] == "-: no current full long-output run of it"
     assert kivi1["decode speed"] == "-: no current GPU kernel benchmark of it"
     assert kivi1["attention error"] == "-: no current conformance result of its design measured the realistic workload"
-    assert not kivi1["bits / element"].startswith("-")  # computed, whatever was measured
-    budget = cells["PN-Mix @ 1.5 key bits: K H2(20%)L1, V 2-bit, G 128, 32 sinks"]
+    assert not kivi1[storage.COUNT_NAME].startswith("-")  # computed, whatever was measured
+    budget = cells[PN_15]
     assert budget["decode speed"].startswith("-: the kernel benchmark times each method at its own configuration")
     assert cells["FP16"]["long-output drift"] == "-: the reference the drift is measured from"
 
@@ -236,6 +240,18 @@ def test_a_spec_of_both_families_is_counted_for_a_row_only_on_its_familys_worklo
     data["results"].append(token)
     sources = [load(tmp_path, "c.json", data), load(tmp_path, "acc.json", task_accuracy())]
     cells = rows(by_method.render(sources))
-    other = next(cells[m] for m in cells if m.startswith("PN-Mix @ 1.5 key bits"))["attention error"]
+    other = cells[PN_15]["attention error"]
     assert other.startswith("-: its design's implementations ran the workload as K H3(50%)L1")
     assert "per token" not in other
+
+
+def test_a_configuration_has_the_storage_sections_number_and_its_own_name(tmp_path):
+    """One number per configuration: each row's bits are the storage section's count of it, as that section's
+    table prints it (key bits total, value bits); and a cache with 1-bit keys is never named KIVI-2."""
+    shown = rows(by_method.render([load(tmp_path, "acc.json", task_accuracy())]))
+    table3 = {r["config"]: r for r in table_after(storage.render().body, "Average bits per element")}
+    for name in ("KIVI-2", "KIVI-2 +32 sinks", "KIVI-1", "Kitty", "PN-Mix"):
+        row = next(v for k, v in shown.items() if k == name or k.startswith(name + " (the sweep"))
+        keys, values = float(table3[name]["key bits total"]), float(table3[name]["value bits"])
+        assert row[storage.COUNT_NAME].startswith(f"{(keys + values) / 2:.2f} (K {keys:.2f}, V {values:.2f}) [")
+    assert not any(k.startswith("KIVI-2") and "1-bit" in k for k in shown) and KIVI_15 in shown

@@ -7,7 +7,7 @@ import copy
 
 from reference import records
 from reports import currency, inputs
-from reports.sections import conformance, history, summary
+from reports.sections import conformance, history, storage, summary
 from reports.tests import synthetic
 from reports.tests.mdtables import table_after, tables_without_source
 
@@ -106,7 +106,8 @@ def test_the_summary_gives_each_implementation_its_verdict_bits_error_and_speed(
     rows = {r["implementation"].split()[0]: r for r in table_after(s.body, "Conform:")}
     assert rows["reference"]["verdict"] == "conforms except 1 listed differences (2 pass)"
     assert rows["triton"]["verdict"] == "FAILS P1 a"
-    assert rows["reference"]["bits / element"] == "2.70 (K 2.40, V 3.00)"
+    # no configuration reads from these records: what it held, said to be measured
+    assert rows["reference"][storage.COUNT_NAME] == "2.70 (K 2.40, V 3.00) held on the test workload (measured)"
     assert rows["reference"]["attention error"] == "0.013"
     k = synthetic.KERNEL
     assert rows["triton"]["decode speed"].startswith(
@@ -289,8 +290,11 @@ def test_per_token_caches_get_bits_and_error_on_their_workload(tmp_path):
     source = load(tmp_path, "c.json", data)
     rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
     row = rows["triaxialkv"]
-    assert row["method as run"].startswith("TriAxialKV (") and row["bits / element"] == "4.04 (K 4.08, V 4.01)"
+    ran = summary.ran_config(workload, whole=True)
+    assert row["method as run"].startswith("TriAxialKV (") and row[storage.COUNT_NAME] == storage.count_text(ran, 0.5)
     assert row["attention error"] == "0.173"
+    held = {r["implementation"]: r for r in table_after(conformance.render([source]).body, "Bits held")}
+    assert held["triaxialkv"]["bits held / element"] == "4.04 (K 4.08, V 4.01)"  # measured, in section 2
 
 
 def test_an_implementation_of_both_families_gets_each_methods_own_bits_and_error(tmp_path):
@@ -315,7 +319,8 @@ def test_an_implementation_of_both_families_gets_each_methods_own_bits_and_error
     row = rows["reference"]
     label = row["method as run"]
     assert label.startswith("PN-Mix (") and "; TriAxialKV (" in label
-    assert row["bits / element"] == "2.68 (K 2.68, V 2.68); 4.04 (K 4.04, V 4.04)"
+    token = storage.count_text(summary.ran_config(_ran("reference", cs.REALISTIC_TOKENS), whole=True), 0.5)
+    assert row[storage.COUNT_NAME] == f"2.26 (K 2.26, V 2.26); {token}"  # the storage section's, as run
     assert row["attention error"] == "0.171; 0.126"
 
 
@@ -325,3 +330,24 @@ def _bits(total: float) -> dict:
         "realistic_key_bits_per_element": total,
         "realistic_value_bits_per_element": total,
     }
+
+
+def test_the_fewest_bits_are_counted_for_the_configuration_each_ran_and_name_it(tmp_path):
+    """The lead's fewest bits: the storage section's count of what each conforming implementation ran, said
+    with that configuration (KIVI's preset of PN-Mix's configuration has 1-bit keys: it is not KIVI-2)."""
+    from conformance import strategies as cs
+
+    data = synthetic.conformance()
+    data["results"] = [r for r in data["results"] if r["outcome"] == "passed"]
+    for impl in ("reference", "kivi"):
+        workload = _ran(impl, cs.REALISTIC)
+        data["results"].append(
+            {**data["results"][0], "implementation": impl, "measured": {"realistic_workload": workload, **_bits(2.7)}}
+        )
+    source = load(tmp_path, "c.json", data)
+    lead = summary.render([source], [source], 0).body.split("\n")[0]
+    kivi = summary.ran_config(_ran("kivi", cs.REALISTIC), whole=True)
+    assert kivi.b_high == kivi.b_low == 1  # the preset's 1-bit keys
+    fewest = storage.count(kivi)[0]
+    assert "Fewest bits per element (the storage section's count) among those that conform" in lead
+    assert lead.endswith(f": kivi as run (K 1-bit, V 2-bit, G 128, 32 sinks), {fewest:.2f}.")
