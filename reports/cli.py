@@ -41,6 +41,7 @@ from reports.sections import (
     conformance,
     equal_bits,
     fidelity,
+    gpu_evidence,
     memory,
     performance,
     storage,
@@ -292,6 +293,21 @@ HISTORY_KINDS = (
 )
 
 
+def history_note(older: Sequence) -> str:
+    """A section's line on its result files under History, counted by why: refused when read (their numbers are
+    not what their own outcomes give), or of other code."""
+    refused = sum(bool(s.refused) for s in older)
+    parts = [
+        f"{n} {what}"
+        for n, what in (
+            (refused, "refused when read: an aggregate or verdict they hold is not what their own outcomes give"),
+            (len(older) - refused, "of code that has changed since, or that they do not record"),
+        )
+        if n
+    ]
+    return f"{len(older)} result file(s) of this section are listed under History, not shown here: {'; '.join(parts)}."
+
+
 def render_report(
     name: str, command: str, git: dict, started: str, outcomes, sources, args, given: list[Given] = ()
 ) -> tuple[str, dict]:
@@ -301,7 +317,9 @@ def render_report(
     current, history = currency.split(sources)
     conformance_sources = inputs.of_kind(current, "conformance")
     renders = [
-        lambda: summary.render(conformance_sources, current, len(history), by_method.render(current)),
+        lambda: summary.render(
+            conformance_sources, current, len(history), by_method.render(current), gpu_evidence.render(current, history)
+        ),
         lambda: conformance.render(conformance_sources, note.get("conformance", "")),
         storage.render,
         lambda: memory.render(current),
@@ -316,10 +334,7 @@ def render_report(
     for section, kinds in zip(sections, HISTORY_KINDS, strict=True):
         older = [s for s, _ in history if s.kind in kinds]
         if older:
-            section.body += (
-                f"\n{len(older)} earlier result file(s) of this section are listed under History, not shown here: "
-                "the code they measured has changed since, or they do not record it.\n"
-            )
+            section.body += "\n" + history_note(older) + "\n"
     claims = [c for s in sections for c in s.claims]
     env = environment_section.render(
         records.machine(), records.versions(), git, started, records.now_utc(), command, outcomes, sources, given

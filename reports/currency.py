@@ -128,7 +128,36 @@ def judge_behaviour(data: dict) -> Verdict:
     if not moved:
         return Verdict(True, "", commit)
     shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
-    return Verdict(False, f"its canaries moved: {shown}", commit)
+    return Verdict(False, f"its canaries moved: {shown}{made_elsewhere(data)}", commit)
+
+
+def made_elsewhere(data: dict) -> str:
+    """Where a result whose canaries moved was made otherwise than this report: the libraries that change
+    numerics at other versions, a GPU or another dtype (a task-accuracy result records its `dtype` and
+    `device_class`). Canaries run on the CPU in float32 wherever they are recorded, so a GPU alone moves
+    none; a library at another version can, with this tree's code unchanged: said, so that a reader does
+    not take it for changed code."""
+    recorded = (data.get("behaviour") or {}).get("versions") or {}
+    here = canaries.versions()
+    libraries = [
+        f"{name} {recorded[name]} (here {here.get(name, 'not installed')})"
+        for name in sorted(recorded)
+        if isinstance(recorded[name], str) and recorded[name] != here.get(name)
+    ]
+    made = [f"on {data['device_class']}" if data.get("device_class") not in (None, "cpu") else ""]
+    made.append(f"in {data['dtype']}" if data.get("dtype") not in (None, "float32") else "")
+    made = " ".join(m for m in made if m)
+    if not libraries and not made:
+        return ""
+    said = ", ".join(
+        x for x in (f"made {made}" if made else "", "with " + ", ".join(libraries) if libraries else "") if x
+    )
+    reason = (
+        "the canaries of the same code move with those libraries: rerun the result, or this report, with them"
+        if libraries
+        else "its canaries ran on the CPU in float32 there too, so this is not the device: the code it measured differs"
+    )
+    return f" ({said}; {reason})"
 
 
 def judge_timing(bench: dict, fallback: str | None = None) -> Verdict:

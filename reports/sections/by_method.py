@@ -263,7 +263,7 @@ def _speed(row: Row, speeds, cites: Citations) -> str:
     if not points:
         return "-: no current GPU kernel benchmark of it"
     e = max(points, key=lambda p: (p[0]["context"], -p[0]["batch"]))[0]
-    return f"{summary._speed(points)} {cites.cite(_bench(e))}"
+    return f"{summary.speed_text(points)} {cites.cite(_bench(e))}"
 
 
 def _bench(e: dict) -> str:

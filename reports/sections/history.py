@@ -42,14 +42,14 @@ def _measured(source: Source) -> str:
     return escape(f"{source.kind} result" + (f" on {what}" if what else "") + f", command `{command}`")
 
 
-def _date(source: Source) -> str:
+def date_of(source: Source) -> str:
     d = source.data
     if source.kind == BENCHMARK:
         return d.get("datetime") or "?"
     return d.get("date_utc") or d.get("created_utc") or "?"
 
 
-def _device(source: Source) -> str:
+def device_of(source: Source) -> str:
     if source.kind == BENCHMARK:
         devices = {(b.get("extra_info") or {}).get("device") for b in source.data["benchmarks"]}
         return ", ".join(sorted(d for d in devices if d)) or "?"
@@ -59,7 +59,9 @@ def _device(source: Source) -> str:
 def render(history: Sequence[tuple[Source, Verdict]]) -> Section:
     if not history:
         return Section("History", "Every result read measured the code of this tree: there is no history.\n")
-    rows = [[f"`{s.name}`", s.kind, _device(s), _date(s), (v.commit or "not recorded")[:12], v.why] for s, v in history]
+    rows = [
+        [f"`{s.name}`", s.kind, device_of(s), date_of(s), (v.commit or "not recorded")[:12], v.why] for s, v in history
+    ]
     parts = [
         "Measurements whose canaries this tree does not reproduce (the same code paths on fixed tiny "
         "workloads: a method, an implementation or a tool's step that computes something else now, named), "

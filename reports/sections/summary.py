@@ -71,7 +71,7 @@ def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
     return out
 
 
-def _speed(points: list[tuple[dict, float]]) -> str:
+def speed_text(points: list[tuple[dict, float]]) -> str:
     if not points:
         return "no GPU result"
     e, r = max(points, key=lambda p: (p[0]["context"], -p[0]["batch"]))
@@ -188,9 +188,12 @@ def attention_note(details: dict | None) -> str:
     return ""
 
 
-def render(conformance: Sequence[Source], sources: Sequence[Source], history: int, by_method: str = "") -> Section:
-    """Page 1: the per-implementation verdicts, then `by_method` (the table by method, `reports.sections.by_method`,
-    rendered by the caller: it reads this module's labels), then the History line."""
+def render(
+    conformance: Sequence[Source], sources: Sequence[Source], history: int, by_method: str = "", gpu: str = ""
+) -> Section:
+    """Page 1: the verdicts' lead, `gpu` (what GPU evidence exists, `reports.sections.gpu_evidence`), the
+    per-implementation table, then `by_method` (the table by method, `reports.sections.by_method`), both
+    rendered by the caller (they read this module's labels), then the History line."""
     columns = matrix.records_by_column(conformance)
     by_impl: dict[str, dict[str, list[dict]]] = collections.defaultdict(dict)
     for (name, device), recs in columns.items():
@@ -221,7 +224,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
                 method_as_run(name, set(ran), details.get(name)),
                 "; ".join(_bits(w, by_workload[w]) for w in figures),
                 "; ".join(fmt(matrix.largest(by_workload[w], ERROR), ".3g") for w in figures),
-                _speed(speeds.get(name, [])),
+                speed_text(speeds.get(name, [])),
             ]
         )
     files = sorted({s.name for s in conformance})
@@ -236,6 +239,7 @@ def render(conformance: Sequence[Source], sources: Sequence[Source], history: in
     workload = describe(REALISTIC)
     parts = [
         _lead(by_impl, rows),
+        gpu,
         _contradicting(sources),
         table(
             rows,

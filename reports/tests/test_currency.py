@@ -133,3 +133,36 @@ def test_a_machine_that_cannot_compile_falls_back_to_the_code(monkeypatch):
     monkeypatch.setattr(compiled, "_here", lambda spec: "not found: ptxas")
     verdict = currency.judge_timing(point(faithful_record({"_split_kernel": ["s" * 64]})))
     assert not verdict.current and "pnmix/kernels/attention.py" in verdict.why
+
+
+def test_a_sections_history_line_counts_refused_files_apart_from_files_of_other_code():
+    import types
+
+    from reports.cli import history_note
+
+    older = [types.SimpleNamespace(refused=why) for why in ("summary.kl is 1, its series give 2", None, None)]
+    note = history_note(older)
+    assert note.startswith("3 result file(s) of this section are listed under History")
+    assert "1 refused when read" in note and "2 of code that has changed since" in note
+    assert "refused" not in history_note(older[1:])
+
+
+def test_a_gpu_made_result_whose_canaries_moved_says_whether_its_libraries_or_its_code_differ(monkeypatch):
+    """A bfloat16 result of a GPU with another torch: its canaries (CPU, float32 wherever recorded) moved; the
+    History line says where it was made and which library differs, not only that the canaries moved."""
+    from benchmarks.canaries import behaviour
+
+    monkeypatch.setattr(behaviour, "moved", lambda recorded: ["PN-Mix (spec cache): floats"])
+    here = behaviour.versions()
+    data = {
+        "dtype": "bfloat16",
+        "device_class": "cuda",
+        "behaviour": {"canaries": {"method:PN-Mix": {}}, "versions": {**here, "torch": "2.11.0"}},
+    }
+    why = currency.judge_behaviour(data).why
+    assert why.startswith("its canaries moved: PN-Mix (spec cache): floats (made on cuda in bfloat16, with torch")
+    assert f"torch 2.11.0 (here {here['torch']})" in why and "move with those libraries" in why
+    same = currency.judge_behaviour({**data, "behaviour": {**data["behaviour"], "versions": here}}).why
+    assert "(made on cuda in bfloat16; its canaries ran on the CPU in float32 there too" in same
+    plain = currency.judge_behaviour({"behaviour": {"canaries": {"method:PN-Mix": {}}, "versions": here}}).why
+    assert plain == "its canaries moved: PN-Mix (spec cache): floats"

@@ -12,6 +12,7 @@ from benchmarks.efficiency.architectures import ARCHITECTURES
 from reference import PNMixConfig, bit_widths, methods, records
 from reports import cli, currency, files, markdown, steps
 from reports.sections import conformance as conformance_section
+from reports.sections import storage as storage_section
 from reports.sections import summary as summary_section
 from reports.tests import synthetic, test_files, test_inputs
 from reports.tests.mdtables import table_after, tables, tables_without_source
@@ -85,7 +86,13 @@ def test_quick_report_numbers_match_their_sources(quick):
         for r in data["results"]
         if r["implementation"] == "thirdparty-kivi" and "realistic_bits_per_element" in r["measured"]
     ]
-    assert summary["thirdparty-kivi"]["bits / element"].startswith(f"{realistic[0]['realistic_bits_per_element']:.2f}")
+    # what it held, measured, in section 2; page 1 the storage section's count of the configuration it ran
+    held = {r["implementation"]: r for r in table_after(md, "Bits held on the realistic workload")}
+    assert held["thirdparty-kivi"]["bits held / element"].startswith(
+        f"{realistic[0][conformance_section.HELD_BITS]:.2f}"
+    )
+    ran = summary_section.ran_config(realistic[0]["realistic_workload"], whole=True)
+    assert ran is not None and summary["thirdparty-kivi"][storage_section.COUNT_NAME] == storage_section.count_text(ran)
     # storage and memory: the numbers of reference.channels.storage and benchmarks.efficiency.memory
     bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
     assert bits["PN-Mix"]["key bits"] == f"{bit_widths(PNMixConfig(), 128, 32768).key_effective:.4f}"
