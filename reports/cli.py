@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -293,6 +294,13 @@ HISTORY_KINDS = (
 )
 
 
+def took(outcomes: Sequence[steps.Outcome], wall_s: float) -> str:
+    """'14 min 6 s wall, 1,532 CPU-seconds in its steps': what a run cost, as the README quotes it."""
+    cpu = sum(o.cpu_seconds or 0.0 for o in outcomes)
+    minutes, seconds = divmod(round(wall_s), 60)
+    return f"{minutes} min {seconds} s wall, {cpu:,.0f} CPU-seconds in its steps"
+
+
 def history_note(older: Sequence) -> str:
     """A section's line on its result files under History, counted by why: refused when read (their numbers are
     not what their own outcomes give), or of other code."""
@@ -435,7 +443,7 @@ def run(argv: list[str] | None = None) -> int:
         return fail(*err.lines)
     command = command_line(argv)
     git = environment.git_state()  # before anything is written into the tree
-    started = records.now_utc()
+    started, began = records.now_utc(), time.monotonic()
     remove_stale(args.out_dir)
     try:
         with interrupts.shielded():  # the folder exists marked as this run's, or not at all
@@ -461,7 +469,7 @@ def run(argv: list[str] | None = None) -> int:
         with interrupts.shielded():
             files.discard(staging)
         raise
-    print(f"report written to {display_path(final / 'REPORT.md')}")
+    print(f"report written to {display_path(final / 'REPORT.md')} ({took(outcomes, time.monotonic() - began)})")
     failed = [o for o in outcomes if o.status.startswith("failed")]
     for o in failed:
         log = display_path(final / o.log.relative_to(staging))

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import resource
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -75,6 +76,8 @@ class Outcome:
     seconds: float
     outputs: tuple[Path, ...]
     log: Path | None = None
+    #: CPU seconds of the step's processes (user + system, its children's included); None where it did not run
+    cpu_seconds: float | None = None
 
 
 def conformance_steps(
@@ -167,9 +170,11 @@ def run(step: Step, bar: tqdm, refresh_s: float, weight: float = 0.0) -> Outcome
             advanced[0] = share
         bar.set_postfix_str(line, refresh=True)
 
+    cpu_before = children_cpu_seconds()
     ended = subprocesses.run(
         step.argv, log=log, poll_s=refresh_s, on_poll=poll, cwd=ROOT, env=env, timeout_s=step.budget_s
     )
+    cpu = children_cpu_seconds() - cpu_before
     counts.unlink(missing_ok=True)
     bar.n = start  # run_all advances the bar by the step's whole weight
     outputs = tuple(sorted(step.folder.glob("*.json")))
@@ -190,7 +195,14 @@ def run(step: Step, bar: tqdm, refresh_s: float, weight: float = 0.0) -> Outcome
         status = "ran; some tests failed (exit code 1)"
     else:
         status = f"ran with errors (exit code {code}; see the log)"
-    return Outcome(step.name, step.command, status, ended.seconds, outputs, log)
+    return Outcome(step.name, step.command, status, ended.seconds, outputs, log, cpu)
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's ended children and theirs (steps run one at a time, so the
+    difference across a step is the step's: its pytest-xdist workers and the processes they started included)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def with_budget(todo: Sequence[Step | Outcome], seconds: float | None) -> list[Step | Outcome]:
@@ -251,7 +263,13 @@ def record_times(todo: Sequence[Step | Outcome], outcomes: Sequence[Outcome], da
     """Write each step's time into the report's data folder (`STEP_TIMES`): the next run's weights."""
     kinds = {s.name: s.kind for s in todo if isinstance(s, Step)}
     rows = [
-        {"name": o.name, "kind": kinds[o.name], "seconds": round(o.seconds, 1), "status": o.status}
+        {
+            "name": o.name,
+            "kind": kinds[o.name],
+            "seconds": round(o.seconds, 1),
+            "cpu_seconds": None if o.cpu_seconds is None else round(o.cpu_seconds, 1),
+            "status": o.status,
+        }
         for o in outcomes
         if o.name in kinds
     ]

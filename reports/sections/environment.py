@@ -68,12 +68,13 @@ def render(
                     f"`{o.command}`",
                     o.status,
                     f"{o.seconds:.0f}",
+                    "-" if o.cpu_seconds is None else f"{o.cpu_seconds:.0f}",
                     ", ".join(f"`{p.name}`" for p in o.outputs) or "-",
                 ]
                 for o in outcomes
             ]
-            or [["(nothing: every step was switched off)", "", "", "", ""]],
-            ["step", "command", "status", "wall s", "results"],
+            or [["(nothing: every step was switched off)", "", "", "", "", ""]],
+            ["step", "command", "status", "wall s", "CPU s", "results"],
             this + "; results and logs are in this folder's `data/`",
         ),
         "### Implementations given\n",

@@ -127,3 +127,24 @@ def test_a_step_of_one_long_test_moves_the_bar_by_its_time_before_the_test_ends(
     assert before_end and max(n for _, n in before_end) > 0.3, bar.shown  # moved while no test had ended
     assert max(n for _, n in bar.shown) <= 1.0 and bar.n == 0
     assert any("expected 1 s" in text for text, _ in bar.shown), bar.shown  # past its expected time: said so
+
+
+def test_a_step_records_its_cpu_seconds_beside_its_wall_time(tmp_path):
+    """A step that computes for a second of CPU in a child of its own: its CPU seconds count that child, and
+    the step times (what README's figures come from) keep them; one that sleeps uses next to none."""
+    busy = (
+        "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+        + repr("import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass")
+        + "], check=True)"
+    )
+    todo = [
+        steps.Step("busy", (sys.executable, "-c", busy), tmp_path / "busy"),
+        steps.Step("idle", (sys.executable, "-c", "import time; time.sleep(1.0)"), tmp_path / "idle"),
+    ]
+    busy_out, idle_out = (steps.run(s, _Bar(), 0.2) for s in todo)
+    assert busy_out.cpu_seconds >= 0.9 and idle_out.seconds >= 1.0 and idle_out.cpu_seconds < 0.5
+    steps.record_times(todo, [busy_out, idle_out], tmp_path / "r" / "data")
+    rows = [json.loads(x) for x in (tmp_path / "r" / "data" / steps.STEP_TIMES).read_text().splitlines()]
+    assert rows[0]["cpu_seconds"] >= 0.9 and rows[1]["cpu_seconds"] < 0.5
+    assert cli.took([busy_out], 61.2) == f"1 min 1 s wall, {busy_out.cpu_seconds:,.0f} CPU-seconds in its steps"
+    assert cli.took([], 61.2) == "1 min 1 s wall, 0 CPU-seconds in its steps"
