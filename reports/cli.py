@@ -89,9 +89,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m reports",
         description=__doc__.split("\n\n")[0],
-        epilog="Default: every built-in implementation, the benchmark suites, the fidelity "
-        "smoke run (15 min measured on 2 quiet CPU cores, 2026-12-02). --quick: the spec implementations, the adapters "
-        "and the benchmark suites, fidelity from committed results only (89 s measured there).",
+        epilog="Default: every built-in implementation, the benchmark suites, the fidelity smoke run"
+        + (f"; the example report's steps (reports/example-cpu) {cost}" if (cost := steps.example_cost()) else "")
+        + ". --quick: the spec implementations, the adapters and the benchmark suites, fidelity from committed "
+        "results only (its time: README, Set up).",
     )
     p.add_argument("--quick", action="store_true", help="run only the fast steps (see below)")
     p.add_argument("--name", default=None, help="report folder name (default: report-<UTC time>)")
@@ -143,8 +144,8 @@ def parser() -> argparse.ArgumentParser:
         "--fidelity",
         choices=steps.FIDELITY_MODES,
         default=None,
-        help="run the fidelity analyses on SmolLM2-135M: full (~21 min on 2 CPU cores), smoke (~1 min), off "
-        "(default: smoke, --quick: off)",
+        help="run the fidelity analyses on SmolLM2-135M: full (21 min wall on 2 CPU cores, docs/fidelity.md), "
+        "smoke (its time: below), off (default: smoke, --quick: off)",
     )
     p.add_argument(
         "--step-budget",

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from benchmarks.commands import subprocesses
 from conformance.loader import builtins
+from reference import records
 from reports import progress
 from reports.provenance import ROOT, display_path
 
@@ -224,11 +225,16 @@ def recorded_times(out_dir: Path) -> list[dict]:
     do not read are left out."""
     found = [p for p in Path(out_dir).glob(f"[!.]*/data/{STEP_TIMES}") if p.is_file()]
     if not found:
-        found = [EXAMPLE_TIMES] if EXAMPLE_TIMES.is_file() else []
-    if not found:
+        return read_times(EXAMPLE_TIMES)
+    return read_times(max(found, key=lambda p: p.stat().st_mtime))
+
+
+def read_times(path: Path) -> list[dict]:
+    """The rows of one step-times file whose seconds read as a positive number; none where it is missing."""
+    if not path.is_file():
         return []
     rows = []
-    for line in max(found, key=lambda p: p.stat().st_mtime).read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -237,6 +243,29 @@ def recorded_times(out_dir: Path) -> list[dict]:
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
             rows.append(row)
     return rows
+
+
+def example_cost() -> str:
+    """What the committed example report's steps took, as `--help` says it: 'took 16 min 2 s wall and 1,850
+    CPU-seconds (fidelity smoke 95 s wall) on x86_64, 2 logical cores, 2026-12-07'; empty where it recorded none."""
+    rows = read_times(EXAMPLE_TIMES)
+    if not rows:
+        return ""
+    wall = sum(float(r["seconds"]) for r in rows)
+    cpu = [r.get("cpu_seconds") for r in rows]
+    cpu_text = f" and {sum(cpu):,.0f} CPU-seconds" if all(isinstance(c, (int, float)) for c in cpu) else ""
+    smoke = sum(float(r["seconds"]) for r in rows if r.get("kind") == "fidelity-smoke")
+    where = sorted({str(r["machine"]) for r in rows if r.get("machine")})
+    days = sorted({str(r["date_utc"]) for r in rows if r.get("date_utc")})
+    failed = sum(r.get("status") != "ok" for r in rows)
+    minutes, seconds = divmod(round(wall), 60)
+    return (
+        f"took {minutes} min {seconds} s wall{cpu_text}"
+        + (f" (fidelity smoke {smoke:.0f} s wall)" if smoke else "")
+        + (f" on {', '.join(where)}" if where else "")
+        + (f", {days[-1]}" if days else "")
+        + (f"; {failed} of its steps did not end ok" if failed else "")
+    )
 
 
 def weights(todo: Sequence[Step | Outcome], last: Sequence[dict] = ()) -> list[float]:
@@ -262,6 +291,7 @@ def weights(todo: Sequence[Step | Outcome], last: Sequence[dict] = ()) -> list[f
 def record_times(todo: Sequence[Step | Outcome], outcomes: Sequence[Outcome], data: Path) -> None:
     """Write each step's time into the report's data folder (`STEP_TIMES`): the next run's weights."""
     kinds = {s.name: s.kind for s in todo if isinstance(s, Step)}
+    day, cpu = time.strftime("%Y-%m-%d", time.gmtime()), records.machine()["cpu"]
     rows = [
         {
             "name": o.name,
@@ -269,6 +299,8 @@ def record_times(todo: Sequence[Step | Outcome], outcomes: Sequence[Outcome], da
             "seconds": round(o.seconds, 1),
             "cpu_seconds": None if o.cpu_seconds is None else round(o.cpu_seconds, 1),
             "status": o.status,
+            "date_utc": day,
+            "machine": cpu,
         }
         for o in outcomes
         if o.name in kinds

@@ -61,10 +61,10 @@ def render(current: Sequence[Source], older: Sequence[tuple[Source, Verdict]]) -
     lines = []
     # the current first, then the newest
     for (device, day, is_current), g in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][1]), reverse=True):
-        state = "current" if is_current else f"under History, not compared ({'; '.join(sorted(g['why']))})"
+        state = "current." if is_current else f"under History, not compared. Why: {'; '.join(sorted(g['why']))}."
         found = g["found"][:SHOWN_FINDINGS]
         more = f" and {len(g['found']) - SHOWN_FINDINGS} more" if len(g["found"]) > SHOWN_FINDINGS else ""
-        said = f": {'; '.join(found)}{more}" if found else ""
+        said = f" Found: {'; '.join(found)}{more}." if found else ""
         lines.append(f"- {device}, {day}, {g['files']} file(s), {state}{said}")
     head = "**GPU evidence** (every result file a GPU made)" + ("" if any(k[2] for k in groups) else f"; {predicted}")
     return head + ":\n\n" + "\n".join(escape(x) for x in lines) + "\n"

@@ -230,7 +230,8 @@ def render(
     files = sorted({s.name for s in conformance})
     bench_files = sorted({e["source"].name for pts in speeds.values() for e, _ in pts})
     source = (
-        "verdict, bits and error measured by the conformance runs "
+        f"bits computed ({storage.COUNT_RULE}, `reports.sections.storage.count`); verdict and error measured by "
+        "the conformance runs "
         + (", ".join(f"`{f}`" for f in files) or "(none)")
         + "; speed measured by "
         + (", ".join(f"`{f}`" for f in bench_files) or "no GPU benchmark of the current code")

@@ -23,7 +23,7 @@ def test_a_current_gpu_timing_is_said_with_its_device_day_and_finding(tmp_path):
     text = gpu_evidence.render([bench], [])
     k = synthetic.KERNEL
     ratio = k[("PN-Mix", 1, 8192)] / k[("FP16", 1, 8192)]
-    assert f"- {synthetic.DEVICE}, 2026-12-01, 1 file(s), current: " in text
+    assert f"- {synthetic.DEVICE}, 2026-12-01, 1 file(s), current. Found: " in text
     assert f"PN-Mix {ratio:.2f}x FP16's time (B = 1, 8192 tokens" in text and "predicted" not in text
 
 
@@ -31,7 +31,7 @@ def test_gpu_files_under_history_are_said_with_why_and_what_they_found(tmp_path)
     gpu = load(tmp_path, "c.json", {**synthetic.conformance(), "device": "NVIDIA H200"})
     text = gpu_evidence.render([], [(gpu, Verdict(False, "the code it measured has changed", "abc"))])
     line = next(x for x in text.splitlines() if x.startswith("- NVIDIA H200"))
-    assert "under History, not compared (the code it measured has changed)" in line
+    assert "under History, not compared. Why: the code it measured has changed." in line
     assert "triton FAILS P1 a" in line and "predicted by the gate" in text  # nothing current: the gate's word
 
 

@@ -148,3 +148,23 @@ def test_a_step_records_its_cpu_seconds_beside_its_wall_time(tmp_path):
     assert rows[0]["cpu_seconds"] >= 0.9 and rows[1]["cpu_seconds"] < 0.5
     assert cli.took([busy_out], 61.2) == f"1 min 1 s wall, {busy_out.cpu_seconds:,.0f} CPU-seconds in its steps"
     assert cli.took([], 61.2) == "1 min 1 s wall, 0 CPU-seconds in its steps"
+
+
+def test_help_gives_the_example_reports_cost_from_its_recorded_steps(tmp_path, monkeypatch):
+    rows = [
+        {"name": "a", "kind": "conformance-triton", "seconds": 600.0, "cpu_seconds": 1100.0, "status": "ok"},
+        {"name": "f", "kind": "fidelity-smoke", "seconds": 61.0, "cpu_seconds": 90.5, "status": "ok"},
+    ]
+    rows = [{**r, "date_utc": "2026-12-07", "machine": "x86_64, 2 logical cores"} for r in rows]
+    path = tmp_path / steps.STEP_TIMES
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    monkeypatch.setattr(steps, "EXAMPLE_TIMES", path)
+    cost = steps.example_cost()
+    assert cost == (
+        "took 11 min 1 s wall and 1,190 CPU-seconds (fidelity smoke 61 s wall) on x86_64, 2 logical cores, 2026-12-07"
+    )
+    assert cost in " ".join(cli.parser().format_help().split())
+    path.write_text(json.dumps({**rows[0], "cpu_seconds": None, "status": "failed: exit code 2"}) + "\n")
+    assert steps.example_cost() == (
+        "took 10 min 0 s wall on x86_64, 2 logical cores, 2026-12-07; 1 of its steps did not end ok"
+    )
