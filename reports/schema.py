@@ -23,11 +23,12 @@ import json
 import math
 import re
 
-from benchmarks.fidelity import equal_bits
+from benchmarks.fidelity import equal_bits, role_calibration
 from benchmarks.fidelity import long_output as bench_long
 from reference import paper
 from reference.equations.saliency import CRITERIA
 from reference.records import BENCHMARK
+from reference.tokens.config import TokenPrecisionConfig
 
 NONE = type(None)
 TEXT = (str, NONE)
@@ -689,10 +690,34 @@ def _claims_from_results(data: dict) -> list[str]:
     return out
 
 
+def _allocations_from_calibration(data: dict) -> list[str]:
+    """A role calibration's allocations (bits per tag at each budget, their average and total distortion)
+    against `role_calibration.allocations` of its own calibration table, at its group size."""
+    config = TokenPrecisionConfig(group_size=data["group_size"])
+    budgets = [a["budget"] for a in data["allocations"]]
+    try:
+        again = role_calibration.allocations(data["calibration"], budgets, config)
+    except _UNCOMPUTABLE as err:
+        return [f"allocations: cannot be recomputed from its calibration ({_why(err)})"]
+    out = []
+    for i, (given, mine) in enumerate(zip(data["allocations"], again, strict=True)):
+        where = f"allocations[{i}] (budget {given['budget']:g})"
+        if given["bits"] != mine["bits"]:
+            out.append(f"{where}.bits are {given['bits']}, its calibration gives {mine['bits']}")
+        for key in ("average_bits", "distortion"):
+            if not math.isclose(given[key], mine[key], rel_tol=1e-9, abs_tol=1e-12):
+                out.append(f"{where}.{key} is {given[key]:.6g}, its calibration gives {mine[key]:.6g}")
+    return out
+
+
 #: The kinds that keep the outcomes their aggregates and verdicts come from, and the check of each. A
 #: task-accuracy result keeps only its per-document outcomes (the report computes every accuracy, interval
 #: and verdict from them); a fidelity result keeps no per-prompt values: its summary is evidence as given.
-RECOMPUTED = {"long-output": _summary_from_series, "equal-bits": _claims_from_results}
+RECOMPUTED = {
+    "long-output": _summary_from_series,
+    "equal-bits": _claims_from_results,
+    "role-calibration": _allocations_from_calibration,
+}
 
 
 def disagreements(kind: str, data: dict) -> list[str]:

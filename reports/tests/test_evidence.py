@@ -19,6 +19,7 @@ RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 LONG_OUTPUT = min(RESULTS.glob("long-output-*.json"), key=lambda p: p.stat().st_size)
 EQUAL_BITS = max(RESULTS.glob("equal-bits-*.json"))
 TASK_ACCURACY = min(RESULTS.glob("task-accuracy-*.json"))
+ROLE_CALIBRATION = max(RESULTS.glob("role-calibration-*.json"))
 
 
 def report(tmp_path: Path, *files: Path) -> str:
@@ -34,7 +35,7 @@ def canaries_reproduce(monkeypatch):
 
 
 def test_committed_results_are_what_their_outcomes_give():
-    for path in [LONG_OUTPUT, EQUAL_BITS]:
+    for path in [LONG_OUTPUT, EQUAL_BITS, ROLE_CALIBRATION]:
         data = json.loads(path.read_text())
         assert schema.disagreements(inputs.kind_of(data, path), data) == [], path
 
@@ -94,6 +95,21 @@ def test_equal_bits_verdicts_its_results_do_not_give_are_refused(tmp_path, edit)
         "refused: its numbers are not what its own outcomes give: claims says "
         f"{claim['claim']!r} {said[now]}; its results say it {said[not now]}"
     )
+
+
+@pytest.mark.parametrize("edit", ["bits", "average_bits"])
+def test_role_allocations_their_calibration_does_not_give_are_refused(tmp_path, edit):
+    data = json.loads(ROLE_CALIBRATION.read_text())
+    given = data["allocations"][0]
+    if edit == "bits":  # a tag moved to the other precision, the rest kept
+        given["bits"][0] = 4 if given["bits"][0] == 2 else 2
+    else:
+        given["average_bits"] += 0.01
+    refused = inputs.load(synthetic.write(tmp_path, "rc.json", data), "--input").refused
+    assert refused.startswith(
+        f"refused: its numbers are not what its own outcomes give: allocations[0] (budget {given['budget']:g}).{edit} "
+    )
+    assert "its calibration gives" in refused
 
 
 def flipped_table2(data: dict) -> dict:
