@@ -587,8 +587,15 @@ def split_trips_exact_last(
 
 
 def default_splits(gpu: GPU, work_items: int, length: int, block_n: int) -> int:
-    """The package's split rule (`pnmix.kernels.attention.default_splits`) for this GPU."""
-    want = max(1, -(-2 * gpu.sms // max(work_items, 1)))
+    """The package's split rule (`splits_for`) for this GPU."""
+    return splits_for(gpu.sms, work_items, length, block_n)
+
+
+def splits_for(sms: int, work_items: int, length: int, block_n: int) -> int:
+    """The package's split rule, which the kernels launch by (`pnmix.kernels.attention.default_splits`) and the gate
+    predicts by: enough splits that the (sequence, KV head) items x splits cover the SMs twice over
+    (flash-decoding), each split at least 4 tiles of `block_n` tokens."""
+    want = max(1, -(-2 * sms // max(work_items, 1)))
     return max(1, min(want, -(-length // (4 * block_n))))
 
 

@@ -21,6 +21,7 @@ from pnmix.kernels import ptx, ptx_unpack
 from pnmix.kernels.common import round_to, saturate, unpack_field
 from pnmix.kernels.unpack import TORCH_DTYPES, field_codes
 from pnmix.kernels.unpack import code_to as _code_to
+from pnmix.perfmodel import splits_for
 from reference.channels.layout import CacheLayout, TokenLayout
 from reference.equations.packing import bit_planes
 
@@ -803,8 +804,7 @@ def default_splits(work_items: int, length: int, block_n: int) -> int:
     gpu = _runtime.target()
     if gpu is None:
         return max(1, min(4, triton.cdiv(length, block_n)))
-    want = max(1, triton.cdiv(2 * gpu.sms, max(work_items, 1)))
-    return max(1, min(want, triton.cdiv(length, 4 * block_n)))
+    return splits_for(gpu.sms, work_items, length, block_n)
 
 
 def launch_config(layout: CacheLayout) -> dict:

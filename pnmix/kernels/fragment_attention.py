@@ -18,9 +18,7 @@ import math
 
 import torch
 
-from pnmix import _runtime
 from pnmix.kernels import attention, fragment, fragment_decode
-from pnmix.perfmodel import merges_in_loop
 from reference import CacheLayout
 
 #: Paths of the quantized region's partials: the loop with its inline-PTX or plain unpack, or its torch twin.
@@ -142,8 +140,7 @@ def decode(
     splits = num_splits or attention.default_splits(
         batch * n_kv, region.capacity or t.length, fragment_decode.TOKENS_PER_ITERATION
     )
-    gpu = _runtime.target()
-    quantized, exact_split, total = fragment_decode.split_plan(splits, batch * n_kv, 2 * gpu.sms if gpu else 0)
+    quantized, exact_split, total = fragment_decode.plan(splits, batch * n_kv)
     out = attention.partials(batch * n_kv * total * n_rep, d, q.device)
     qk_scale = attention.LOG2E * (1.0 / math.sqrt(d) if scale is None else scale)
     r = region.tensors
@@ -154,7 +151,7 @@ def decode(
         scales = tuple(r[name].flatten(0, 1) for name in ("key_scale", "key_zero", "value_scale", "value_zero"))
         exact = tuple(r[name].flatten(0, 1) for name in ("sink_key", "sink_value", "residual_key", "residual_value"))
         heads = batch * n_kv
-        if semaphores is not None and semaphores.numel() >= heads and merges_in_loop(heads, total, 2 * gpu.sms):
+        if semaphores is not None and semaphores.numel() >= heads and fragment_decode.merges(heads, total):
             merged = torch.empty_like(q)
             fragment_decode.launch_split(
                 q, index, planes(r), scales, exact, counts, out, heads, n_rep, quantized, exact_split, total, 0,

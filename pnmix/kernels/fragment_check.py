@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-from pnmix import _runtime
 from pnmix.kernels import attention, fragment, fragment_decode
 
 #: What `decide` keeps per device: (path, why); path is "ptx", "plain" or "off".
@@ -132,8 +131,7 @@ def launch(args: dict, qk_scale: float, n_splits: int, use_ptx: bool = True):
     sinks, residual = args["sk"].shape[1], args["rk"].shape[1]
     counts = torch.tensor([sinks, tiles * fragment.TILE, residual, 0], dtype=torch.int32, device=dev)
     # the package's plan on the device (the gate records it for its target GPU)
-    gpu = _runtime.target()
-    quantized, exact_split, total = fragment_decode.split_plan(n_splits, heads, 2 * gpu.sms if gpu else 0)
+    quantized, exact_split, total = fragment_decode.plan(n_splits, heads)
     scales = tuple(args[name].contiguous() for name in ("ks", "kz", "vs", "vz"))
     exact = tuple(args[name].contiguous() for name in EXACT)
     merged = torch.empty(heads * rows, 128, dtype=args["q"].dtype, device=dev)

@@ -36,7 +36,7 @@ from pnmix import _runtime, sass
 from pnmix.kernels import fragment, ptx
 
 # the split rule of the loop, in one place: the gate simulates what is launched
-from pnmix.perfmodel import split_plan  # noqa: F401 (re-exported: fragment_attention and fragment_check launch by it)
+from pnmix.perfmodel import merges_in_loop, split_plan
 
 #: Ring depth of the copy pipeline (tiles in flight: STAGES - 1 ahead of the one computed).
 STAGES = 3
@@ -483,6 +483,19 @@ def _headroom(top):
     """The exponent e >= 0 of the power of two that brings q s (at most `top` in magnitude) to at most 2^15, inside
     float16's range: the high plane's products are scaled by 2^-e and their sum by 2^e, both exact."""
     return gl.maximum(gl.ceil(gl.log2(top)) - 15.0, 0.0)
+
+
+def plan(splits: int, heads: int) -> tuple[int, int, int]:
+    """`split_plan` of `splits` over `heads` (sequence, KV head) items for the target GPU (2 programs an SM; under
+    the interpreter no slots, so the exact regions share a split): (quantized splits, exact split, programs)."""
+    gpu = _runtime.target()
+    return split_plan(splits, heads, 2 * gpu.sms if gpu else 0)
+
+
+def merges(heads: int, programs: int) -> bool:
+    """Whether the loop merges its splits itself on the target GPU (`merges_in_loop`); never without one."""
+    gpu = _runtime.target()
+    return gpu is not None and merges_in_loop(heads, programs, 2 * gpu.sms)
 
 
 def launch_split(
