@@ -34,8 +34,10 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from benchmarks.accuracy import task_accuracy
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.efficiency import compiled
+from benchmarks.fidelity import analyses, equal_bits
 from reference import records
 from reports.inputs import BENCHMARK, Source
 
@@ -116,6 +118,11 @@ def judge(codes: Sequence[dict | None], commit: str | None = None) -> Verdict:
     return Verdict(False, f"its code differs from this tree's: {shown}", commit)
 
 
+#: Every tool's own canary, by the pipeline name results record it under: the report hands them to the canaries
+#: (which import no tool). Equal bits' holds the long-output and role-calibration ones too.
+PIPELINES = {**analyses.PIPELINE, **equal_bits.PIPELINE, **task_accuracy.PIPELINE}
+
+
 def judge_behaviour(data: dict) -> Verdict:
     """A measurement result: current while every canary it recorded reproduces and its data files are
     unchanged (`benchmarks.canaries.behaviour.moved`); never without canaries."""
@@ -124,7 +131,7 @@ def judge_behaviour(data: dict) -> Verdict:
     recorded = data.get("behaviour")
     if not isinstance(recorded, dict) or not isinstance(recorded.get("canaries"), dict) or not recorded["canaries"]:
         return Verdict(False, NO_CANARIES, commit)
-    moved = canaries.moved(recorded)
+    moved = canaries.moved(recorded, PIPELINES)
     if not moved:
         return Verdict(True, "", commit)
     shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")

@@ -49,6 +49,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +57,8 @@ from tqdm import tqdm
 
 from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.canaries import pipelines
+from benchmarks.canaries.outcome import outcome
 from benchmarks.commands import interrupts, preflight
 from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
@@ -371,7 +374,7 @@ class Scores:
                 "dtype rounds every activation otherwise, a GPU runs other kernels than the CPU), so they do not "
                 "combine; resume it with the same dtype on the same kind of device, or remove it to start over"
             )
-        moved = canaries.moved(head.get("behaviour") or {})
+        moved = canaries.moved(head.get("behaviour") or {}, PIPELINE)
         if moved or not (head.get("behaviour") or {}).get("canaries"):
             why = "; ".join(moved) if moved else "it records no canaries"
             raise KeptFileError(
@@ -816,7 +819,7 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     # what decides the scores, recorded with the kept ones and checked by a resume (and by the report)
     behaviour = canaries.record(
         [r.method for r in runs],
-        "task-accuracy",
+        PIPELINE,
         model_fingerprint=source.fingerprint,
         data=task_paths(tasks).values(),
     )
@@ -897,3 +900,37 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def canary() -> dict:
+    """The task-accuracy pipeline's canary (`benchmarks.canaries.behaviour`): the lm-eval model of
+    `benchmarks.accuracy.lm_eval_model` with the FP16 method (the tool's own path: tokenising, shared contexts,
+    scoring, greedy generation) on the tiny Llama saved with a character tokenizer, scoring fixed items and
+    generating."""
+    from lm_eval.api.instance import Instance
+
+    from benchmarks.accuracy.lm_eval_model import PNMixLM  # deferred: lm-eval takes seconds to import
+
+    # this process's own copy of the tiny model (every process of a launch runs its canaries), removed after
+    with tempfile.TemporaryDirectory(prefix="pnmix-canary-") as folder:
+        lm = PNMixLM(pretrained=str(pipelines.save_tiny(Path(folder))), method="FP16", chunk=4)
+        items = enumerate(pipelines.ITEMS)
+        scored = lm.loglikelihood(
+            [Instance("loglikelihood", {}, item, i, metadata=("canary", i, 1)) for i, item in items],
+            disable_tqdm=True,
+        )
+        generated = lm.generate_until(
+            [Instance("generate_until", {}, pipelines.GENERATE, 0, metadata=("canary", 0, 1))], disable_tqdm=True
+        )
+    return outcome(
+        {
+            "greedy": [bool(g) for _, g in scored],
+            "generated": generated,
+            "chosen": max(range(2), key=lambda i: scored[i][0]),  # of the two answers to one context
+        },
+        {"loglikelihood": [float(s) for s, _ in scored]},
+    )
+
+
+#: The pipeline a task-accuracy result records, with its canary.
+PIPELINE = {"task-accuracy": canary}

@@ -7,7 +7,9 @@ Canaries are named:
 - "method:NAME": the method NAME of `reference.methods` through its spec cache (`methods.run`);
 - "hf:LAYOUT:NAME": the method through `pnmix.hf.PNMixHFCache` on the tiny model of LAYOUT (`pipelines.hf`);
 - "impl:NAME": the implementation NAME (a plug-in) through `PNMixHFCache(impl=...)` (`pipelines.implementation`);
-- "pipeline:TOOL": a tool's own pipeline (`PIPELINES`).
+- "pipeline:TOOL": a tool's own pipeline, run by the function the tool hands over (`Pipelines`): each tool
+  defines its canary beside the code it stands for, and the report hands every tool's to `moved`, so that
+  the canaries import no tool and no tool imports itself back through them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import copy
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -25,24 +27,19 @@ from reference import methods as registry
 from reference.records import ROOT, code_key, code_path, file_digest
 from reference.records import versions as _versions
 
-#: The tools' own pipelines, each with a canary.
-PIPELINES = {
-    "fidelity": pipelines.fidelity,
-    "equal-bits": pipelines.equal_bits,
-    "long-output": pipelines.long_output,
-    "role-calibration": pipelines.role_calibration,
-    "task-accuracy": pipelines.task_accuracy,
-}
+#: A tool's canary by the pipeline name results record it under: run with no argument, it returns an outcome.
+Pipelines = Mapping[str, Callable[[], dict]]
+
 #: Libraries whose versions change numerics (recorded; the canaries say whether they did).
 NUMERICS = ("torch", "transformers", "lm-eval")
 #: Torch's threads while a canary runs: the same summation order on every machine wherever torch lets one.
 THREADS = 1
 
 
-def names_for(used: Iterable[str] = (), pipeline: str | Iterable[str] = ()) -> list[str]:
+def names_for(used: Iterable[str] = (), pipeline: Iterable[str] = ()) -> list[str]:
     """The canaries of a result that used `used` (method names of the registry, or "impl:NAME" for a plug-in)
-    and the tools' pipelines `pipeline` (a name or several): each method's spec cache and its path through
-    transformers on every layout, each implementation, each pipeline."""
+    and the tools' pipelines named in `pipeline`: each method's spec cache and its path through transformers
+    on every layout, each implementation, each pipeline."""
     out = []
     for name in dict.fromkeys(used):
         if name.startswith("impl:"):
@@ -51,10 +48,9 @@ def names_for(used: Iterable[str] = (), pipeline: str | Iterable[str] = ()) -> l
             out += [f"method:{name}", *(f"hf:{layout}:{name}" for layout in workloads.LAYOUTS)]
         else:
             raise ValueError(f"no canary for {name!r}: a method of reference.methods or 'impl:NAME'")
-    for name in [pipeline] if isinstance(pipeline, str) else pipeline:
-        if name not in PIPELINES:
-            raise ValueError(f"no pipeline canary {name!r}; pipelines with one: {sorted(PIPELINES)}")
-        out.append(f"pipeline:{name}")
+    if isinstance(pipeline, str):
+        raise TypeError(f"pipeline must be the tools' pipelines by name (a mapping), got the string {pipeline!r}")
+    out += [f"pipeline:{name}" for name in pipeline]
     return out
 
 
@@ -94,8 +90,8 @@ def _quiet_and_single_threaded():
                 os.environ[name] = value
 
 
-def compute(name: str) -> dict:
-    """Run the canary `name` now (no cache)."""
+def compute(name: str, tool: Callable[[], dict] | None = None) -> dict:
+    """Run the canary `name` now (no cache); a pipeline's by the `tool`'s canary that stands for it."""
     kind, _, rest = name.partition(":")
     with _quiet_and_single_threaded():
         if kind == "method":
@@ -106,22 +102,24 @@ def compute(name: str) -> dict:
         if kind == "impl":
             return pipelines.implementation(rest)
         if kind == "pipeline":
-            return PIPELINES[rest]()
+            if tool is None:
+                raise ValueError(f"no canary given for the {rest} pipeline (the tool hands its own over)")
+            return tool()
     raise ValueError(f"not a canary name: {name!r}")
 
 
 @functools.cache
-def _cached(name: str) -> tuple[dict | None, str]:
+def _cached(name: str, tool: Callable[[], dict] | None = None) -> tuple[dict | None, str]:
     try:
-        return compute(name), ""
+        return compute(name, tool), ""
     except Exception as error:  # a canary that cannot run here moved
         return None, f"{type(error).__name__}: {error}"
 
 
-def run(name: str) -> dict:
-    """The canary `name`, computed once per process (a report runs each canary once, however many results
-    recorded it); an exception if it cannot run."""
-    result, error = _cached(name)
+def run(name: str, tool: Callable[[], dict] | None = None) -> dict:
+    """The canary `name` (a pipeline's run by `tool`), computed once per process (a report runs each canary
+    once, however many results recorded it); an exception if it cannot run."""
+    result, error = _cached(name, tool)
     if result is None:
         raise RuntimeError(f"canary {name} cannot run: {error}")
     return copy.deepcopy(result)
@@ -132,15 +130,16 @@ def versions() -> dict[str, str]:
 
 
 def record(
-    used: Iterable[str] = (), pipeline: str | Iterable[str] = (), *, model_fingerprint=None, data: Iterable = ()
+    used: Iterable[str] = (), pipeline: Pipelines | None = None, *, model_fingerprint=None, data: Iterable = ()
 ) -> dict:
     """What decides a result (its `behaviour` field): {"canaries": {name: outcome}, "model_fingerprint",
     "data": {file: sha256}, "versions"}. A canary that cannot run here is recorded as {"error": why}: the
     result is kept (hours of measurement are not lost to it) and is never current."""
     files = {code_key(p.resolve() if hasattr(p, "resolve") else ROOT / str(p)): file_digest(p) for p in data}
     canaries = {}
+    pipeline = pipeline or {}
     for name in names_for(used, pipeline):
-        result, error = _cached(name)
+        result, error = _cached(name, _tool(name, pipeline))
         canaries[name] = copy.deepcopy(result) if result is not None else {"error": error}
     return {
         "canaries": canaries,
@@ -150,16 +149,24 @@ def record(
     }
 
 
-def moved(behaviour: dict) -> list[str]:
+def _tool(name: str, pipeline: Pipelines) -> Callable[[], dict] | None:
+    """The tool's canary a pipeline canary's name stands for (None for a method's or an implementation's)."""
+    kind, _, rest = name.partition(":")
+    return pipeline.get(rest) if kind == "pipeline" else None
+
+
+def moved(behaviour: dict, pipeline: Pipelines | None = None) -> list[str]:
     """What of a recorded `behaviour` this tree does not reproduce, each as a reader reads it: a canary that
-    moved (with its parts that did), one that cannot run, a data file that changed or is missing."""
+    moved (with its parts that did), one that cannot run (a pipeline's whose canary `pipeline` does not hand
+    over among them), a data file that changed or is missing."""
+    pipeline = pipeline or {}
     out = []
     for name, recorded in sorted((behaviour.get("canaries") or {}).items()):
         if not isinstance(recorded, dict) or "error" in recorded:
             why = recorded.get("error") if isinstance(recorded, dict) else "no outcome"
             out.append(f"{describe(name)}: did not run where the result was written ({why})")
             continue
-        result, error = _cached(name)
+        result, error = _cached(name, _tool(name, pipeline))
         if result is None:
             out.append(f"{describe(name)}: cannot run ({error})")
             continue

@@ -18,6 +18,10 @@ import io
 import shutil
 import sys
 
+import torch
+
+from benchmarks.efficiency import harness
+from benchmarks.efficiency.workloads import FULL, _layer
 from reference.cli import positive_int
 
 KERNEL = "_split_kernel"
@@ -151,11 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=positive_int, required=True)
     parser.add_argument("--context", type=positive_int, required=True)
     args = parser.parse_args(argv)
-    import torch
-
-    from benchmarks.efficiency import harness  # deferred: run in ncu's child
-    from benchmarks.efficiency.workloads import FULL, _layer  # deferred: run in ncu's child
-
     if not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: error: needs CUDA (it runs the decode kernel under ncu)\n")
     device = torch.device("cuda")

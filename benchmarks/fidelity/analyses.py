@@ -45,6 +45,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.canaries import pipelines, workloads
+from benchmarks.canaries.outcome import outcome
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.fidelity.claims import DEFINITIONS, markdown
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         summary=summarize(per_prompt),
         behaviour=canaries.record(
             [methods.FP16, *methods.names(tag="fidelity")],
-            "fidelity",
+            PIPELINE,
             model_fingerprint=source.fingerprint,
             data=[DATA / "prompts.jsonl", DATA / "heldout.txt"],
         ),
@@ -533,3 +535,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@torch.no_grad()
+def canary() -> dict:
+    """The fidelity pipeline's canary (`benchmarks.canaries.behaviour`): the trace analyses of `analyse_prompt`
+    (Table 9, Fig. 4, Fig. 5, Table 11) on seeded query and key traces."""
+    q, k, _ = workloads.qkv(seed=7, tokens=workloads.PROMPT + workloads.APPENDS)
+    traces = [(q[0], k[0])]  # one layer: q [H, T, d], k [H_kv, T, d]
+    found = analyse_prompt(traces, workloads.PROMPT, {**workloads.PAGES, "n_sink": workloads.SINKS})
+    numbers = pipelines.numbers(found)
+    return outcome({"analyses": sorted(numbers)}, numbers)
+
+
+#: The pipeline a fidelity result records, with its canary.
+PIPELINE = {"fidelity": canary}

@@ -48,10 +48,12 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.canaries import workloads
+from benchmarks.canaries.outcome import outcome
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.efficiency import memory
-from benchmarks.fidelity import conversations
+from benchmarks.fidelity import conversations, long_output, role_calibration
 from benchmarks.fidelity.long_output import binned, greedy_outputs, measure_sequence, quarter_means
 from benchmarks.fidelity.role_calibration import allocations, cache_layers, calibrate, capture
 from benchmarks.models.chat_format import add_options
@@ -617,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=round(time.monotonic() - started, 1),
         behaviour=canaries.record(
             [n for design in METHODS for n in methods.names(design=design)],
-            ["equal-bits", "long-output", "role-calibration"],
+            PIPELINE,
             model_fingerprint=source.fingerprint,
             data=[conversations.DATA],
         ),
@@ -629,3 +631,31 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: Long enough that each candidate's pages (G up to 128, 32 sinks) quantize.
+CANARY_TOKENS = 224
+
+
+@torch.no_grad()
+def canary() -> dict:
+    """The equal-bits pipeline's canary (`benchmarks.canaries.behaviour`): each channel design matched to its
+    budgets and what its cache gives back (`matched`, `stored_kv`, `attention_errors`) on the seeded workload."""
+    q, k, v = workloads.qkv(seed=8, tokens=CANARY_TOKENS)
+    q = q[:, : k.shape[1]]  # one query head per key head
+    head_dim = k.shape[-1]
+    chosen, numbers = [], {"bits": [], "attention kl": [], "output mse": []}
+    for design in CHANNEL_METHODS:
+        for budget in DEFAULT_BUDGETS:
+            config, bits = matched(design, budget, head_dim, "split")
+            chosen.append(describe(config))
+            k_hat, v_hat = stored_kv(design, config, q, k, v, None)
+            kl, mse = attention_errors(q, k, v, k_hat, v_hat, CANARY_TOKENS // 2, head_dim**-0.5)
+            for key, value in zip(numbers, (bits, kl, mse), strict=True):
+                numbers[key].append(value)
+    return outcome({"configurations": chosen}, numbers)
+
+
+#: The pipelines an equal-bits result records (it runs the long-output and role-calibration code too), with
+#: their canaries.
+PIPELINE = {"equal-bits": canary, **long_output.PIPELINE, **role_calibration.PIPELINE}

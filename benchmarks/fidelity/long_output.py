@@ -35,6 +35,8 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.canaries import pipelines, workloads
+from benchmarks.canaries.outcome import outcome
 from benchmarks.commands import preflight
 from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
@@ -43,6 +45,7 @@ from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference.channels.storage import bit_widths
 from reference.cli import positive_int
 from reference.methods import METHODS, names
+from reference.methods import config as method_config
 from reference.records import record
 
 DATA = Path(__file__).parents[1] / "data"
@@ -358,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         summary=summarize(per_prompt, args.bins),
         per_prompt=rounded(per_prompt),
         behaviour=canaries.record(
-            ["FP16", *names], "long-output", model_fingerprint=source.fingerprint, data=[DATA / "prompts.jsonl"]
+            ["FP16", *names], PIPELINE, model_fingerprint=source.fingerprint, data=[DATA / "prompts.jsonl"]
         ),
     )
     # compact: 8K positions x metrics x methods
@@ -376,3 +379,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@torch.no_grad()
+def canary() -> dict:
+    """The long-output pipeline's canary (`benchmarks.canaries.behaviour`): `measure_sequence` (teacher forcing
+    over chunks, stepwise attention, FP16 through transformers' own cache) on the tiny Llama with PN-Mix."""
+    import pnmix.hf  # noqa: F401  # deferred: transformers takes seconds to import; registers the "pnmix" attention
+
+    model, _ = workloads.tiny_model("llama")
+    prompt = pipelines.PROMPT
+    ids = workloads.token_ids(seed=6, tokens=prompt + 2 * pipelines.DECODE)
+    configs = {"PN-Mix": workloads.small_pages(method_config("PN-Mix"), model.config.head_dim)}
+    out = measure_sequence(model, ids, prompt, configs, chunk=5)
+    per = out["PN-Mix"]
+    return outcome(
+        {"top1": [int(v) for v in per["top1"]]},
+        {"kl": per["kl"], "nll": per["nll"], "FP16 nll": out["FP16"]["nll"]},
+    )
+
+
+#: The pipeline a long-output result records, with its canary.
+PIPELINE = {"long-output": canary}

@@ -26,6 +26,8 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.canaries import behaviour as canaries
+from benchmarks.canaries import workloads
+from benchmarks.canaries.outcome import outcome
 from benchmarks.commands import preflight
 from benchmarks.commands.saving import write_result
 from benchmarks.fidelity import conversations
@@ -37,7 +39,7 @@ from reference.records import record
 from reference.tokens.allocation import allocate
 from reference.tokens.config import TokenPrecisionConfig, precision_cost
 from reference.tokens.distortion import tag_distortion
-from reference.tokens.roles import tag_conversation, tag_table
+from reference.tokens.roles import ALL_TAGS, tag_conversation, tag_table
 
 CAPTURE = "pnmix_capture"
 DEFAULT_BUDGETS = (3.25, 3.5, 4.0)
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration=cal,
         allocations=allocations(cal, args.budgets, config),
         behaviour=canaries.record(
-            names(precision=TOKENS), "role-calibration", model_fingerprint=source.fingerprint, data=[conversations.DATA]
+            names(precision=TOKENS), PIPELINE, model_fingerprint=source.fingerprint, data=[conversations.DATA]
         ),
     )
     write_result(parser.prog, out, "role-calibration", result, render(result))
@@ -240,3 +242,34 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: The role-calibration canary's budgets (average key + value bits per element).
+CANARY_BUDGETS = (3.25, 3.5, 4.0)
+
+
+@torch.no_grad()
+def canary() -> dict:
+    """The role-calibration pipeline's canary (`benchmarks.canaries.behaviour`): `calibrate` (per-tag distortion
+    at each precision) on two requests of seeded queries, keys, values and tags captured from one layer, then
+    `allocations` at CANARY_BUDGETS."""
+    config = TokenPrecisionConfig()
+    captured = []
+    for seed in (9, 10):
+        q, k, v = workloads.qkv(seed=seed, tokens=2 * config.group_size)
+        g = torch.Generator().manual_seed(seed)
+        tags = [ALL_TAGS[i] for i in torch.randint(0, 6, (k.shape[2],), generator=g).tolist()]
+        captured.append(([], tags, {0: (q[0], k[0], v[0], k.shape[-1] ** -0.5)}))  # [H, T, d] as captured
+    calibration = calibrate(None, None, None, [0], config, captured=captured)
+    chosen = allocations(calibration, CANARY_BUDGETS, config)
+    return outcome(
+        {"tags": calibration["tags"], "tokens": calibration["tokens"], "bits": [a["bits"] for a in chosen]},
+        {
+            "distortion": [x for row in calibration["distortion"] for x in row],
+            "average bits": [a["average_bits"] for a in chosen],
+        },
+    )
+
+
+#: The pipeline a role-calibration result records, with its canary.
+PIPELINE = {"role-calibration": canary}

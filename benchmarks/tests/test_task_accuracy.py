@@ -226,7 +226,7 @@ def test_kept_scores_are_read_back_as_written(tmp_path):
     process's file is read back, whatever the number of processes that wrote them."""
     from benchmarks.canaries import behaviour as canaries
 
-    identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
+    identity, behaviour = {"model": "m"}, canaries.record(pipeline=task_accuracy.PIPELINE)
     cpu = task_accuracy.computation(torch.float32, torch.device("cpu"))
     scores = task_accuracy.Scores(tmp_path, identity, behaviour, "-rank1of2", made_in=cpu)
     choice, generation = ("ctx", " 4213"), ("ctx", {"until": ["\n"], "max_gen_toks": 4})
@@ -250,7 +250,7 @@ def test_kept_scores_of_code_that_computes_otherwise_are_refused(tmp_path):
     that records none) is refused, naming what moved."""
     from benchmarks.canaries import behaviour as canaries
 
-    identity, behaviour = {"model": "m"}, canaries.record(pipeline="task-accuracy")
+    identity, behaviour = {"model": "m"}, canaries.record(pipeline=task_accuracy.PIPELINE)
     cpu = task_accuracy.computation(torch.float32, torch.device("cpu"))
     scores = task_accuracy.Scores(tmp_path, identity, behaviour, made_in=cpu)
     scores.add([("FP16", ("ctx", " 1"), (-1.0, True))], 1.0)

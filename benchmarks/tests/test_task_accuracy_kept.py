@@ -26,7 +26,7 @@ GENERATION = ("ctx", {"until": ["\n"], "max_gen_toks": 4})
 
 @pytest.fixture(scope="module")
 def behaviour():
-    return canaries.record(pipeline="task-accuracy")
+    return canaries.record(pipeline=task_accuracy.PIPELINE)
 
 
 def kept(folder, behaviour, made_in=CPU) -> task_accuracy.Scores:

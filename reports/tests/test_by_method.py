@@ -186,7 +186,7 @@ def test_a_method_without_a_measurement_shows_a_dash_with_the_reason(tmp_path):
 
 def test_a_result_in_history_feeds_no_cell(tmp_path, monkeypatch):
     """Through the report: a result with canaries that reproduce is current, one without is history."""
-    monkeypatch.setattr(behaviour, "moved", lambda recorded: [])
+    monkeypatch.setattr(behaviour, "moved", lambda recorded, pipeline=None: [])
     now = copy.deepcopy(task_accuracy("TinyLM"))
     now["behaviour"] = {"canaries": {"method:PN-Mix": {"exact": {}, "floats": {}}}}
     old = task_accuracy("StaleLM")  # the same outcomes, but it records no canaries

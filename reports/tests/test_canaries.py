@@ -34,8 +34,19 @@ def fresh_canaries():
     behaviour._cached.cache_clear()
 
 
-def result(kind: str, used, pipeline=(), **extra) -> dict:
-    return records.record(kind, "cpu", behaviour=behaviour.record(used, pipeline), **extra)
+def tools(*names: str) -> dict:
+    """The tools' canaries of the pipelines `names`, as the report hands them over (`currency.PIPELINES`)."""
+    return {n: currency.PIPELINES[n] for n in names}
+
+
+def compute(name: str) -> dict:
+    """The canary `name` computed now, a pipeline's by its tool's canary."""
+    kind, _, rest = name.partition(":")
+    return behaviour.compute(name, currency.PIPELINES[rest] if kind == "pipeline" else None)
+
+
+def result(kind: str, used, *pipeline: str, **extra) -> dict:
+    return records.record(kind, "cpu", behaviour=behaviour.record(used, tools(*pipeline)), **extra)
 
 
 def verdict(data: dict) -> currency.Verdict:
@@ -123,9 +134,9 @@ CANARIES = ("method:PN-Mix", "method:role-aware PN-Mix", "hf:llama:PN-Mix", "hf:
 
 @pytest.mark.parametrize("name", CANARIES)
 def test_a_canary_reproduces_under_another_thread_count_and_moves_under_a_small_change(name, monkeypatch):
-    once = behaviour.compute(name)
+    once = compute(name)
     monkeypatch.setattr(behaviour, "THREADS", 2)
-    assert outcome.moved(once, behaviour.compute(name)) == []
+    assert outcome.moved(once, compute(name)) == []
     # the attention's scaling off by 0.1% (a change of the numerics no rounding of the stored codes sees)
     import reference.channels.cache as channel_cache
     import reference.tokens.cache as token_cache
@@ -147,13 +158,13 @@ def test_a_canary_reproduces_under_another_thread_count_and_moves_under_a_small_
         from benchmarks.fidelity import analyses
 
         monkeypatch.setattr(analyses, "attention_logits_ref", _scaled(analyses.attention_logits_ref))
-    assert outcome.moved(once, behaviour.compute(name)) != []
+    assert outcome.moved(once, compute(name)) != []
 
 
 @pytest.mark.parametrize("name", ["hf:llama:PN-Mix", "hf:gemma3:role-aware PN-Mix", "pipeline:long-output"])
 def test_a_canary_reproduces_when_the_arithmetic_moves_by_an_ulp(name, monkeypatch):
     """Another CPU rounds differently in the last place: every weight of the tiny model one ulp up stands for it."""
-    once = behaviour.compute(name)
+    once = compute(name)
     seeded = workloads.seeded_weights
 
     def ulp_up(model, seed=0):
@@ -164,7 +175,7 @@ def test_a_canary_reproduces_when_the_arithmetic_moves_by_an_ulp(name, monkeypat
         return model
 
     monkeypatch.setattr(workloads, "seeded_weights", ulp_up)
-    now = behaviour.compute(name)
+    now = compute(name)
     assert now["floats"] != once["floats"]  # the arithmetic did move
     assert outcome.moved(once, now) == []
 
@@ -182,13 +193,15 @@ PROBE = """
 import json, sys
 from benchmarks.canaries import behaviour
 recorded = json.loads(sys.stdin.read())
-print(json.dumps({"moved": behaviour.moved(recorded), "root": str(behaviour.ROOT)}))
+from benchmarks.fidelity import analyses, equal_bits
+pipelines = {**analyses.PIPELINE, **equal_bits.PIPELINE}
+print(json.dumps({"moved": behaviour.moved(recorded, pipelines), "root": str(behaviour.ROOT)}))
 """
 
 
 @pytest.mark.long
 def test_a_moved_file_a_moved_definition_and_edited_comments_keep_every_result_current(tmp_path):
-    recorded = behaviour.record([PNMIX, KIVI, "role-aware PN-Mix"], ["fidelity", "equal-bits"])
+    recorded = behaviour.record([PNMIX, KIVI, "role-aware PN-Mix"], tools("fidelity", "equal-bits"))
     for package in PACKAGES:
         shutil.copytree(
             records.ROOT / package,
@@ -266,6 +279,6 @@ def test_every_process_of_a_multi_process_launch_runs_the_pipeline_canary(tmp_pa
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     # run now, under this launch (record() may reuse an earlier test's outcome); it raises if it cannot run
-    assert behaviour.compute("pipeline:task-accuracy")["exact"]["generated"]
+    assert compute("pipeline:task-accuracy")["exact"]["generated"]
     assert not list((tmp_path / "tmp").iterdir())  # its copy of the tiny model is removed, not left to the disk
     assert os.environ["WORLD_SIZE"] == "2"  # the launch's environment is back

@@ -152,7 +152,7 @@ def test_a_gpu_made_result_whose_canaries_moved_says_whether_its_libraries_or_it
     History line says where it was made and which library differs, not only that the canaries moved."""
     from benchmarks.canaries import behaviour
 
-    monkeypatch.setattr(behaviour, "moved", lambda recorded: ["PN-Mix (spec cache): floats"])
+    monkeypatch.setattr(behaviour, "moved", lambda recorded, pipeline=None: ["PN-Mix (spec cache): floats"])
     here = behaviour.versions()
     data = {
         "dtype": "bfloat16",

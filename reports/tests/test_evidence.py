@@ -31,7 +31,7 @@ def report(tmp_path: Path, *files: Path) -> str:
 @pytest.fixture
 def canaries_reproduce(monkeypatch):
     """Every recorded canary reproduces (running them takes 20 s; test_canaries tests them)."""
-    monkeypatch.setattr(currency.canaries, "moved", lambda recorded: [])
+    monkeypatch.setattr(currency.canaries, "moved", lambda recorded, pipeline=None: [])
 
 
 def test_committed_results_are_what_their_outcomes_give():

@@ -84,7 +84,7 @@ def task_accuracy(i: int) -> dict:
 def test_a_thousand_small_results_render_in_under_a_minute(tmp_path, monkeypatch):
     """Every kind of small result (conformance, CPU and GPU timings, task accuracy), 250 of each, each read,
     judged, compared with the others of its kind (the task results contradict each other) and shown."""
-    monkeypatch.setattr(currency.canaries, "moved", lambda recorded: [])
+    monkeypatch.setattr(currency.canaries, "moved", lambda recorded, pipeline=None: [])
     makers = [
         lambda i: synthetic.conformance(),
         lambda i: synthetic.tiny_benchmarks(),

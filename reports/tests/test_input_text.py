@@ -123,7 +123,7 @@ def hostile_inputs(tmp_path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's, for a character no font draws
 def test_the_rendered_report_has_no_html_link_or_image_of_its_inputs(tmp_path, monkeypatch):
-    monkeypatch.setattr(currency.canaries, "moved", lambda recorded: [])
+    monkeypatch.setattr(currency.canaries, "moved", lambda recorded, pipeline=None: [])
     data = synthetic.task_accuracy()
     data["model"] = "M" * 100_000
     argv = [*hostile_inputs(tmp_path), "--input", str(synthetic.write(tmp_path, "long.json", data))]
