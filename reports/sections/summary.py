@@ -309,7 +309,7 @@ def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:
         n: sum(r["outcome"] == "xfailed" for recs in by_impl[n].values() for r in recs) for n in conforming
     }  # known differences, listed in its xfails file: it conforms except for them
     bits = {n: _most_counted(by_impl[n]) for n in conforming if not listed[n]}
-    bits = {n: b for n, b in bits.items() if b is not None}
+    bits = {n: (round(b[0], 2), b[1]) for n, b in bits.items() if b is not None}  # equal as printed are equal
     if bits:
         fewest = min(b for b, _ in bits.values())
         named = [f"{n} as run ({as_run(d)})" for n, (b, d) in bits.items() if b == fewest]
