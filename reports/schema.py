@@ -415,6 +415,21 @@ EXTRA_INFO = {
         "plain_fraction_of_copy?": Figure(COPY_FRACTION),
         "ptx_fraction_of_copy?": Figure(COPY_FRACTION),
     },
+    # benchmarks/suites/test_fragment_design.py: the fragment-order loop in the form the package launches
+    # (its path "off", and no timing, where its self-test cannot run: no CUDA device)
+    "kernel-fragment": {
+        "batch": BATCH,
+        "context": POSITIVE_COUNT,
+        "bytes": Figure(BYTES),
+        "copy_gbps": GBPS,
+        "path": str,
+        "self_test": str,
+        "splits?": POSITIVE_COUNT,
+        "merge?": OneOf(("in the loop", "merge kernel")),
+        "ms?": Figure(MILLISECONDS),
+        "gbps?": Figure(GBPS),
+        "fraction_of_copy?": Figure(COPY_FRACTION),
+    },
     "kernel-launch": {
         "batch": BATCH,
         "context": POSITIVE_COUNT,

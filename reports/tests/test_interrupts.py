@@ -48,7 +48,14 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen, int]:
     pid_file = tmp_path / "step.pid"
     argv = [str(pid_file), "--out-dir", str(tmp_path / "out"), "--name", "r", "--no-committed-results"]
     report = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", DRIVER, *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C as in a terminal: a suite started in the background of a shell inherits SIGINT ignored, which
+        # Python then keeps ignoring (no KeyboardInterrupt), as a user's `pnmix-report &` would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     if not wait_for(lambda: pid_file.exists() and pid_file.read_text(), 120):
         report.kill()
