@@ -347,6 +347,36 @@ def _ptx(rows: list[dict]) -> tuple[str, None]:
     return md, None
 
 
+def _fragment(rows: list[dict]) -> tuple[str, None]:
+    """The fragment-order decode loop in the form the package launches: the path its self-test chose (and why),
+    its splits and merge form, its time and its share of the copy bandwidth; "off" without a CUDA device."""
+    body = [
+        [
+            r["method"],
+            r["batch"],
+            r["context"],
+            r["path"],
+            escape(r["self_test"]),
+            r.get("splits", "-"),
+            r.get("merge", "-"),
+            fmt(r.get("ms"), ".4g"),
+            fmt(r.get("fraction_of_copy"), ".3f"),
+        ]
+        for r in rows
+    ]
+    heads = ["method", "B", "context", "path", "why", "splits", "merge", "ms", "of copy bandwidth"]
+    md = "\n".join(
+        [
+            "#### Fragment-order decode loop (`benchmarks/suites/test_fragment_design.py`)\n",
+            "The loop `PNMixCache` decodes with on a GPU that passes its first-use self-test, launched as the package "
+            "launches it (its splits, and its merge in the loop or in the merge kernel); where no CUDA device is "
+            "there it does not run, and says so.\n",
+            table(body, heads, provenance(rows)),
+        ]
+    )
+    return md, None
+
+
 # -- the section -----------------------------------------------------------------------------
 
 #: The evaluation path's target: every method within this factor of FP16's time through the same path.
@@ -389,6 +419,7 @@ RENDERERS: dict[str, tuple[str, Callable]] = {
     "kernel": ("kernel-bandwidth", _kernel),
     "kernel-launch": ("kernel-launch", _launch),
     "kernel-ptx": ("kernel-ptx", _ptx),
+    "kernel-fragment": ("kernel-fragment", _fragment),
     "eval-speed": ("eval-speed", _eval_speed),
 }
 TINY_FIGURE = {
@@ -398,6 +429,7 @@ TINY_FIGURE = {
     "kernel": ("ms", "ms"),
     "kernel-launch": ("ms", "ms"),
     "kernel-ptx": ("PTX-switch ms", "ptx_ms"),
+    "kernel-fragment": ("ms", "ms"),
 }
 POINT_KEYS = ("batch", "prompt", "generation", "step", "context")
 #: The figures a GPU result gives, named in the section's title only when there is one.

@@ -71,7 +71,8 @@ def test_benchmarks_outside_the_schema_are_named_and_left_out(tmp_path):
     odd = inputs.load(synthetic.write(tmp_path, "odd.json", tiny_data), "--input")
     assert inputs.benchmark_problems(odd.data) == [
         f"{tiny_data['benchmarks'][0]['name']}: extra_info['suite'] is 'fig8', not one of "
-        "['eval-speed', 'fig6-memory', 'fig6c-throughput', 'fig7-latency', 'kernel', 'kernel-launch', 'kernel-ptx']"
+        "['eval-speed', 'fig6-memory', 'fig6c-throughput', 'fig7-latency', 'kernel', 'kernel-fragment', "
+        "'kernel-launch', 'kernel-ptx']"
     ]
     assert [b["scale"] for b in inputs.benchmarks([tiny, source], "fig7-latency", "tiny")] == ["tiny", "tiny"]
     with pytest.raises(ValueError, match="suite must be one of"):
