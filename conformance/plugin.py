@@ -308,12 +308,12 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 def _measured(properties: list[tuple[str, object]]) -> dict[str, object]:
     """What a property recorded (record_property, once per example): the largest of each number, the
-    last of each text (a workload's description)."""
+    last of each text (a workload's description) and of each record (a workload's configuration)."""
     out: dict[str, object] = {}
     for name, value in properties:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = max(out.get(name, value), value)
-        elif isinstance(value, str):
+        elif isinstance(value, (str, dict)):
             out[name] = value
     return out
 

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-from reference import PNMixConfig
+from reference import PNMixConfig, records
 from reference.channels.config import check_head_dim
 from reference.channels.validation import quantizable_limit
 from reference.contract import Capabilities
@@ -262,6 +262,19 @@ def describe(case: Case | TokenCase) -> str:
         f"x {case.n_rep} query heads, head_dim {case.head_dim}, {str(case.dtype).removeprefix('torch.')}, "
         f"{compact(case.config)}{low}"
     )
+
+
+def workload_record(case: Case | TokenCase) -> dict[str, object]:
+    """What a fixed workload ran, as a result records it: its description (`describe`), its configuration as
+    data (`reference.records.config_record`, read back without parsing the description) and, for a per-token
+    case, the chance that a token is low."""
+    out: dict[str, object] = {
+        "realistic_workload": describe(case),
+        "realistic_config": records.config_record(case.config),
+    }
+    if isinstance(case, TokenCase):
+        out["realistic_low_share"] = case.low_share
+    return out
 
 
 class DoesNotFit(ValueError):

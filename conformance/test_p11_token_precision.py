@@ -143,7 +143,8 @@ def test_the_realistic_token_workload_holds_what_it_reports(impl, device, record
     cached key and value element, and of its keys and its values apart by its storage report's parts
     (the class map and the pair mask count with the keys), recorded for the report. A measurement."""
     case = fitted(impl, cs.REALISTIC_TOKENS, device, draw_bounds=False)
-    record_property("realistic_workload", cs.describe(case))
+    for name, value in cs.workload_record(case).items():
+        record_property(name, value)
     cache, _, _ = build(impl, case, device)
     caps, parts = impl.capabilities, cache.storage()
     held = held_bytes(cache) if caps.storage_introspectable else sum(parts.values())
@@ -161,7 +162,8 @@ def test_the_realistic_token_workload_attention(impl, device, record_property):
     over the exact tokens, recorded for the report (the error its quantization costs), then judged
     within the low-precision error over its own cache."""
     case = fitted(impl, cs.REALISTIC_TOKENS, device, draw_bounds=False)
-    record_property("realistic_workload", cs.describe(case))
+    for name, value in cs.workload_record(case).items():
+        record_property(name, value)
     cache, _, _ = build(impl, case, device)
     k = torch.cat([cs.token_tensors(case, c, "cpu")[1] for c in range(len(case.calls))], -2)
     v = torch.cat([cs.token_tensors(case, c, "cpu")[2] for c in range(len(case.calls))], -2)

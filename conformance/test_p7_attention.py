@@ -62,7 +62,8 @@ def test_the_realistic_workload_attention(impl, device, record_property):
     tokens, head_dim 128, as far as the implementation's design admits): the error its
     quantization costs where sinks and the exact residual are a small share."""
     case = fitted(impl, cs.REALISTIC, device, draw_bounds=False)
-    record_property("realistic_workload", cs.describe(case))
+    for name, value in cs.workload_record(case).items():
+        record_property(name, value)
     _workload_attention(impl, case, device, record_property, "realistic_attention_error")
 
 

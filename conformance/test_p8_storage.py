@@ -48,7 +48,8 @@ def test_the_realistic_workload_holds_what_it_reports(impl, device, record_prope
     (`reference.channels.layout.CacheLayout` says whose tokens each component holds: the pair mask counts
     with the keys; bookkeeping bytes a cache declares count only in the total)."""
     case = fitted(impl, cs.REALISTIC, device, draw_bounds=False)
-    record_property("realistic_workload", cs.describe(case))
+    for name, value in cs.workload_record(case).items():
+        record_property(name, value)
     state = final_state(impl, case, device)
     held, elements = _held(impl, state), _elements(case, state)
     record_property("realistic_bits_per_element", 8 * held / (2 * elements))

@@ -15,6 +15,7 @@ current while those canaries reproduce. The code fingerprint (`loaded_code`) is 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -29,6 +30,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from reference.channels.config import PNMixConfig
+from reference.tokens.config import TokenPrecisionConfig
 
 #: Bytes per GiB, the unit of every memory figure recorded (the paper's "GB" are GiB too).
 GIB = 2**30
@@ -74,6 +78,48 @@ def record(kind: str, device: torch.device | str | None = None, **fields) -> dic
         raise ValueError(f"kind must be one of {sorted(TAGS)}, got {kind!r}")
     code = fields.pop("code", None) or loaded_code()
     return {KIND: TAGS[kind], **environment(device), "code": code, **fields}
+
+
+# -- a configuration as data -------------------------------------------------------------------
+
+#: The configuration families a record can hold, by the name it records.
+CONFIG_FAMILIES = {c.__name__: c for c in (PNMixConfig, TokenPrecisionConfig)}
+
+
+def config_record(config: PNMixConfig | TokenPrecisionConfig) -> dict:
+    """A configuration as JSON data: its family and every field, a dtype by its name ("float16"), so that a
+    reader builds it back (`config_from_record`) without parsing its repr."""
+    if type(config) not in CONFIG_FAMILIES.values():
+        raise TypeError(f"config must be one of {sorted(CONFIG_FAMILIES)}, got {type(config).__name__}")
+    fields = {
+        f.name: str(v).removeprefix("torch.") if isinstance(v := getattr(config, f.name), torch.dtype) else v
+        for f in dataclasses.fields(config)
+    }
+    return {"family": type(config).__name__, **fields}
+
+
+def config_from_record(record: dict) -> PNMixConfig | TokenPrecisionConfig:
+    """The configuration `config_record` wrote; a field this tree's family lacks, or a value it refuses, is a
+    ValueError naming it (a record of other code is not read as something else)."""
+    family = CONFIG_FAMILIES.get(record.get("family")) if isinstance(record, dict) else None
+    if family is None:
+        raise ValueError(f"config record's family must be one of {sorted(CONFIG_FAMILIES)}, got {record!r}")
+    known = {f.name: f for f in dataclasses.fields(family)}
+    given = {k: v for k, v in record.items() if k != "family"}
+    unknown = sorted(given.keys() - known.keys())
+    if unknown:
+        raise ValueError(f"config record has fields {unknown} that {family.__name__} does not have")
+    defaults = family()
+    for name, value in given.items():
+        if isinstance(getattr(defaults, name), torch.dtype):
+            dtype = getattr(torch, str(value), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"config record's {name} must name a torch dtype, got {value!r}")
+            given[name] = dtype
+    try:
+        return family(**given)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config record refused by {family.__name__}: {err}") from err
 
 
 # -- the environment record -------------------------------------------------------------------

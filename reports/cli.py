@@ -42,6 +42,7 @@ from reports.sections import (
     conformance,
     equal_bits,
     fidelity,
+    glance,
     gpu_evidence,
     memory,
     performance,
@@ -355,7 +356,7 @@ def render_report(
         "Regenerate it; do not edit it by hand."
     )
     body = [*sections, claims_section.render(claims), history_section.render(history), env]
-    return assemble(f"PN-Mix report: {name}", intro, body)
+    return assemble(f"PN-Mix report: {name}", intro, body, glance.render(current))
 
 
 def fail(*lines: str, code: int = 2) -> int:

@@ -13,11 +13,17 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
-def assemble(title: str, intro: str, sections: Sequence[Section]) -> tuple[str, dict[str, bytes]]:
+def assemble(
+    title: str, intro: str, sections: Sequence[Section], front: Section | None = None
+) -> tuple[str, dict[str, bytes]]:
+    """The report: title, intro, `front` (the first screen, unnumbered, before the contents), contents, sections."""
     headings = [f"{i + 1}. {s.title}" for i, s in enumerate(sections)]
-    lines = [f"# {title}", "", intro.rstrip(), "", "Contents:", ""]
+    lines = [f"# {title}", "", intro.rstrip(), ""]
+    if front is not None:
+        lines += [f"## {front.title}", "", front.body.rstrip(), ""]
+    lines += ["Contents:", ""]
     lines += [f"{i + 1}. [{s.title}](#{anchor(h)})" for i, (s, h) in enumerate(zip(sections, headings, strict=True))]
-    figures: dict[str, bytes] = {}
+    figures: dict[str, bytes] = dict(front.figures) if front is not None else {}
     for s, h in zip(sections, headings, strict=True):
         lines += ["", f"## {h}", "", s.body.rstrip()]
         clash = figures.keys() & s.figures.keys()

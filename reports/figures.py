@@ -78,6 +78,8 @@ def _style(handle) -> tuple:
     """What tells a legend entry apart: colour, line style and marker (a bar: its face colour)."""
     if hasattr(handle, "patches"):  # a bar container
         handle = handle.patches[0]
+    elif hasattr(handle, "lines") and handle.lines and handle.lines[0] is not None:  # error bars: their data line
+        handle = handle.lines[0]
     if hasattr(handle, "get_linestyle") and hasattr(handle, "get_marker"):
         return mcolors.to_hex(handle.get_color()), handle.get_linestyle(), handle.get_marker()
     face = handle.get_facecolor()
@@ -149,29 +151,33 @@ def _plain_log_ticks(ax) -> None:
 
 
 @contextlib.contextmanager
-def drawn(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> Iterator:
-    """A new matplotlib figure of `ncols` panels drawn by draw(*axes), with grids and its legend
-    below the panels; closed on exit."""
+def drawn(draw: Callable, *, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> Iterator:
+    """A new matplotlib figure of `nrows` x `ncols` panels (`size` each) drawn by draw(*axes), row by row, with
+    grids and its legend below the panels; closed on exit."""
     # names and devices come from result files: a '$' in one is text, not the start of a formula that may not parse
     with matplotlib.rc_context({"text.parse_math": False}):
-        fig, axes = plt.subplots(1, ncols, figsize=(size[0] * ncols, size[1]), squeeze=False, layout="constrained")
+        fig, grid = plt.subplots(
+            nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, layout="constrained"
+        )
+        axes = list(grid.flat)
         try:
-            draw(*axes[0])
+            draw(*axes)
             _printable(fig)
-            for ax in axes[0]:
+            for ax in axes:
                 ax.grid(True, alpha=0.3)
                 _plain_log_ticks(ax)
-            _legend_below(fig, axes[0])
+            _legend_below(fig, axes)
             yield fig
         finally:
             plt.close(fig)
 
 
-def png(draw: Callable, *, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> bytes | None:
-    """Call draw(*axes) on a new figure of `ncols` panels and return it as PNG bytes (None without matplotlib)."""
+def png(draw: Callable, *, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.4, 4.0)) -> bytes | None:
+    """Call draw(*axes) on a new figure of `nrows` x `ncols` panels and return it as PNG bytes (None without
+    matplotlib)."""
     if plt is None:
         return None
-    with drawn(draw, ncols=ncols, size=size) as fig:
+    with drawn(draw, ncols=ncols, nrows=nrows, size=size) as fig:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})  # no version stamp: stable bytes
         return buf.getvalue()

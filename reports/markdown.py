@@ -119,6 +119,8 @@ class Claim:
     basis: str  # what decided the status: starts with one of BASES, or "-" (nothing here decides it)
     evidence: str
     provenance: str
+    #: The one number the status rests on, in a few words (the claims table shows it; `evidence` goes below)
+    rests_on: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

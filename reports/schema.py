@@ -122,6 +122,8 @@ LAYER = Range(0, 2**16, integer=True)
 EXAMPLES = Range(0, 2**31, integer=True)
 #: What a conformance property measured: any number (a failing implementation may measure inf or NaN).
 MEASURED = (int, float, str)
+#: A configuration as data (`reference.records.config_record`): its family, then its fields.
+CONFIG_RECORD = {"family": OneOf(("PNMixConfig", "TokenPrecisionConfig")), "*": (int, float, str, bool, type(None))}
 #: The outcomes the conformance plug-in records (`conformance.plugin.pytest_runtest_makereport`).
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "measured")
 
@@ -138,7 +140,8 @@ CONFORMANCE = {
             "duration_s": SECONDS,
             "reason?": TEXT,
             "example?": TEXT,  # a failure's example, fitted to the claims and shrunk
-            "measured?": Maybe({"*": MEASURED}),  # figures (the largest of each is shown) and descriptions
+            # figures (the largest of each is shown), descriptions, and the workload's configuration as data
+            "measured?": Maybe({"realistic_config?": CONFIG_RECORD, "*": MEASURED}),
             # examples run and dropped (outside the claims); results written before they were counted lack it
             "examples?": {"run": EXAMPLES, "dropped": EXAMPLES},
         }

@@ -19,7 +19,8 @@ from conformance import strategies as cs
 from conformance.meta.test_mutants import run_suite
 from reference import PNMixConfig
 from reference.contract import Capabilities
-from reference.records import file_digest, implementation_targets
+from reference.records import config_from_record, file_digest, implementation_targets
+from reference.tokens.config import TokenPrecisionConfig
 
 ROOT = Path(__file__).parents[2]
 
@@ -85,6 +86,12 @@ def test_the_realistic_workload_is_measured_even_where_attention_fails(attention
         assert storage["realistic_workload"] == attention["realistic_workload"]
         assert storage["realistic_workload"].startswith("4096 tokens (prompt 3968 then appends of 64, 64)")
         assert "head_dim 128, float16" in storage["realistic_workload"]
+        # the configuration is recorded as data beside the sentence: what a reader builds back, not parses
+        config = config_from_record(storage["realistic_config"])
+        assert (
+            storage["realistic_config"] == attention["realistic_config"]
+            and cs.compact(config) in (storage["realistic_workload"])
+        )
         assert attention["realistic_attention_error"] > 0
         keys, values = storage["realistic_key_bits_per_element"], storage["realistic_value_bits_per_element"]
         assert storage["realistic_bits_per_element"] == pytest.approx((keys + values) / 2)
@@ -225,6 +232,8 @@ def test_a_per_token_cache_records_bits_and_error_on_the_realistic_workload(tmp_
     for r in json.loads(out.read_text())["results"]:
         measured.update(r["measured"])
     assert "TokenPrecisionConfig(), each token low with chance 50%" in measured["realistic_workload"]
+    assert config_from_record(measured["realistic_config"]) == TokenPrecisionConfig()
+    assert measured["realistic_low_share"] == 0.5
     assert measured["realistic_workload"].startswith("4096 tokens")
     # INT4 and INT2 tokens in groups of 32 with float16 scales and zeros, half of them low: about 4 bits
     assert 3.5 < measured["realistic_bits_per_element"] < 4.5

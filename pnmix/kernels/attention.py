@@ -18,124 +18,30 @@ import triton.language as tl
 
 from pnmix import _runtime
 from pnmix.kernels import ptx, ptx_unpack
-from pnmix.kernels.common import round_to, saturate, unpack_field
+from pnmix.kernels.common import (
+    LOG2E,
+    chunk,
+    dot_f32,
+    headroom,
+    load_tile,
+    mma,
+    online_softmax,
+    round_to,
+    saturate,
+    unpack_field,
+)
 from pnmix.kernels.unpack import TORCH_DTYPES, field_codes
 from pnmix.kernels.unpack import code_to as _code_to
 from pnmix.perfmodel import splits_for
 from reference.channels.layout import CacheLayout, TokenLayout
 from reference.equations.packing import bit_planes
 
-LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2
-
-
-@triton.jit
-def _load_tile(
-    pos,
-    cols,
-    d_ok,
-    n_sink,
-    n_q,
-    sink_ptr,
-    res_ptr,
-    low_ptr,
-    high_ptr,
-    slot,
-    scale_ptr,
-    zero_ptr,
-    dense_ptr,
-    d,
-    lo_row,
-    hi_row,
-    v_row,
-    v_groups,
-    rank_ptr,
-    n_boost,
-    IS_KEY: tl.constexpr,
-    QUANT: tl.constexpr,
-    G: tl.constexpr,
-    VG: tl.constexpr,
-    B_LO: tl.constexpr,
-    HAS_HIGH: tl.constexpr,
-    B_HI: tl.constexpr,
-    PAGE_RANKS: tl.constexpr,
-):
-    """A [BLOCK_N, BLOCK_D] float32 tile of keys or values at positions pos (-1 = none).
-
-    The high-plane column of each channel is `slot` (one selection for all tokens), or with
-    PAGE_RANKS comes from the per-page rank table (Kitty), row by row.
-    """
-    p = pos[:, None]
-    c = cols[None, :]
-    in_sink = (p >= 0) & (p < n_sink) & d_ok
-    in_q = (p >= n_sink) & (p < n_sink + n_q) & d_ok
-    in_res = (p >= n_sink + n_q) & d_ok
-    x = tl.load(sink_ptr + p * d + c, mask=in_sink, other=0.0).to(tl.float32)
-    x += tl.load(res_ptr + (p - n_sink - n_q) * d + c, mask=in_res, other=0.0).to(tl.float32)
-    qp = tl.where(in_q, p - n_sink, 0)
-    if QUANT:
-        if IS_KEY:  # packed along tokens; per-channel groups of G tokens
-            code = unpack_field(low_ptr, qp, c, lo_row, in_q, B_LO)
-            if HAS_HIGH:
-                if PAGE_RANKS:
-                    rank = tl.load(rank_ptr + (qp // G) * d + c, mask=in_q, other=255).to(tl.int32)
-                    col = tl.where(rank < n_boost, rank, -1)
-                else:
-                    col = slot[None, :]
-                hi_ok = in_q & (col >= 0)
-                code = code | (unpack_field(high_ptr, qp, col, hi_row, hi_ok, B_HI) << B_LO)
-            p_off = (qp // G) * d + c
-        else:  # packed along channels; per-token groups of VG channels
-            code = unpack_field(low_ptr, c, qp * v_row, 1, in_q, B_LO)
-            p_off = qp * v_groups + c // VG
-        s = tl.load(scale_ptr + p_off, mask=in_q, other=0.0).to(tl.float32)
-        z = tl.load(zero_ptr + p_off, mask=in_q, other=0.0).to(tl.float32)
-        x += tl.where(in_q, s * code.to(tl.float32) + z, 0.0)
-    else:
-        x += tl.load(dense_ptr + qp * d + c, mask=in_q, other=0.0).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _mma(a, b, SWAP: tl.constexpr):
-    """a @ b, or with SWAP as (b^T a^T)^T: the same products summed in the same order along k, with the operands'
-    roles in the MMA exchanged (b's rows become the MMA's m side). Which of the two the target's compiler issues
-    in fewer instructions depends on the target (`launch_config`: on sm_90 the swapped value dot, 128 channels
-    on the m side, becomes a warpgroup MMA)."""
-    if SWAP:
-        return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
-def _dot_f32(a, b, DOT: tl.constexpr, SWAP: tl.constexpr = False):
-    """a (float32) @ b (DOT) with a carried as two DOT parts, hi + lo: operands of float32 grade
-    on tensor cores, as the spec computes in float32 (rounding a, e.g. queries times key scales
-    or probabilities, to float16 alone would add an error of its own, not the dtype's). SWAP: `_mma`'s."""
-    if DOT == tl.float32:
-        return _mma(a, b, SWAP)
-    else:
-        hi = a.to(DOT)
-        return _mma(hi, b, SWAP) + _mma((a - hi.to(tl.float32)).to(DOT), b, SWAP)
-
-
-@triton.jit
-def _headroom(top, DOT: tl.constexpr):
-    """A power of two e >= 1 with top / e <= 2**14 for float16 operands (1 for the others, whose
-    range is float32's). Operands divided by e stay finite in float16, and e rescales exponents
-    only, so products scaled back are those of float32 operands: finite inputs at float16's edge
-    (a scale of 65504 times a query) give finite attention. e is 1 below 2**14, bit for bit."""
-    if DOT == tl.float16:
-        return tl.where(top > 16384.0, tl.exp2(tl.ceil(tl.log2(tl.maximum(top, 16384.0))) - 14.0), 1.0)
-    else:
-        return 1.0
-
 
 @triton.jit
 def _dot_wide(a, scale, b, e, DOT: tl.constexpr, SWAP: tl.constexpr = False):
-    """`_dot_f32` of a * scale[None, :], whose entries may pass float16's range, divided by the headroom
-    exponent e (`_headroom` of a bound on |a * scale|) and the product multiplied back."""
-    return _dot_f32(a * scale[None, :] * (1.0 / e), b, DOT, SWAP) * e
+    """`dot_f32` of a * scale[None, :], whose entries may pass float16's range, divided by the headroom
+    exponent e (`headroom` of a bound on |a * scale|) and the product multiplied back."""
+    return dot_f32(a * scale[None, :] * (1.0 / e), b, DOT, SWAP) * e
 
 
 @triton.jit
@@ -194,18 +100,18 @@ def _key_chunk(
     against where(bit, s, 0) in DOT, one MMA (a product of two DOT numbers is exact in the float32
     accumulator, and the scale is not rounded), with the softmax scale applied to the float32 logits as in
     the dense loops: no q * s operand, no hi + lo split, no headroom (the products are far inside float32).
-    SWAP: the dot's operand roles (`_mma`). z_k, s_c: the group's zeros and (EXACT_LO) scales of these channels
+    SWAP: the dot's operand roles (`mma`). z_k, s_c: the group's zeros and (EXACT_LO) scales of these channels
     (`_key_group`), read a tile ahead by the caller."""
     c = first + tl.arange(0, KC)
     codes = unpack_field(klo, t[None, :], c[:, None], d, (c < d)[:, None], B_LO)
     z_k = z_k.to(tl.float32)
     if EXACT_LO:
-        logits = _mma(q_dot, tl.where(codes != 0, s_c.to(DOT)[:, None], 0.0).to(DOT), SWAP) * qk_scale
+        logits = mma(q_dot, tl.where(codes != 0, s_c.to(DOT)[:, None], 0.0).to(DOT), SWAP) * qk_scale
     else:
         s_k = _rows(ks + group * d + c, c < d, q)
         if TILE_E:
-            e = _headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
-        logits = _dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT, SWAP) * e
+            e = headroom(q_top * tl.max(tl.max(s_k, axis=1), axis=0), DOT)
+        logits = dot_f32(q * s_k * (1.0 / e), _code_to(codes, DOT), DOT, SWAP) * e
     return logits + tl.sum(q * z_k[None, :], axis=1)[:, None]
 
 
@@ -260,9 +166,9 @@ def _split_exponents(
     V_HEADROOM: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """The headroom exponents (`_headroom`) of the fast path's three scaled dots over this split's tiles [lo, hi):
+    """The headroom exponents (`headroom`) of the fast path's three scaled dots over this split's tiles [lo, hi):
     the key low plane (q * s), the high plane (q * s * 2**B_LO) and the values (p * s, p <= 1), each from the
-    largest bound of any tile of the split. `_headroom` grows with its bound, so each is the largest of the
+    largest bound of any tile of the split. `headroom` grows with its bound, so each is the largest of the
     exponents the tiles would have had alone: 1 wherever every tile's is 1 (bit for bit the results of an
     exponent per tile), and a power of two above 1 only where some tile's bound passes 2**14. Read once per
     split, before its loop, instead of reduced from each tile: the key scales of the split's groups (only those
@@ -284,7 +190,7 @@ def _split_exponents(
     if V_HEADROOM:
         for start in range(lo, v_hi, BLOCK_N):
             top_v = tl.maximum(top_v, tl.max(_vector(vs + start, v_hi - start, BLOCK_N), axis=0))
-    return _headroom(q_top * top_lo, DOT), _headroom(q_top * top_hi, DOT), _headroom(top_v, DOT)
+    return headroom(q_top * top_lo, DOT), headroom(q_top * top_hi, DOT), headroom(top_v, DOT)
 
 
 @triton.jit
@@ -305,26 +211,6 @@ def _dense_tile(ptr, rows, row_ok, cols, d):
 
 
 @triton.jit
-def _online_softmax(logits, pos, last_visible, m_i, l_i, CAUSAL: tl.constexpr, DOT: tl.constexpr):
-    """One tile's step of the online softmax (base 2: logits are pre-scaled by log2 e).
-
-    The weights are 2**-32 of the usual ones outside float16 (l_i the same, so the output is
-    unchanged): unnormalized sums of bfloat16 values near 3e38 would pass float32's range, and
-    float32's exponent range loses nothing to the shift (float16's would: it keeps 1)."""
-    visible = pos[None, :] >= 0
-    if CAUSAL:
-        visible = visible & (pos[None, :] <= last_visible[:, None])
-    logits = tl.where(visible, logits, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(logits - m_safe[:, None])
-    if DOT != tl.float16:
-        p = p * 2.3283064365386963e-10  # 2**-32 (not folded into m: maxima of 1e9 would absorb it)
-    return p, alpha, l_i * alpha + tl.sum(p, axis=1), m_new
-
-
-@triton.jit
 def pair_slots(meta, cols, col_ok, d, ADJACENT: tl.constexpr, HAS_HIGH: tl.constexpr):
     """The high-plane column of each channel from the bit-packed pair mask `meta` (-1: none)."""
     pair = tl.where(ADJACENT, cols // 2, cols % (d // 2))
@@ -338,14 +224,6 @@ def _high_queries(q_ptr, q_rows, channel, row_ok, hcol_ok, qk_scale):
     """The queries of the high plane's channels [BLOCK_M, BLOCK_H], scaled as the logits are (0 past n_boost)."""
     q_hi = tl.load(q_ptr + q_rows[:, None] + channel[None, :], mask=row_ok[:, None] & hcol_ok[None, :], other=0.0)
     return q_hi.to(tl.float32) * qk_scale
-
-
-@triton.jit
-def _chunk(split, n_splits, n, BLOCK_N: tl.constexpr):
-    """This split's share [lo, hi) of a segment of n tokens, in whole tiles."""
-    size = tl.cdiv(tl.cdiv(n, n_splits), BLOCK_N) * BLOCK_N
-    lo = split * size
-    return lo, tl.minimum(lo + size, n)
 
 
 @triton.jit
@@ -455,7 +333,7 @@ def _split_kernel(
     # at d = 256 a [BLOCK_M, 256] operand and its low part held at once spill.
     KC: tl.constexpr = BLOCK_D // KEY_CHUNKS
     q0 = _scaled_queries(q_ptr, q_rows, row_ok, tl.arange(0, KC), d, qk_scale)
-    q_top = tl.max(tl.max(tl.abs(q0), axis=1), axis=0)  # bounds the key operands q * s (see _headroom)
+    q_top = tl.max(tl.max(tl.abs(q0), axis=1), axis=0)  # bounds the key operands q * s (see headroom)
     if KEY_CHUNKS == 2:
         q1 = _scaled_queries(q_ptr, q_rows, row_ok, KC + tl.arange(0, KC), d, qk_scale)
         q_top = tl.maximum(q_top, tl.max(tl.max(tl.abs(q1), axis=1), axis=0))
@@ -487,15 +365,15 @@ def _split_kernel(
             first, n, k_ptr, v_ptr = n_sink + n_q, length - n_sink - n_q, rk_ptr + bh * s_res, rv_ptr + bh * s_vres
             if SLIDING:
                 v_ptr += (n_q - n_vq) * d
-        lo, hi = _chunk(split, n_splits, n, BLOCK_N)
+        lo, hi = chunk(split, n_splits, n, BLOCK_N)
         for start in range(lo, hi, BLOCK_N):
             t = start + tok
             ok = t < hi
             logits = tl.dot(q_dot, tl.trans(_dense_tile(k_ptr, t, ok, cols, d).to(DOT))) * qk_scale
-            p, alpha, l_i, m_i = _online_softmax(
+            p, alpha, l_i, m_i = online_softmax(
                 logits, tl.where(ok, first + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
             )
-            acc = acc * alpha[:, None] + _dot_f32(p, _dense_tile(v_ptr, t, ok, vchan, d).to(DOT), DOT)
+            acc = acc * alpha[:, None] + dot_f32(p, _dense_tile(v_ptr, t, ok, vchan, d).to(DOT), DOT)
 
     # the quantized region
     klo, khi, meta = klo_ptr + bh * s_klo, khi_ptr + bh * s_khi, mask_ptr + bh * s_mask
@@ -514,7 +392,7 @@ def _split_kernel(
     else:
         slot = tl.full([BLOCK_D], -1, tl.int32)  # unused: columns come from each page's rank table
         split_channel = hcol  # unused: the keys take an exponent per tile with per-page ranks
-    lo, hi = _chunk(split, n_splits, n_q, BLOCK_N)
+    lo, hi = chunk(split, n_splits, n_q, BLOCK_N)
     v_hi = tl.minimum(hi, n_vq) if SLIDING else hi
     if FAST or V_HEADROOM:  # the headroom exponents of the split's scaled dots, once before its loop
         e_lo, e_hi, e_v = _split_exponents(
@@ -618,13 +496,13 @@ def _split_kernel(
                 s_hi = s_hi * (1 << B_LO)
                 high = unpack_field(khi, t[None, :], hcol[:, None], n_boost, hcol_ok[:, None], B_HI)
                 if PAGE_RANKS:  # the tile's own exponent (see _split_exponents)
-                    e_page = _headroom(q_top * tl.max(s_hi, axis=0), DOT)
+                    e_page = headroom(q_top * tl.max(s_hi, axis=0), DOT)
                     logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), e_page, DOT)
                 else:
                     logits += _dot_wide(q_hi, s_hi, _code_to(high, DOT), e_hi, DOT)
         else:
             pos = tl.where(t < hi, t, -1)
-            k = _load_tile(
+            k = load_tile(
                 pos,
                 cols,
                 col_ok[None, :],
@@ -654,7 +532,7 @@ def _split_kernel(
                 B_HI,
                 PAGE_RANKS,
             )
-            e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
+            e = headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
             logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
         # the next tile's 2-byte operands, issued here: after this tile's key dots (whose scoreboard waits would
         # otherwise wait for these loads too) and a softmax and value dot before the next tile needs them
@@ -666,7 +544,7 @@ def _split_kernel(
             nz0, ns0 = _key_group(ks, kz, nxt // G, 0, d, ahead, KC, EXACT_LO, DOT)
             if HAS_HIGH and not PAGE_RANKS:
                 nhi = tl.load(ks + (nxt // G) * d + split_channel, mask=hcol_ok & ahead, other=0.0)
-        p, alpha, l_i, m_i = _online_softmax(
+        p, alpha, l_i, m_i = online_softmax(
             logits, tl.where(t < hi, n_sink + t, -1), last_visible, m_i, l_i, CAUSAL, DOT
         )
         if V_FIELDS:
@@ -681,11 +559,11 @@ def _split_kernel(
             if V_HEADROOM:
                 pv = _dot_wide(p, s_v, codes, e_v, DOT, SWAP_V)
             else:  # p <= 1 times a scale of float16 (or of DOT's range) is within DOT's range
-                pv = _dot_f32(p * s_v[None, :], codes, DOT, SWAP_V)
+                pv = dot_f32(p * s_v[None, :], codes, DOT, SWAP_V)
             pv += tl.sum(p * z_v[None, :], axis=1)[:, None]
         elif V_QUANT:
             pos = tl.where(t < v_hi, t, -1)
-            v = _load_tile(
+            v = load_tile(
                 pos,
                 cols,
                 col_ok[None, :],
@@ -715,15 +593,15 @@ def _split_kernel(
                 1,
                 False,
             )
-            e = _headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)  # dequantized values may pass 65504
-            pv = _dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
+            e = headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)  # dequantized values may pass 65504
+            pv = dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
         else:  # FP16 values in the quantized region
-            pv = _dot_f32(p, _dense_tile(vp, t, t < v_hi, cols, d).to(DOT), DOT)
+            pv = dot_f32(p, _dense_tile(vp, t, t < v_hi, cols, d).to(DOT), DOT)
         if SLIDING:
             if start + BLOCK_N > n_vq:  # values past n_vq are still exact, in the window
                 w_ok = (t >= n_vq) & (t < hi)
                 window = _dense_tile(rv_ptr + bh * s_vres, t - n_vq, w_ok, vchan, d)
-                pv += _dot_f32(p, window.to(DOT), DOT)
+                pv += dot_f32(p, window.to(DOT), DOT)
         acc = acc * alpha[:, None] + pv
 
     out = (bh * n_splits + split) * n_real + rows
@@ -821,7 +699,7 @@ def launch_config(layout: CacheLayout) -> dict:
     (the next tiles' packed codes copied asynchronously while this one is computed). The interpreter
     runs the same tiles (and ignores stages, which change no result), so CI checks the GPU paths.
 
-    Operand roles (`_mma`; swap_k: the key low plane's dot, swap_v: the values'): compiled both ways for every
+    Operand roles (`mma`; swap_k: the key low plane's dot, swap_v: the values'): compiled both ways for every
     method, dtype and head_dim by `python -m pnmix.aot`. Swapped values on sm_90 become a warpgroup MMA (the head's
     channels on the m side) and ptxas stops copying loop-invariant query fragments into place before each MMA;
     on sm_80 they cost about 100 more instructions, and at d = 256 they spill. Swapped keys help the pair-mask high

@@ -4,7 +4,7 @@ decodes: flash-decoding splits that each read one store of one bit width, merged
 The stores are those of `reference.tokens.config` (the spec's bytes): the low tokens' key pages
 (packed along tokens, per-channel groups of G; role-aware PN-Mix's pairs in a high plane), the
 leftover and high tokens' keys and every value per token (packed along channels, groups of G
-channels). Each store gets its own splits (`_load_tile` reads both layouts), so a split never mixes
+channels). Each store gets its own splits (`load_tile` reads both layouts), so a split never mixes
 bit widths; `attention._merge_kernel` merges every split.
 """
 
@@ -18,18 +18,13 @@ import triton.language as tl
 
 from pnmix import _runtime
 from pnmix.kernels.attention import (
-    LOG2E,
-    _chunk,
-    _dot_f32,
-    _headroom,
-    _load_tile,
-    _online_softmax,
     default_splits,
     dot_dtype,
     merge,
     pair_slots,
     partials,
 )
+from pnmix.kernels.common import LOG2E, chunk, dot_f32, headroom, load_tile, online_softmax
 from reference.tokens.config import TokenPrecisionConfig
 
 #: The stores in split order: (key store, value store, offset of its first value row in the value store).
@@ -74,14 +69,14 @@ def _segment(
     BLOCK_N: tl.constexpr,
 ):
     """The online softmax over this split's share of one store: m_i, l_i, acc updated."""
-    lo, hi = _chunk(sub, n_sub, n_rows, BLOCK_N)
+    lo, hi = chunk(sub, n_sub, n_rows, BLOCK_N)
     tok = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         t = start + tok
         ok = t < hi
         rows = tl.where(ok, t, -1)
         if PAGED:  # packed along tokens, per-channel groups of G tokens
-            k = _load_tile(
+            k = load_tile(
                 rows,
                 cols,
                 col_ok[None, :],
@@ -112,7 +107,7 @@ def _segment(
                 False,
             )
         else:  # packed along channels, per-token groups of G channels
-            k = _load_tile(
+            k = load_tile(
                 rows,
                 cols,
                 col_ok[None, :],
@@ -142,11 +137,11 @@ def _segment(
                 1,
                 False,
             )
-        e = _headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
+        e = headroom(tl.max(tl.max(tl.abs(k), axis=1), axis=0), DOT)  # dequantized keys may pass 65504
         logits = tl.dot(q_dot, tl.trans((k * (1.0 / e)).to(DOT))) * (qk_scale * e)
         position = tl.load(pos_ptr + t, mask=ok, other=-1)
-        p, alpha, l_i, m_i = _online_softmax(logits, position, last_visible, m_i, l_i, CAUSAL, DOT)
-        v = _load_tile(
+        p, alpha, l_i, m_i = online_softmax(logits, position, last_visible, m_i, l_i, CAUSAL, DOT)
+        v = load_tile(
             tl.where(ok, v_first + t, -1),
             cols,
             col_ok[None, :],
@@ -176,8 +171,8 @@ def _segment(
             1,
             False,
         )
-        e = _headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)
-        acc = acc * alpha[:, None] + _dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
+        e = headroom(tl.max(tl.max(tl.abs(v), axis=1), axis=0), DOT)
+        acc = acc * alpha[:, None] + dot_f32(p, (v * (1.0 / e)).to(DOT), DOT) * e
     return m_i, l_i, acc
 
 

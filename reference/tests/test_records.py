@@ -1,5 +1,6 @@
 """Result records: atomic writes that never overwrite unasked, kinds read from content, one environment."""
 
+import dataclasses
 import json
 import os
 import platform
@@ -8,7 +9,7 @@ import re
 import pytest
 import torch
 
-from reference import records
+from reference import methods, records
 
 ISO_UTC_SECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
 
@@ -195,3 +196,28 @@ def test_the_machine_record_says_whether_triton_kernels_ran_on_the_interpreter(m
         monkeypatch.setenv("TRITON_INTERPRET", value)
     monkeypatch.setattr(records.torch.cuda, "is_available", lambda: cuda)
     assert records.triton_mode().startswith(says)
+
+
+@pytest.mark.parametrize("name", methods.NAMES)
+def test_a_configuration_recorded_as_data_reads_back_equal(name):
+    config = methods.config(name)
+    record = records.config_record(config)
+    assert json.loads(json.dumps(record)) == record  # plain JSON: no repr to parse back
+    assert records.config_from_record(record) == config
+    other = dataclasses.replace(config, scale_dtype=torch.bfloat16)
+    assert records.config_from_record(records.config_record(other)) == other
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"family": "OtherConfig"}, "family"),
+        ({"future_field": 1}, "future_field"),
+        ({"scale_dtype": "float99"}, "scale_dtype"),
+        ({"b_high": 99}, "refused by PNMixConfig"),
+    ],
+)
+def test_a_configuration_record_this_tree_cannot_build_is_refused_by_name(change, named):
+    record = {**records.config_record(methods.config("PN-Mix")), **change}
+    with pytest.raises(ValueError, match=named):
+        records.config_from_record(record)

@@ -182,55 +182,87 @@ def render_result(
 
 #: Markers of the runs drawn as single points (own bits, Table 8), one per run: the budgets' lines use "o".
 SINGLE_MARKERS = ("s", "D", "^", "v", "P", "X", "*")
+#: A single point more than this many key bits outside the sweep's budgets is drawn at the axis' edge with its
+#: bits written beside it: one far point (Table 8's 8-bit keys) would otherwise squeeze the budgets together.
+FAR_BITS = 1.0
+#: The method whose colour a family's sweep takes (KIVI's budgets are KIVI-2 configurations, without sinks).
+FAMILY_COLOR = {"PN-Mix": "PN-Mix", "KIVI": "KIVI-2"}
+
+
+def _interval(ax, x: float, a: Accuracy, **style) -> None:
+    ax.errorbar([x], [a.value], yerr=[[a.value - a.low], [a.high - a.value]], capsize=3, **style)
+
+
+def singles(data: dict) -> list[dict]:
+    """The runs a figure draws as single points: at their own bits, and Table 8's (below 16 key bits)."""
+    return [
+        r
+        for r in data["runs"]
+        if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16
+    ]
+
+
+def markers(results: Sequence[dict]) -> dict[str, str]:
+    """A marker per single-point label of `results`, the same in every panel that draws it."""
+    labels = dict.fromkeys(r["label"] for data in results for r in singles(data))
+    return dict(zip(labels, itertools.cycle(SINGLE_MARKERS), strict=False))
+
+
+def draw_panel(ax, data: dict, tasks: list[str], title: str, marker_of: dict[str, str] | None = None) -> None:
+    """Accuracy over `tasks` against key bits in one panel: the sweep's budgets as a line per family, the runs at
+    their own bits as single points (`marker_of` each, default `markers`), FP16's accuracy as a line with its 95%
+    interval shaded; the x axis spans the budgets, a point farther than FAR_BITS drawn at its edge with its
+    bits."""
+    marker_of = marker_of or markers([data])
+    lines = {
+        family: sorted(
+            (r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
+            key=lambda r: r["key_bits"],
+        )
+        for family in ("PN-Mix", "KIVI")
+    }
+    points = singles(data)
+    near = [r["key_bits"] for runs in lines.values() for r in runs] or [r["key_bits"] for r in points] or [2.0]
+    lo, hi = min(near) - FAR_BITS, max(near) + FAR_BITS
+    for family, runs in lines.items():
+        if runs:
+            accs = [wilson(pooled(r, tasks)) for r in runs]
+            ax.errorbar(
+                [r["key_bits"] for r in runs],
+                [a.value for a in accs],
+                yerr=[[a.value - a.low for a in accs], [a.high - a.value for a in accs]],
+                marker="o",
+                capsize=3,
+                color=figures.color(FAMILY_COLOR[family]),
+                label=f"{family} (the sweep's budgets)",
+            )
+    drawn = list(near)
+    for r in points:  # one marker per series: colours may repeat
+        a, x = wilson(pooled(r, tasks)), r["key_bits"]
+        at = min(max(x, lo), hi)
+        _interval(ax, at, a, ls="", marker=marker_of[r["label"]], color=figures.color(r["label"]), label=r["label"])
+        drawn.append(at)
+        if at != x:
+            side = "right" if x > hi else "left"
+            ax.annotate(
+                f"{x:.2f} bits {'->' if x > hi else '<-'}",
+                (at, a.value),
+                xytext=(-8 if x > hi else 8, 10),
+                textcoords="offset points",
+                ha=side,
+                fontsize="small",
+            )
+    fp16 = wilson(pooled(fp16_run(data), tasks))
+    ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
+    ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
+    ax.set_xlim(min(drawn) - 0.25, max(drawn) + 0.25)
+    ax.set(xlabel="key bits per element (the paper's counting)", ylabel="accuracy (informative tasks)")
+    ax.set_title(title, fontsize="medium")
 
 
 def _figure(data: dict, useful: list[str]) -> bytes | None:
-    base = pooled(fp16_run(data), useful)
-
-    def draw(ax):
-        for family in ("PN-Mix", "KIVI"):
-            runs = sorted(
-                (r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
-                key=lambda r: r["key_bits"],
-            )
-            if runs:
-                accs = [wilson(pooled(r, useful)) for r in runs]
-                ax.errorbar(
-                    [r["key_bits"] for r in runs],
-                    [a.value for a in accs],
-                    yerr=[[a.value - a.low for a in accs], [a.high - a.value for a in accs]],
-                    marker="o",
-                    capsize=3,
-                    color=figures.color(family),
-                    label=family,
-                )
-        singles = [
-            r
-            for r in data["runs"]
-            if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16
-        ]
-        for r, marker in zip(singles, itertools.cycle(SINGLE_MARKERS)):  # one marker per series: colours may repeat
-            a = wilson(pooled(r, useful))
-            ax.errorbar(
-                [r["key_bits"]],
-                [a.value],
-                yerr=[[a.value - a.low], [a.high - a.value]],
-                ls="",
-                marker=marker,
-                capsize=3,
-                color=figures.color(r["label"]),
-                label=r["label"],
-            )
-        fp16 = wilson(base)
-        ax.axhspan(fp16.low, fp16.high, color=figures.color("FP16"), alpha=0.15)
-        ax.axhline(fp16.value, color=figures.color("FP16"), label="FP16 (95% interval shaded)")
-        ax.set(
-            xlabel="key bits per element (the paper's counting)",
-            ylabel="accuracy (informative tasks)",
-            title=f"Task accuracy against key bits: {model_label(data['model'])}",
-        )
-
-    return figures.png(draw, size=(7.0, 4.5))
+    title = f"Task accuracy against key bits\n{model_label(data['model'])}"
+    return figures.png(lambda ax: draw_panel(ax, data, useful, title), size=(7.0, 4.5))
 
 
 #: The two views of the suite (`benchmarks.tasks`): a candidate chosen, an answer produced.
@@ -259,22 +291,24 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
         ]
     out = []
     for view, tasks in views(data, useful).items():
-        out += _view_claims(data, tasks, f"{data['model']}, {view}: {SCALE}", cite)
+        short = f"{model_label(data['model'])}, {view.split()[0]}"
+        out += _view_claims(data, tasks, f"{data['model']}, {view}: {SCALE}", cite, short)
     return out
 
 
-def _view_claims(data: dict, useful: list[str], where: str, cite: str) -> list[Claim]:
+def _view_claims(data: dict, useful: list[str], where: str, cite: str, short: str) -> list[Claim]:
+    """The three claims on one view's tasks; `short` names the model and view in each claim's `rests_on`."""
     base = pooled(fp16_run(data), useful)
     by_label = {r["label"]: r for r in data["runs"]}
     out = []
     main = next((r for r in data["runs"] if r["role"] == "budget" and r["label"] == f"PN-Mix @ {SUB_BUDGET:g}"), None)
     if main is not None:
-        out.append(_table2(main, pooled(main, useful), base, where, cite))
+        out.append(_table2(main, pooled(main, useful), base, where, cite, short))
     sub = [r for r in data["runs"] if r["role"] == "budget" and r["budget"] < SUB_BUDGET]
     pairs = [(r, by_label.get(r["label"].replace("PN-Mix", "KIVI"))) for r in sub if r["label"].startswith("PN-Mix")]
     pairs = [(p, k) for p, k in pairs if k is not None]
     if pairs:
-        out.append(_fig3(pairs, useful, base, where, cite))
+        out.append(_fig3(pairs, useful, base, where, cite, short))
     keys = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("keys only")), None)
     values = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("values only")), None)
     if keys is not None and values is not None:
@@ -292,12 +326,13 @@ def _view_claims(data: dict, useful: list[str], where: str, cite: str) -> list[C
                 f"(p {d.p_value:.2g}){': no difference beyond chance' if status == INCONCLUSIVE else ''}; "
                 f"{_resolution(k, v)}; {where}",
                 cite,
+                f"{short}: keys only - values only {d.difference:+.3f} (p {d.p_value:.2g})",
             )
         )
     return out
 
 
-def _table2(run: dict, method: list[bool], base: list[bool], where: str, cite: str) -> Claim:
+def _table2(run: dict, method: list[bool], base: list[bool], where: str, cite: str, short: str) -> Claim:
     """Comparable to FP16: a drop beyond chance refutes it; the 90% interval of the paired difference within
     +-EQUIVALENCE_MARGIN (two one-sided tests at 5%) confirms it; anything else cannot tell."""
     d = paired(method, base)
@@ -316,15 +351,16 @@ def _table2(run: dict, method: list[bool], base: list[bool], where: str, cite: s
         f"(exact McNemar p {d.p_value:.2g}; 90% interval [{lo:+.3f}, {hi:+.3f}], two one-sided tests at 5%): {why}; "
         f"margin {MARGIN_WHY}; {_resolution(method, base)}; {where}",
         cite,
+        f"{short}: {d.difference:+.3f}, 90% [{lo:+.3f}, {hi:+.3f}]",
     )
 
 
-def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str) -> Claim:
+def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str, short: str) -> Claim:
     """PN-Mix against KIVI at each budget below SUB_BUDGET: a budget compares keys only where the two store
     values at about the same bits (else what differs is not the keys alone, and it is said). Confirmed where
     PN-Mix is better beyond chance at some budget and never worse; not confirmed where KIVI is better beyond
     chance at some budget; otherwise inconclusive, with what the items resolve."""
-    lines, better, worse, counted = [], 0, 0, 0
+    lines, better, worse, counted, deciding = [], 0, 0, 0, []
     for p, k in pairs:
         mine, theirs = pooled(p, useful), pooled(k, useful)
         d, own = paired(mine, theirs), paired(mine, base)
@@ -338,12 +374,15 @@ def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str) -> 
         better += d.difference > 0 and d.p_value < ALPHA
         worse += d.difference < 0 and d.p_value < ALPHA
         counted += 1
+        deciding.append(
+            (d.p_value, f"{short}: at {p['budget']:g} bits, PN-Mix - KIVI {d.difference:+.3f} (p {d.p_value:.2g})")
+        )
         lines.append(f"{line}; {_resolution(mine, theirs)}")
     if not counted:
         why = f"no budget below {SUB_BUDGET:g} compares keys alone: " + "; ".join(lines)
         return Claim(FIG3, NOT_MEASURED, "-", why, cite)
     status = NOT_CONFIRMED if worse else CONFIRMED if better else INCONCLUSIVE
-    return Claim(FIG3, status, "measured", "; ".join(lines) + f"; {where}", cite)
+    return Claim(FIG3, status, "measured", "; ".join(lines) + f"; {where}", cite, min(deciding)[1])
 
 
 TABLE2 = (

@@ -26,7 +26,6 @@ import torch
 
 from benchmarks.efficiency.plugins import BUILTIN_IMPLEMENTATIONS
 from benchmarks.fidelity import long_output
-from conformance.strategies import compact
 from reference import PNMixConfig, methods
 from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks, of_kind
@@ -127,9 +126,7 @@ def label(row: Row) -> str:
     if row.own:
         return row.method + (f" (the sweep's pick for its {budgets}-bit key budget)" if budgets else "")
     at = f" (the sweep's pick for its {budgets}-bit key budget)" if budgets else ""
-    described = summary.as_run(compact(row.config))
-    design = methods.method(row.method).design
-    return f"{design}, {compact(row.config) if described == '-' else described}{at}"
+    return f"{methods.method(row.method).design}, {summary.config_label(row.config)}{at}"
 
 
 # -- bits ------------------------------------------------------------------------------------------
@@ -150,21 +147,16 @@ BITS_SOURCE = computed(f"reports.sections.storage.count, {storage.COUNT_RULE}")
 # -- attention error -------------------------------------------------------------------------------
 
 
-def workload_config(description: str | None) -> PNMixConfig | TokenPrecisionConfig | None:
-    """The configuration a conformance run recorded for its realistic workload ('..., PNMixConfig(b_high=1)',
-    '..., TokenPrecisionConfig(), each token low with chance 50%'), None when it cannot be read back whole."""
-    return summary.ran_config(description, whole=True)
-
-
 def errors(conformance: Sequence[Source]) -> list[tuple[Source, dict, PNMixConfig]]:
-    """(source, record, configuration) of every realistic-workload attention error of the conformance runs."""
+    """(source, record, configuration) of every realistic-workload attention error of the conformance runs whose
+    configuration reads (`summary.ran`)."""
     out = []
     for s in conformance:
         for r in s.data["results"]:
-            m = r.get("measured") or {}
-            config = workload_config(m.get("realistic_workload"))
-            if isinstance(m.get(summary.ERROR), (int, float)) and config is not None:
-                out.append((s, r, config))
+            workload = summary.ran(r)
+            error = (r.get("measured") or {}).get(summary.ERROR)
+            if isinstance(error, (int, float)) and workload is not None and workload.config is not None:
+                out.append((s, r, workload.config))
     return out
 
 
@@ -180,7 +172,7 @@ def _error(row: Row, measured_errors, cites: Citations) -> str:
         impls = ", ".join(sorted({r2["implementation"] for _, r2 in same}))
         return f"{r['measured'][summary.ERROR]:.3g} (largest of {impls}) {cites.cite(_conformance(s))}"
     if of_design:
-        ran = "; ".join(sorted({summary.as_run(compact(c)) for _, _, c in of_design}))
+        ran = "; ".join(sorted({summary.config_label(c) for _, _, c in of_design}))
         return f"-: its design's implementations ran the workload as {ran}, not this configuration"
     return "-: no current conformance result of its design measured the realistic workload"
 

@@ -27,7 +27,8 @@ from reports.markdown import (
     sources_under_tables,
 )
 from reports.provenance import measured, quoted
-from reports.sections import long_output
+from reports.sections import long_output, model_label
+from reports.sections.claims import gist
 
 TITLE = "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)"
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
@@ -109,7 +110,10 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
                 status, evidence = (CONFIRMED if holds[k] else NOT_CONFIRMED), v[k]
                 if k == "table11":
                     evidence += "; judged on stability, the overlap values themselves depend on the model"
-            out.append(Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, basis, evidence, provenance(s)))
+            claim = Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, basis, evidence, provenance(s))
+            out.append(
+                dataclasses.replace(claim, rests_on=f"{model_label(str(s.data.get('model', '?')))}: {gist(claim)}")
+            )
     return out
 
 

@@ -24,6 +24,7 @@ from reports.markdown import (
     undrawn,
 )
 from reports.provenance import measured
+from reports.sections import model_label
 
 FIGURE = "long-output-{}.png"  # one figure per run, numbered in the order of the runs' dates
 PANELS = (("kl", "KL(FP16 || method), nats"), ("top1", "top-1 agreement with FP16"), ("nll", "NLL of the FP16 token"))
@@ -86,8 +87,29 @@ def _claims(s: Source, model: str) -> list[Claim]:
             )
             if holds is False:  # a falling KL is what the text alone would give: no evidence against the claim
                 status = INCONCLUSIVE
-        out.append(Claim(CLAIMS[key], status, "measured" if holds is not None else "-", evidence, _provenance(s)))
+        out.append(
+            Claim(
+                CLAIMS[key],
+                status,
+                "measured" if holds is not None else "-",
+                evidence,
+                _provenance(s),
+                _rests_on(s, key),
+            )
+        )
     return out
+
+
+def _rests_on(s: Source, key: str) -> str:
+    """The KL a long-output claim rests on: PN-Mix's first and last quarter ("accumulates"), or every quantized
+    method's last quarter ("pnmix_lowest"), with the model."""
+    kl = {n: long_output.quarter_means(m["kl"]) for n, m in s.data["summary"]["methods"].items() if m.get("kl")}
+    model = model_label(str(s.data.get("model", "?")))
+    if key == "accumulates" and "PN-Mix" in kl:
+        return f"{model}: PN-Mix KL {kl['PN-Mix'][0]:.3g} -> {kl['PN-Mix'][-1]:.3g}"
+    if kl:
+        return f"{model}, last quarter: " + ", ".join(f"{n} {q[-1]:.3g}" for n, q in kl.items())
+    return ""
 
 
 def _draw(s: Source):

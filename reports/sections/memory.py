@@ -113,7 +113,12 @@ def _model_claim(fc: FitClaim, arch) -> Claim:
     if wrong or undecided:
         evidence += " (see the notes under Memory feasibility)"
     status = NOT_CONFIRMED if wrong else INCONCLUSIVE if undecided else CONFIRMED
-    return Claim(fc.claim, status, "computed", evidence + "; no GPU measurement", MODEL_SOURCE)
+    # the point that decided it: the first wrong, else the first undecided, else the last (the boundary)
+    m, b, g, _, p = next((x for x in model if x[4] in wrong), next((x for x in model if x[4] in undecided), model[-1]))
+    rests_on = (
+        f"{m} B = {b}, L_gen = {g}: model peak {p.peak_gib:.2f} GiB ({_fit_words(p).split(' (')[0].split(',')[0]})"
+    )
+    return Claim(fc.claim, status, "computed", evidence + "; no GPU measurement", MODEL_SOURCE, rests_on)
 
 
 def _fit_words(p: memory.MemoryPoint) -> str:

@@ -9,18 +9,17 @@ column says where it comes from.
 
 from __future__ import annotations
 
-import ast
 import collections
 import dataclasses
-import re
 from collections.abc import Sequence
 
 from conformance.strategies import REALISTIC, REALISTIC_TOKENS, describe
-from reference import PNMixConfig, methods
+from reference import PNMixConfig, methods, records
 from reference.tokens.config import TokenPrecisionConfig
 from reports import currency
 from reports.inputs import Source, benchmarks
 from reports.markdown import Section, escape, fmt, table
+from reports.markdown import details as folded
 from reports.sections import conformance as matrix
 from reports.sections import storage
 from reports.sections.measured import is_fp16
@@ -31,22 +30,58 @@ ERROR = "realistic_attention_error"
 SPEED_SUITE = "kernel"
 
 
-def counted(description: str | None) -> float | None:
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """The realistic workload a conformance record ran: its description, its configuration (read from the
+    record's data, `reference.records.config_from_record`; None where the record has none this tree reads) and,
+    for a per-token one, the chance that a token is low."""
+
+    description: str
+    config: PNMixConfig | TokenPrecisionConfig | None
+    low_share: float | None = None
+
+    @property
+    def share(self) -> float:
+        """The share of low tokens its bits are counted at (the suite's workload's, where it recorded none)."""
+        return REALISTIC_TOKENS.low_share if self.low_share is None else self.low_share
+
+
+def ran(record: dict) -> Ran | None:
+    """What a conformance record says it ran on the realistic workload (None for a record of another property)."""
+    m = record.get("measured") or {}
+    if not isinstance(m.get("realistic_workload"), str):
+        return None
+    try:
+        config = records.config_from_record(m["realistic_config"]) if "realistic_config" in m else None
+    except ValueError:  # a configuration of other code: not read as one of this tree's
+        config = None
+    share = m.get("realistic_low_share")
+    return Ran(m["realistic_workload"], config, share if isinstance(share, (int, float)) else None)
+
+
+def counted(workload: Ran | None) -> float | None:
     """The storage section's count of the configuration a realistic-workload record ran (its share of low
     tokens for a per-token one); None where no configuration reads."""
-    config = ran_config(description, whole=True)
-    if config is None:
+    if workload is None or workload.config is None:
         return None
-    return storage.count(config, REALISTIC_TOKENS.low_share)[0]
+    return storage.count(workload.config, workload.share)[0]
 
 
-def _bits(description: str | None, records: Sequence[dict]) -> str:
+def _bits(workload: Ran | None, records: Sequence[dict]) -> str:
     """The storage section's count of the configuration as run; where none reads, the bits it held (measured)."""
-    config = ran_config(description, whole=True)
-    if config is not None:
-        return storage.count_text(config, REALISTIC_TOKENS.low_share)
+    if workload is not None and workload.config is not None:
+        return storage.count_text(workload.config, workload.share)
     held = matrix.held_bits(records)
     return "-" if held == "-" else f"{held} held on the test workload (measured)"
+
+
+def _brief_bits(workload: Ran | None, records: Sequence[dict]) -> str:
+    """`_bits` as one number: '2.26', or '2.70 held (measured)' where no configuration reads."""
+    count = counted(workload)
+    if count is not None:
+        return f"{count:.2f}"
+    held = matrix.held_bits(records)
+    return "-" if held == "-" else f"{held.split(' (')[0]} held (measured)"
 
 
 def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
@@ -78,47 +113,17 @@ def speed_text(points: list[tuple[dict, float]]) -> str:
     return f"{r:.2f}x FP16's time (B = {e['batch']}, {e['context']} tokens, {matrix.device_label(e['device'])})"
 
 
-_CONFIGS = {"PNMixConfig": PNMixConfig, "TokenPrecisionConfig": TokenPrecisionConfig}
+#: The heading of the table that gives each implementation's verdict in full and what it ran.
+FULL = "Each implementation in full"
 
 
-def _call(description: str, cls: str) -> str | None:
-    """The text of the first `cls(...)` call in `description`, up to its closing parenthesis."""
-    start = description.find(cls + "(")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start + len(cls), len(description)):
-        depth += {"(": 1, ")": -1}.get(description[i], 0)
-        if depth == 0:
-            return description[start : i + 1]
-    return None
-
-
-def ran_config(description: str | None, *, whole: bool = False) -> PNMixConfig | TokenPrecisionConfig | None:
-    """The configuration an implementation ran a fixed workload with, read from its recorded
-    description ('..., PNMixConfig(b_high=2, b_low=2, ratio=0.0)'); None where none reads. A value that is
-    not a literal (a dtype) is left out of a label, but with `whole` (a configuration compared for
-    equality) makes the description unreadable."""
-    for cls_name, cls in _CONFIGS.items():
-        text = _call(description or "", cls_name)
-        if text is None:
-            continue
-        try:
-            call = ast.parse(text, mode="eval").body
-        except SyntaxError:
-            return None
-        given = {}
-        for k in getattr(call, "keywords", ()):
-            try:
-                given[k.arg] = ast.literal_eval(k.value)
-            except ValueError:  # a dtype or another name: not part of the label
-                if whole:
-                    return None
-        try:
-            return cls(**given)
-        except (TypeError, ValueError):
-            return None
-    return None
+def brief(records: Sequence[dict]) -> str:
+    """An implementation's verdict on one device in a few words: 'conforms', 'conforms except 26 listed
+    differences', 'FAILS P7, P3' (`conformance.verdict` says it in full)."""
+    broken = sorted({matrix.short_property(r).split()[0] for r in records if r["outcome"] in matrix.BREAKING})
+    if broken:
+        return "FAILS " + ", ".join(broken)
+    return matrix.verdict(records).split(" (")[0]
 
 
 def config_label(config: PNMixConfig | TokenPrecisionConfig) -> str:
@@ -135,11 +140,10 @@ def config_label(config: PNMixConfig | TokenPrecisionConfig) -> str:
     return f"{keys}, {values}, G {config.group_size}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")
 
 
-def as_run(description: str | None) -> str:
+def as_run(workload: Ran | None) -> str:
     """The keys and values of the configuration an implementation ran the workload with ('-' where
     none reads): 'K H2L2, V 2-bit'."""
-    config = ran_config(description)
-    return "-" if config is None else config_label(config)
+    return "-" if workload is None or workload.config is None else config_label(workload.config)
 
 
 def registry_method(config: PNMixConfig | TokenPrecisionConfig) -> str | None:
@@ -158,17 +162,17 @@ def design_of(implementation: str) -> str | None:
     return next((d.name for d in methods.DESIGNS.values() if implementation in (d.spec, d.triton)), None)
 
 
-def method_as_run(implementation: str, descriptions: set[str], details: dict | None) -> str:
+def method_as_run(implementation: str, workloads: Sequence[Ran], details: dict | None) -> str:
     """What an implementation ran, named as the storage section names methods where it is one of them;
     otherwise its configuration, and how the workload's configuration was mapped onto it (its preset,
     its claims) with the methods of its design it is not."""
     out = []
-    for description in sorted(descriptions):
-        config = ran_config(description)
+    for workload in sorted(workloads, key=lambda w: w.description):
+        config = workload.config
         if config is None:
             continue
         label, method = config_label(config), registry_method(config)
-        low = f"; {m.group(1)} of tokens drawn low" if (m := re.search(r"low with chance (\d+%)", description)) else ""
+        low = "" if workload.low_share is None else f"; {workload.low_share:.0%} of tokens drawn low"
         if method is not None:
             out.append(f"{method} ({label}{low})")
             continue
@@ -204,7 +208,7 @@ def render(
     aliases = {d.get("origin"): name for name, d in details.items() if d.get("origin") in speeds}
     for alias, name in aliases.items():
         speeds[name] = speeds.get(name, []) + speeds.pop(alias)
-    rows = []
+    rows, full = [], []
     for name in matrix.order(set(by_impl) | set(speeds)):
         devices = by_impl.get(name, {})
         verdicts = [
@@ -212,19 +216,30 @@ def render(
         ]
         every = [r for recs in devices.values() for r in recs]
         # an implementation of both families (the spec) ran two workloads: a figure for each, in the label's order
-        by_workload = collections.defaultdict(list)
+        by_workload: dict[Ran | None, list[dict]] = collections.defaultdict(list)
         for r in every:
-            by_workload[(r.get("measured") or {}).get("realistic_workload")].append(r)
-        ran = sorted(by_workload.keys() - {None})
-        figures = ran or [None]  # a record naming no workload still has figures
+            by_workload[ran(r)].append(r)
+        workloads = sorted(by_workload.keys() - {None}, key=lambda w: w.description)
+        figures = workloads or [None]  # a record naming no workload still has figures
+        named = f"{name} {details[name]['version']}" if name in details else name
         rows.append(
             [
-                f"{name} {details[name]['version']}" if name in details else name,
-                ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
-                method_as_run(name, set(ran), details.get(name)),
-                "; ".join(_bits(w, by_workload[w]) for w in figures),
+                named,
+                "; ".join(
+                    (f"{dev}: " if len(devices) > 1 else "") + brief(recs) for dev, recs in sorted(devices.items())
+                )
+                or "not checked here",
+                "; ".join(_brief_bits(w, by_workload[w]) for w in figures),
                 "; ".join(fmt(matrix.largest(by_workload[w], ERROR), ".3g") for w in figures),
                 speed_text(speeds.get(name, [])),
+            ]
+        )
+        full.append(
+            [
+                named,
+                ("; ".join(verdicts) or "not checked here") + attention_note(details.get(name)),
+                method_as_run(name, workloads, details.get(name)),
+                "; ".join(_bits(w, by_workload[w]) for w in figures),
             ]
         )
     files = sorted({s.name for s in conformance})
@@ -238,15 +253,18 @@ def render(
         + " (devices, dates and commands: the list of result files)"
     )
     workload = describe(REALISTIC)
-    parts = [
-        _lead(by_impl, rows),
-        gpu,
-        _contradicting(sources),
-        table(
-            rows,
-            ["implementation", "verdict", "method as run", storage.COUNT_NAME, "attention error", "decode speed"],
-            source,
-        ),
+    explained = (
+        "verdict: conforms, conforms except the differences its implementer listed (section 2 gives them), or the "
+        "failing properties. bits: the storage section's count of the configuration each ran (the table below "
+        "gives keys and values apart). attention error: the largest absolute difference of its decode attention "
+        "from float64 attention over the exact tokens, on the conformance suite's realistic workload "
+        f"(`conformance.strategies.REALISTIC`: {workload}; per-token caches: the same tokens and shapes, "
+        f"`conformance.strategies.REALISTIC_TOKENS`, each token low with chance {REALISTIC_TOKENS.low_share:.0%}). "
+        "decode speed: its decode-attention time over FP16 SDPA's at the same point of the same run (lower is "
+        "faster), at the largest context measured on a GPU; CPU timings are not shown here (they predict nothing "
+        "about a GPU).\n"
+    )
+    ran_note = (
         "method as run: what each implementation ran the workload with. It starts from the paper's configuration "
         "(PN-Mix's H3(50%)L1, G 128, 32 sinks, 2-bit values; per-token caches: their own); a design's preset "
         "maps it onto that design and its claims pick the nearest bits, groups and sinks it has. Where the "
@@ -256,16 +274,25 @@ def render(
         "KIVI or Kitty the storage, memory and claims sections compare. "
         f"bits: the storage section's count of the method as run ({storage.COUNT_RULE}), the one number each "
         "configuration has in this report; what each implementation measurably held on the test workload, "
-        "residual and sinks included, is in the conformance section. attention error: the "
-        "largest absolute difference of its decode attention from float64 attention over the exact tokens, on "
-        f"the conformance suite's realistic workload (`conformance.strategies.REALISTIC`: {workload}; per-token "
-        "caches: the same tokens and shapes, `conformance.strategies.REALISTIC_TOKENS`, each token low with "
-        f"chance {REALISTIC_TOKENS.low_share:.0%}). decode speed: its decode-attention time over FP16 SDPA's at "
-        "the same point of the same run (lower is faster), at the largest context measured on a GPU; CPU timings "
-        "are not shown here (they predict nothing about a GPU).\n",
+        "residual and sinks included, is in the conformance section.\n"
+    )
+    parts = [
+        _lead(by_impl, rows),
+        gpu,
+        _contradicting(sources),
+        table(rows, ["implementation", "verdict", "bits / element", "attention error", "decode speed"], source),
+        explained,
+        folded(
+            FULL,
+            FULL
+            + ":\n\n"
+            + table(full, ["implementation", "verdict", "method as run", storage.COUNT_NAME], source)
+            + "\n"
+            + ran_note,
+        ),
     ]
     if by_method:
-        parts.append(by_method)
+        parts.append(folded("every configuration a task-accuracy result ran, by method", by_method))
     if history:
         parts.append(
             f"{history} result file(s) measured code that differs from this tree's, or were refused (their numbers "
@@ -288,12 +315,12 @@ def _contradicting(sources: Sequence[Source]) -> str:
     return head + "\n".join(f"- {escape(line)}" for line in found) + "\n"
 
 
-def _most_counted(devices: dict[str, list[dict]]) -> tuple[float, str] | None:
+def _most_counted(devices: dict[str, list[dict]]) -> tuple[float, Ran] | None:
     """The largest storage-section count among the configurations an implementation ran the realistic
-    workload with (an implementation of both families ran two), with its description."""
-    ran = {(r.get("measured") or {}).get("realistic_workload") for recs in devices.values() for r in recs}
-    counts = [(b, d) for d in ran - {None} if (b := counted(d)) is not None]
-    return max(counts, default=None)
+    workload with (an implementation of both families ran two), with that workload."""
+    workloads = {ran(r) for recs in devices.values() for r in recs} - {None}
+    counts = [(b, w) for w in workloads if (b := counted(w)) is not None]
+    return max(counts, default=None, key=lambda c: (c[0], c[1].description))
 
 
 def _lead(by_impl: dict[str, dict[str, list[dict]]], rows: list[list]) -> str:

@@ -186,6 +186,6 @@ def test_the_figure_titles_its_model_by_name_and_gives_each_series_its_own_marke
 
     monkeypatch.setattr(figures, "png", keep)
     section.render([load(tmp_path, data)])
-    assert drawn["title"] == "Task accuracy against key bits: gemma-3-270m", drawn["title"]
+    assert drawn["title"] == "Task accuracy against key bits\ngemma-3-270m", drawn["title"]
     singles = {lb: m for lb, m in drawn["markers"].items() if lb.startswith(("keys only", "values only"))}
     assert len(singles) == 2 and len(set(singles.values())) == 2, drawn["markers"]

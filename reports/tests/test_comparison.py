@@ -104,10 +104,13 @@ def test_the_summary_gives_each_implementation_its_verdict_bits_error_and_speed(
     sources = [load(tmp_path, "c.json", data), load(tmp_path, "b.json", bench)]
     s = summary.render(sources[:1], sources, history=2)
     rows = {r["implementation"].split()[0]: r for r in table_after(s.body, "Conform:")}
-    assert rows["reference"]["verdict"] == "conforms except 1 listed differences (2 pass)"
-    assert rows["triton"]["verdict"] == "FAILS P1 a"
+    full = {r["implementation"].split()[0]: r for r in table_after(s.body, summary.FULL)}
+    assert rows["reference"]["verdict"] == "conforms except 1 listed differences"
+    assert full["reference"]["verdict"] == "conforms except 1 listed differences (2 pass)"
+    assert rows["triton"]["verdict"] == "FAILS P1" and full["triton"]["verdict"] == "FAILS P1 a"
     # no configuration reads from these records: what it held, said to be measured
-    assert rows["reference"][storage.COUNT_NAME] == "2.70 (K 2.40, V 3.00) held on the test workload (measured)"
+    assert rows["reference"]["bits / element"] == "2.70 held (measured)"
+    assert full["reference"][storage.COUNT_NAME] == "2.70 (K 2.40, V 3.00) held on the test workload (measured)"
     assert rows["reference"]["attention error"] == "0.013"
     k = synthetic.KERNEL
     assert rows["triton"]["decode speed"].startswith(
@@ -215,7 +218,9 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
     cells = {r["property"]: r for r in table_after(body, "Every property")}
     assert cells["P1 packing: b"]["reference"].startswith("not run [")
     assert "no example fits its claims: reference: no head_dim" in body.split("Notes:")[1]
-    rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    rows = {
+        r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, summary.FULL)
+    }
     assert "1 not claimed, 1 not run: no example fits the claims" in rows["reference"]["verdict"]
     assert "the spec's float32 attention over its cache, not its own" in rows["reference"]["verdict"]
     # a property skipped for a claim it does not make ran no example either, and reads "not claimed"
@@ -224,41 +229,62 @@ def test_a_property_that_ran_no_example_reads_not_run_and_the_spec_attention_is_
 
 
 def test_fp16_as_run_keeps_every_token_exact():
-    from reference import methods
+    from reference import PNMixConfig, methods
 
-    assert summary.as_run(f"workload, {methods.config('FP16')!r}") == "K exact, V exact (every token kept)"
-    assert summary.as_run("workload, PNMixConfig(b_high=2, b_low=2, ratio=0.0)").startswith("K 2-bit, V 2-bit")
+    assert summary.as_run(summary.Ran("w", methods.config("FP16"))) == "K exact, V exact (every token kept)"
+    two = summary.Ran("w", PNMixConfig(b_high=2, b_low=2, ratio=0.0))
+    assert summary.as_run(two).startswith("K 2-bit, V 2-bit")
+    assert summary.as_run(summary.Ran("w", None)) == "-" and summary.as_run(None) == "-"
 
 
-def _ran(impl: str, case) -> str:
+def _ran(impl: str, case) -> dict:
+    """What the conformance suite records of `impl`'s realistic workload (`strategies.workload_record`)."""
     from conformance import loader
     from conformance import strategies as cs
 
-    return cs.describe(cs.fit_fixed(case, loader.load(impl).capabilities))
+    return cs.workload_record(cs.fit_fixed(case, loader.load(impl).capabilities))
+
+
+def _workload(impl: str, case) -> summary.Ran:
+    return summary.ran({"measured": _ran(impl, case)})
+
+
+def test_a_workload_is_read_from_its_recorded_configuration_never_from_its_description():
+    from conformance import strategies as cs
+    from reference import records
+
+    record = _ran("kivi", cs.REALISTIC)
+    workload = summary.ran({"measured": record})
+    assert workload.config == records.config_from_record(record["realistic_config"])
+    # a description alone (a result of older code) names no configuration: nothing is parsed out of it
+    assert summary.ran({"measured": {"realistic_workload": record["realistic_workload"]}}).config is None
+    # a configuration of other code (a field this tree lacks) is not read as one of this tree's
+    other = {**record, "realistic_config": {**record["realistic_config"], "new_field": 1}}
+    assert summary.ran({"measured": other}).config is None
 
 
 def test_page_one_names_the_method_each_implementation_ran_or_says_it_is_none():
     from conformance import strategies as cs
 
     preset = {"claims": {"preset": "reference.methods.kivi_preset"}}
-    assert summary.method_as_run("reference", {_ran("reference", cs.REALISTIC)}, {}) == (
+    assert summary.method_as_run("reference", [_workload("reference", cs.REALISTIC)], {}) == (
         "PN-Mix (K H3(50%)L1, V 2-bit, G 128, 32 sinks)"
     )
-    assert summary.method_as_run("fp16", {_ran("fp16", cs.REALISTIC)}, {}).startswith("FP16 (K exact, V exact")
-    kivi = summary.method_as_run("kivi", {_ran("kivi", cs.REALISTIC)}, preset)
+    assert summary.method_as_run("fp16", [_workload("fp16", cs.REALISTIC)], {}).startswith("FP16 (K exact, V exact")
+    kivi = summary.method_as_run("kivi", [_workload("kivi", cs.REALISTIC)], preset)
     # PN-Mix's configuration by KIVI's preset: 1-bit keys, which no KIVI of the storage section has
     assert kivi.startswith("K 1-bit, V 2-bit, G 128, 32 sinks: no method of the storage section; ")
     assert "mapped by its preset `reference.methods.kivi_preset`" in kivi
     assert kivi.endswith("not KIVI as the storage section defines it (KIVI-2, KIVI-2 +32 sinks, KIVI-1)")
-    kitty = summary.method_as_run("kitty-triton", {_ran("kitty", cs.REALISTIC)}, {})
+    kitty = summary.method_as_run("kitty-triton", [_workload("kitty", cs.REALISTIC)], {})
     assert kitty.startswith("K H2(50%)L1") and kitty.endswith("(Kitty, Kitty-light)") and "preset" not in kitty
     # the registry's own configuration is named as the storage section names it
-    own = summary.method_as_run("kivi", {f"workload, {summary.methods.config('KIVI-2 +32 sinks')!r}"}, preset)
+    own = summary.method_as_run("kivi", [summary.Ran("w", summary.methods.config("KIVI-2 +32 sinks"))], preset)
     assert own == "KIVI-2 +32 sinks (K 2-bit, V 2-bit, G 128, 32 sinks)"
-    assert summary.method_as_run("triaxialkv", {_ran("triaxialkv", cs.REALISTIC_TOKENS)}, {}) == (
+    assert summary.method_as_run("triaxialkv", [_workload("triaxialkv", cs.REALISTIC_TOKENS)], {}) == (
         "TriAxialKV (K and V INT4 or INT2 per token, G 32; 50% of tokens drawn low)"
     )
-    role = summary.method_as_run("role-aware-pnmix", {_ran("role-aware-pnmix", cs.REALISTIC_TOKENS)}, {})
+    role = summary.method_as_run("role-aware-pnmix", [_workload("role-aware-pnmix", cs.REALISTIC_TOKENS)], {})
     assert role.startswith("role-aware PN-Mix (") and "low keys by pairs" in role
 
 
@@ -273,7 +299,7 @@ def test_per_token_caches_get_bits_and_error_on_their_workload(tmp_path):
             r["implementation"] = "triaxialkv"
     workload = _ran("triaxialkv", cs.REALISTIC_TOKENS)
     measured = {
-        "realistic_workload": workload,
+        **workload,
         "realistic_bits_per_element": 4.04,
         "realistic_key_bits_per_element": 4.08,
         "realistic_value_bits_per_element": 4.01,
@@ -284,15 +310,19 @@ def test_per_token_caches_get_bits_and_error_on_their_workload(tmp_path):
             **data["results"][0],
             "implementation": "triaxialkv",
             "property": "error",
-            "measured": {"realistic_workload": workload, "realistic_attention_error": 0.173},
+            "measured": {**workload, "realistic_attention_error": 0.173},
         },
     ]
     source = load(tmp_path, "c.json", data)
-    rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    rows = {
+        r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, summary.FULL)
+    }
     row = rows["triaxialkv"]
-    ran = summary.ran_config(workload, whole=True)
+    ran = summary.ran({"measured": workload}).config
     assert row["method as run"].startswith("TriAxialKV (") and row[storage.COUNT_NAME] == storage.count_text(ran, 0.5)
-    assert row["attention error"] == "0.173"
+    compact = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    assert compact["triaxialkv"]["attention error"] == "0.173"
+    assert compact["triaxialkv"]["bits / element"] == f"{storage.count(ran, 0.5)[0]:.2f}"
     held = {r["implementation"]: r for r in table_after(conformance.render([source]).body, "Bits held")}
     assert held["triaxialkv"]["bits held / element"] == "4.04 (K 4.08, V 4.01)"  # measured, in section 2
 
@@ -307,21 +337,25 @@ def test_an_implementation_of_both_families_gets_each_methods_own_bits_and_error
     for case, bits, error in ((cs.REALISTIC, 2.68, 0.171), (cs.REALISTIC_TOKENS, 4.04, 0.126)):
         workload = _ran("reference", case)
         data["results"] += [
-            {**base, "property": f"bits {bits}", "measured": {"realistic_workload": workload, **_bits(bits)}},
+            {**base, "property": f"bits {bits}", "measured": {**workload, **_bits(bits)}},
             {
                 **base,
                 "property": f"error {error}",
-                "measured": {"realistic_workload": workload, "realistic_attention_error": error},
+                "measured": {**workload, "realistic_attention_error": error},
             },
         ]
     source = load(tmp_path, "c.json", data)
-    rows = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    rows = {
+        r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, summary.FULL)
+    }
     row = rows["reference"]
     label = row["method as run"]
     assert label.startswith("PN-Mix (") and "; TriAxialKV (" in label
-    token = storage.count_text(summary.ran_config(_ran("reference", cs.REALISTIC_TOKENS), whole=True), 0.5)
+    token = storage.count_text(_workload("reference", cs.REALISTIC_TOKENS).config, 0.5)
     assert row[storage.COUNT_NAME] == f"2.26 (K 2.26, V 2.26); {token}"  # the storage section's, as run
-    assert row["attention error"] == "0.171; 0.126"
+    compact = {r["implementation"].split()[0]: r for r in table_after(summary.render([source], [source], 0).body, "")}
+    assert compact["reference"]["attention error"] == "0.171; 0.126"
+    assert compact["reference"]["bits / element"] == f"2.26; {token.split(' (')[0]}"
 
 
 def _bits(total: float) -> dict:
@@ -342,12 +376,10 @@ def test_the_fewest_bits_are_counted_for_the_configuration_each_ran_and_name_it(
     for impl in ("reference", "kivi", "reports.tests.thirdparty:make"):
         workload = _ran(impl, cs.REALISTIC)
         impl = impl if ":" not in impl else "thirdparty-kivi"  # its values share the residual: 1.7639 to 1.7639
-        data["results"].append(
-            {**data["results"][0], "implementation": impl, "measured": {"realistic_workload": workload, **_bits(2.7)}}
-        )
+        data["results"].append({**data["results"][0], "implementation": impl, "measured": {**workload, **_bits(2.7)}})
     source = load(tmp_path, "c.json", data)
     lead = summary.render([source], [source], 0).body.split("\n")[0]
-    kivi = summary.ran_config(_ran("kivi", cs.REALISTIC), whole=True)
+    kivi = _workload("kivi", cs.REALISTIC).config
     assert kivi.b_high == kivi.b_low == 1  # the preset's 1-bit keys
     fewest = storage.count(kivi)[0]
     assert "Fewest bits per element (the storage section's count) among those that conform" in lead

@@ -73,12 +73,14 @@ def test_quick_report_numbers_match_their_sources(quick):
     data = {"results": [r for d in results for r in d["results"]]}
     names = {i for d in results for i in d["implementations"]}
     assert names == {*steps.QUICK_IMPLS, "thirdparty-kivi"}
-    summary = {r["implementation"].split()[0]: r for r in table_after(md, "## 1. Summary")}
+    compact = {r["implementation"].split()[0]: r for r in table_after(md, "## 1. Summary")}
+    summary = {r["implementation"].split()[0]: r for r in table_after(md, summary_section.FULL)}
     matrix = table_after(md, "## 2. Conformance matrix")
     for name in names:
         mine = [r for r in data["results"] if r["implementation"] == name]
         details = next(d for r in results for d in r["implementation_details"] if d["name"] == name)
         assert summary[name]["verdict"] == conformance_section.verdict(mine) + summary_section.attention_note(details)
+        assert compact[name]["verdict"] == summary_section.brief(mine)
         passed = sum(int(c.partition(" x")[2] or 1) for c in (row[name] for row in matrix) if c.startswith("pass"))
         assert passed == sum(r["outcome"] == "passed" for r in mine), name
     realistic = [
@@ -91,7 +93,7 @@ def test_quick_report_numbers_match_their_sources(quick):
     assert held["thirdparty-kivi"]["bits held / element"].startswith(
         f"{realistic[0][conformance_section.HELD_BITS]:.2f}"
     )
-    ran = summary_section.ran_config(realistic[0]["realistic_workload"], whole=True)
+    ran = summary_section.ran({"measured": realistic[0]}).config
     assert ran is not None and summary["thirdparty-kivi"][storage_section.COUNT_NAME] == storage_section.count_text(ran)
     # storage and memory: the numbers of reference.channels.storage and benchmarks.efficiency.memory
     bits = {r["config"]: r for r in table_after(md, "## 3. Storage")}
