@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from reference.equations import packing
+
 #: Tokens per warp (the MMA's n for keys, its k for values), warps per tile, tokens per tile, 32-bit words per lane.
 TOKENS_PER_WARP = 16
 WARPS = 4
@@ -170,15 +172,11 @@ def _slots_on(plane: str, device: torch.device) -> torch.Tensor:
 
 
 def _spec_codes(plane: str, packed: torch.Tensor) -> torch.Tensor:
-    from reference.equations import packing  # deferred: the spec's packing, needed only by a cache's page flush
-
     bits = _PLANES[plane][2]
     return packing.unpack_fields(packed, bits, dim=-1 if plane == "value_payload" else -2)
 
 
 def _spec_bytes(plane: str, codes: torch.Tensor) -> torch.Tensor:
-    from reference.equations import packing  # deferred: as in _spec_codes
-
     bits = _PLANES[plane][2]
     return packing.pack_fields(codes, bits, dim=-1 if plane == "value_payload" else -2)
 

@@ -202,13 +202,6 @@ def heavy_libraries(modules: dict[str, Path], graph: dict[str, set[str]]) -> dic
 
 #: Deferred imports known to defer no heavy library, each with why it is not moved yet; the test fails when one
 #: is moved (remove it here) as when another appears.
-KNOWN_IDLE = {
-    # moving it re-fingerprints the Triton kernels' code, which the committed example report's conformance
-    # results of the Triton implementations measured: moved with the example's next remake
-    "pnmix/kernels/fragment.py": "reference.equations.packing",
-}
-
-
 def test_a_deferred_import_defers_a_heavy_library():
     """`# deferred:` is true only where the imported module loads, at module level, a heavy library that the
     importing module does not load already; otherwise the import belongs at the top of the module."""
@@ -220,7 +213,7 @@ def test_a_deferred_import_defers_a_heavy_library():
             targets = [n for n in names[1:] if n in modules] or [n for n in names[:1] if n in modules]
             if targets and not set().union(*(heavy[t] for t in targets)) - heavy[module]:
                 idle.append((str(path.relative_to(ROOT)), ", ".join(targets)))
-    assert sorted(set(idle)) == sorted(KNOWN_IDLE.items())
+    assert sorted(set(idle)) == []
 
 
 def test_the_deferral_check_sees_an_import_that_defers_nothing(tmp_path):
