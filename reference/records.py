@@ -195,9 +195,13 @@ def triton_mode() -> str:
 
 
 def command_line() -> str:
-    """This process's command as it was typed: `pytest ...` under pytest, else `python ...`."""
+    """This process's command as it was typed: `pytest ...` under pytest, a console script by its name
+    (`pnmix-long-output ...`), else `python ...`."""
     if "pytest" in sys.argv[0]:
         return shlex.join(["pytest", *sys.argv[1:]])
+    script = Path(sys.argv[0]).name
+    if script.startswith("pnmix-") and not script.endswith(".py"):
+        return shlex.join([script, *sys.argv[1:]])
     return shlex.join(["python", *sys.orig_argv[1:]])
 
 

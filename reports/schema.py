@@ -328,6 +328,10 @@ TASK_ACCURACY = {
         {
             "label": str,
             "role": str,
+            # what a reader pairs runs by (results of older code record model_args alone)
+            "design?": Maybe(TEXT),
+            "config?": Maybe(CONFIG_RECORD),
+            "options?": {"*": (int, float, str, bool)},
             "key_bits?": Maybe(BITS),
             "value_bits?": Maybe(BITS),
             "budget?": Maybe(BITS),

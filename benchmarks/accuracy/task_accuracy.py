@@ -1,7 +1,7 @@
 """Task accuracy against key bits on real models, offline, through lm-evaluation-harness (the paper's
 Table 2, Fig. 3 / Table 14 and Table 8):
 
-    python -m benchmarks.task_accuracy [--model M] [--tasks NAME ...] [--limit N] [--budgets 3 2.5 ...]
+    pnmix-task-accuracy [--model M] [--tasks NAME ...] [--limit N] [--budgets 3 2.5 ...]
 
 Every run of the sweep (`benchmarks.accuracy.sweep.plan`: FP16; PN-Mix and KIVI at the configuration
 of their family nearest each key-bit budget; KIVI-2 +32 sinks, Kitty, TriAxialKV, role-aware PN-Mix and
@@ -74,7 +74,7 @@ DEFAULT_LENGTHS = ("1k",)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.task_accuracy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="pnmix-task-accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=model_source.DEFAULT, help="a .gguf, a transformers folder or a model package")
     p.add_argument("--tasks", nargs="+", default=None, help="lm-eval task names (default: the suite at --lengths)")
     p.add_argument("--lengths", nargs="+", choices=LENGTHS, default=list(DEFAULT_LENGTHS), help="the suite's lengths")

@@ -682,7 +682,7 @@ def ncu_line(found: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="pnmix-gpu-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the results")
     parser.add_argument("--tiny", action="store_true", help="tiny scale, no CUDA needed (harness check)")
     parser.add_argument("--short", action="store_true", help="the steps that fit a 15-minute GPU lease, each budgeted")

@@ -1,6 +1,6 @@
 """Memory feasibility model of the paper's Fig. 6a/6b: which (method, batch, length) fit a GPU budget.
 
-    python -m benchmarks.memory [--model Qwen3-8B] [--budget-gib 40] [--prompt 141] [--measured BENCH_JSON]
+    pnmix-memory [--model Qwen3-8B] [--budget-gib 40] [--prompt 141] [--measured BENCH_JSON]
 
 Peak memory = weights + the method's KV cache allocation + a workspace term:
 - weights: `benchmarks.efficiency.architectures.Architecture.weight_bytes` (bf16), checked against transformers'
@@ -380,7 +380,7 @@ def _table(points: Sequence[MemoryPoint], key: str, methods: Sequence[str]) -> s
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="pnmix-memory", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="Qwen3-8B", choices=sorted(ARCHITECTURES))
     p.add_argument("--budget-gib", type=positive_float, default=DEFAULT_BUDGET_GIB, help="GPU memory (> 0)")
     p.add_argument("--prompt", type=positive_int, default=PROMPT, help="prompt tokens (>= 1)")

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.fidelity`: the paper's fidelity analyses on a real model."""
+"""`pnmix-fidelity`: the paper's fidelity analyses on a real model."""
 
 from benchmarks.fidelity.analyses import main
 

@@ -1,6 +1,6 @@
 """The paper's fidelity analyses re-measured on a real model: SmolLM2-135M-Instruct (GGUF) by default.
 
-    python -m benchmarks.fidelity [--smoke] [--new-tokens N] [--out DIR] [--model GGUF|FOLDER|PACKAGE]
+    pnmix-fidelity [--smoke] [--new-tokens N] [--out DIR] [--model GGUF|FOLDER|PACKAGE]
                                   [--chat-template FILE | --plain-prompts]
 
 Post-RoPE queries and keys of every layer and KV head are recorded during prefill and greedy
@@ -438,7 +438,7 @@ def summarize(per_prompt: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
+    parser = argparse.ArgumentParser(prog="pnmix-fidelity", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="one prompt, few tokens: checks the harness")
     parser.add_argument(
         "--new-tokens", type=positive_int, default=None, help="generated tokens per prompt (default 200)"
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     result = record(
         "fidelity",
         model.device,  # where the traces were taken and analysed
-        command="python -m benchmarks.fidelity"
+        command="pnmix-fidelity"
         + (" --smoke" if args.smoke else "")
         + ("" if args.model == DEFAULT_MODEL else f" --model {args.model}")
         + fmt.options(),

@@ -1,6 +1,6 @@
 """Channels or token roles? Every method at matched average key + value bits, on one harness.
 
-    python -m benchmarks.equal_bits [--model M] [--budgets 3.25 3.5 4] [--layers 5] [--long-tokens 512]
+    pnmix-equal-bits [--model M] [--budgets 3.25 3.5 4] [--layers 5] [--long-tokens 512]
                                     [--chunk 128] [--smoke] [--out DIR] [--chat-template FILE]
 
 Methods: FP16; KIVI, Kitty and PN-Mix (bits spent per channel); TriAxialKV (per token, by role tag:
@@ -535,7 +535,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.equal_bits",
+        prog="pnmix-equal-bits",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     result = record(
         "equal-bits",
         model.device,
-        command="python -m benchmarks.equal_bits" + options,
+        command="pnmix-equal-bits" + options,
         model=source.describe(),
         model_fingerprint=source.fingerprint,
         chat_template=fmt.describe(),

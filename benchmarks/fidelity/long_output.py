@@ -1,7 +1,7 @@
 """Fidelity over long outputs: how far each method's next-token distribution drifts from FP16 as
 the output grows (the reason PN-Mix exists: errors that accumulate over 8K-32K generated tokens).
 
-    python -m benchmarks.long_output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
+    pnmix-long-output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
                                      [--chat-template FILE | --plain-prompts]
 
 For each prompt of benchmarks/data/prompts.jsonl the FP16 model generates `--tokens` tokens
@@ -289,7 +289,7 @@ def figure(result: dict, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.long_output",
+        prog="pnmix-long-output",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     result = record(
         "long-output",
         model.device,
-        command="python -m benchmarks.long_output" + options + fmt.options() + (" --smoke" if args.smoke else ""),
+        command="pnmix-long-output" + options + fmt.options() + (" --smoke" if args.smoke else ""),
         model=source.describe(),
         model_fingerprint=source.fingerprint,
         chat_template=fmt.describe(),

@@ -1,6 +1,6 @@
 """TriAxialKV calibration (arXiv 2605.17170): per-tag distortion on a real model, and the allocation.
 
-    python -m benchmarks.role_calibration [--model M] [--layers 5] [--budgets 3.25 3.5 4] [--chat-template FILE]
+    pnmix-role-calibration [--model M] [--layers 5] [--budgets 3.25 3.5 4] [--chat-template FILE]
 
 Runs the prefill of every conversation of the calibration split (`benchmarks.fidelity.conversations`)
 through the model, captures the queries, keys and values (after RoPE) of `--layers` layers spread
@@ -187,7 +187,7 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.role_calibration", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="pnmix-role-calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a .gguf file, a model folder or a model package")
     parser.add_argument(
         "--layers",

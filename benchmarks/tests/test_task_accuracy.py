@@ -159,6 +159,25 @@ def test_the_sweep_takes_each_familys_configuration_nearest_each_budget():
     assert keys.value_bits == 16.0 and keys.key_bits == pytest.approx(values.value_bits)  # equal bits, one side each
 
 
+def test_each_run_records_its_design_configuration_and_options_as_data():
+    """What the report pairs runs by (design, budget) and builds their configuration from, without reading labels
+    or lm-eval's model_args back."""
+    from reference import records
+
+    for run in accuracy_sweep.plan(64):
+        described = json.loads(json.dumps(run.describe()))
+        if run.method.startswith("impl:"):
+            assert described["design"] is None and described["config"] is None
+            continue
+        assert described["design"] == methods.method(run.method).design
+        config = records.config_from_record(described["config"])
+        assert config == run.config()
+        if run.key_bits is not None:  # a channel configuration: the bits it records are its configuration's
+            assert accuracy_sweep.key_bits(config, 64) == pytest.approx(run.key_bits)
+    tri = next(r for r in accuracy_sweep.plan(64) if r.method == "TriAxialKV")
+    assert tri.describe()["options"] == {"budget": 3.25}
+
+
 @pytest.mark.long
 @pytest.mark.model
 def test_the_suite_runs_on_smollm2(tmp_path):

@@ -109,6 +109,12 @@ def test_the_command_is_the_one_typed(monkeypatch):
     monkeypatch.setattr(records.sys, "argv", ["/repo/benchmarks/gpu_check.py", "--tiny"])
     monkeypatch.setattr(records.sys, "orig_argv", ["/usr/bin/python3", "-m", "benchmarks.gpu_check", "--tiny"])
     assert records.command_line() == "python -m benchmarks.gpu_check --tiny"
+    # a console script by its name, not the interpreter and the script's path in the venv
+    monkeypatch.setattr(records.sys, "argv", ["/venv/bin/pnmix-long-output", "--tokens", "2048"])
+    monkeypatch.setattr(
+        records.sys, "orig_argv", ["/venv/bin/python3", "/venv/bin/pnmix-long-output", "--tokens", "2048"]
+    )
+    assert records.command_line() == "pnmix-long-output --tokens 2048"
 
 
 def test_atomic_writes_get_the_modes_the_umask_gives(tmp_path):

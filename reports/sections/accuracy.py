@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from benchmarks import tasks as tasks_suite
 from benchmarks.accuracy.stats import Accuracy, accuracy, items_to_resolve, paired, paired_interval, resolves
+from benchmarks.accuracy.sweep import NEAR_EXACT_KEY_BITS
 from benchmarks.accuracy.task_accuracy import layers_note
-from reference import paper
+from reference import methods, paper
 from reports import figures
 from reports.inputs import Source
 from reports.markdown import (
@@ -98,6 +99,34 @@ def informative(data: dict) -> list[str]:
 def fp16_run(data: dict) -> dict:
     """The result's FP16 run, the baseline of every paired difference."""
     return next(r for r in data["runs"] if r["role"] == "baseline")
+
+
+def design(run: dict) -> str | None:
+    """The design a run ran (`reference.methods.DESIGNS`): as recorded, else its registry method's (results of
+    older code record the method alone); None for an implementation given by name."""
+    if run.get("design"):
+        return run["design"]
+    name = run.get("method")
+    if name in methods.REGISTRY:
+        return methods.method(name).design
+    return name if name in methods.DESIGNS else None
+
+
+def budget_runs(data: dict, of_design: str) -> list[dict]:
+    """The sweep's runs of one design at its key-bit budgets, by key bits."""
+    runs = [r for r in data["runs"] if r["role"] == "budget" and design(r) == of_design]
+    return sorted(runs, key=lambda r: r["key_bits"])
+
+
+def table8_run(data: dict, side: str) -> dict | None:
+    """Table 8's run that quantizes one side only: "keys" (exact values) or "values" (keys at
+    `NEAR_EXACT_KEY_BITS`), told by the bits it recorded, not by its label."""
+    for r in data["runs"]:
+        if r["role"] != "table 8" or r.get("key_bits") is None or r.get("value_bits") is None:
+            continue
+        if (side == "keys" and r["value_bits"] >= 16) or (side == "values" and r["key_bits"] >= NEAR_EXACT_KEY_BITS):
+            return r
+    return None
 
 
 def pooled_cell(run: dict, base: dict, tasks: Sequence[str]) -> str:
@@ -214,13 +243,7 @@ def draw_panel(ax, data: dict, tasks: list[str], title: str, marker_of: dict[str
     interval shaded; the x axis spans the budgets, a point farther than FAR_BITS drawn at its edge with its
     bits."""
     marker_of = marker_of or markers([data])
-    lines = {
-        family: sorted(
-            (r for r in data["runs"] if r["role"] == "budget" and r["label"].startswith(family + " @")),
-            key=lambda r: r["key_bits"],
-        )
-        for family in ("PN-Mix", "KIVI")
-    }
+    lines = {family: budget_runs(data, family) for family in FAMILY_COLOR}
     points = singles(data)
     near = [r["key_bits"] for runs in lines.values() for r in runs] or [r["key_bits"] for r in points] or [2.0]
     lo, hi = min(near) - FAR_BITS, max(near) + FAR_BITS
@@ -299,18 +322,16 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
 def _view_claims(data: dict, useful: list[str], where: str, cite: str, short: str) -> list[Claim]:
     """The three claims on one view's tasks; `short` names the model and view in each claim's `rests_on`."""
     base = pooled(fp16_run(data), useful)
-    by_label = {r["label"]: r for r in data["runs"]}
     out = []
-    main = next((r for r in data["runs"] if r["role"] == "budget" and r["label"] == f"PN-Mix @ {SUB_BUDGET:g}"), None)
+    pnmix, kivi = budget_runs(data, "PN-Mix"), {r["budget"]: r for r in budget_runs(data, "KIVI")}
+    main = next((r for r in pnmix if r["budget"] == SUB_BUDGET), None)
     if main is not None:
         out.append(_table2(main, pooled(main, useful), base, where, cite, short))
-    sub = [r for r in data["runs"] if r["role"] == "budget" and r["budget"] < SUB_BUDGET]
-    pairs = [(r, by_label.get(r["label"].replace("PN-Mix", "KIVI"))) for r in sub if r["label"].startswith("PN-Mix")]
-    pairs = [(p, k) for p, k in pairs if k is not None]
+    # PN-Mix and KIVI paired by the budget both were picked for
+    pairs = [(r, kivi[r["budget"]]) for r in pnmix if r["budget"] < SUB_BUDGET and r["budget"] in kivi]
     if pairs:
         out.append(_fig3(pairs, useful, base, where, cite, short))
-    keys = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("keys only")), None)
-    values = next((r for r in data["runs"] if r["role"] == "table 8" and r["label"].startswith("values only")), None)
+    keys, values = table8_run(data, "keys"), table8_run(data, "values")
     if keys is not None and values is not None:
         k, v = pooled(keys, useful), pooled(values, useful)
         dk, dv, d = paired(k, base), paired(v, base), paired(k, v)

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.efficiency.plugins import BUILTIN_IMPLEMENTATIONS
 from benchmarks.fidelity import long_output
-from reference import PNMixConfig, methods
+from reference import PNMixConfig, methods, records
 from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks, of_kind
 from reports.markdown import Citations, escape, table
@@ -76,10 +76,13 @@ def model_args(text: str) -> dict:
 
 
 def run_config(run: dict) -> tuple[str, PNMixConfig | TokenPrecisionConfig, dict] | None:
-    """The method and configuration a task-accuracy run ran: the registry's, with the configuration fields its
-    model_args set (a dtype by its name, as `benchmarks.accuracy.sweep.Run.model_args` writes it), and its
-    other model_args (a per-token method's budget); None for a run that is no registry method (an
-    implementation given by name). ValueError or TypeError where the configuration refuses a value."""
+    """The method and configuration a task-accuracy run ran, and its other options (a per-token method's
+    budget): as the run recorded them as data (`benchmarks.accuracy.sweep.Run.describe`), or, in results of
+    older code that recorded only lm-eval's model_args, the registry's configuration with the fields they set (a
+    dtype by its name); None for a run that is no registry method (an implementation given by name).
+    ValueError or TypeError where the configuration refuses a value."""
+    if run.get("config") is not None and run.get("method") in methods.REGISTRY:
+        return run["method"], records.config_from_record(run["config"]), dict(run.get("options") or {})
     args = model_args(run.get("model_args", ""))
     name = args.pop("method", None)
     if name not in methods.REGISTRY:

@@ -1,5 +1,7 @@
 """The task-accuracy section: numbers from the result's item outcomes, verdicts from the paired tests."""
 
+import copy
+
 from benchmarks.accuracy.stats import accuracy, paired
 from reports import inputs
 from reports.markdown import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, NOT_MEASURED
@@ -189,3 +191,15 @@ def test_the_figure_titles_its_model_by_name_and_gives_each_series_its_own_marke
     assert drawn["title"] == "Task accuracy against key bits\ngemma-3-270m", drawn["title"]
     singles = {lb: m for lb, m in drawn["markers"].items() if lb.startswith(("keys only", "values only"))}
     assert len(singles) == 2 and len(set(singles.values())) == 2, drawn["markers"]
+
+
+def test_runs_are_paired_by_design_and_budget_not_by_label(tmp_path):
+    """Relabelled runs give the same verdicts on the same numbers: the report pairs PN-Mix and KIVI by the design
+    and budget each run recorded, and finds Table 8's runs by their bits."""
+    data = synthetic.task_accuracy()
+    before = {c: (v.status, v.evidence) for c, v in claims_of(tmp_path, data).items()}
+    relabelled = copy.deepcopy(data)
+    for i, run in enumerate(relabelled["runs"]):
+        run["label"] = f"run {i}"
+    after = {c: (v.status, v.evidence) for c, v in claims_of(tmp_path, relabelled).items()}
+    assert after == before and before[section.FIG3.split(":")[0]][0] != NOT_MEASURED

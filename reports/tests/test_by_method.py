@@ -100,6 +100,22 @@ def test_a_row_per_registry_method_and_per_other_configuration_run(tmp_path):
     assert not any("keys only" in m or "values only" in m for m in shown)  # Table 8's runs are no method
 
 
+def test_a_run_that_records_its_configuration_as_data_is_read_from_it(tmp_path):
+    """The sweep records each run's method, configuration and options as data: the table is built from them,
+    not from lm-eval's model_args (here garbage), and gives the same rows as the model_args of older results."""
+    from reference import records
+
+    old = rows(by_method.render([load(tmp_path, "old.json", task_accuracy())]))
+    data = task_accuracy()
+    for r in data["runs"]:
+        ran = by_method.run_config(r)
+        if ran is not None:
+            name, config, options = ran
+            r.update(method=name, config=records.config_record(config), options=options, model_args="garbage")
+    new = rows(by_method.render([load(tmp_path, "new.json", data)]))
+    assert list(new) == list(old)
+
+
 def test_a_run_whose_configuration_cannot_be_built_is_left_out_and_said(tmp_path):
     data = task_accuracy()
     data["runs"][1]["model_args"] = "method=PN-Mix,b_high=9"  # no such key width
