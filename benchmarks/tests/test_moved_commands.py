@@ -55,3 +55,14 @@ def test_the_module_that_holds_a_command_runs_without_a_notice():
 
 def test_an_unknown_name_is_still_unknown():
     assert importlib.util.find_spec("benchmarks.no_such_command") is None
+
+
+def test_every_console_script_names_a_main_that_exists():
+    import importlib
+
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), function, None)), name
