@@ -898,10 +898,6 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def canary() -> dict:
     """The task-accuracy pipeline's canary (`benchmarks.canaries.behaviour`): the lm-eval model of
     `benchmarks.accuracy.lm_eval_model` with the FP16 method (the tool's own path: tokenising, shared contexts,
@@ -934,3 +930,7 @@ def canary() -> dict:
 
 #: The pipeline a task-accuracy result records, with its canary.
 PIPELINE = {"task-accuracy": canary}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

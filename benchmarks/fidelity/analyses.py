@@ -533,10 +533,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 @torch.no_grad()
 def canary() -> dict:
     """The fidelity pipeline's canary (`benchmarks.canaries.behaviour`): the trace analyses of `analyse_prompt`
@@ -550,3 +546,7 @@ def canary() -> dict:
 
 #: The pipeline a fidelity result records, with its canary.
 PIPELINE = {"fidelity": canary}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

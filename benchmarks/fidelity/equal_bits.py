@@ -629,10 +629,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 #: Long enough that each candidate's pages (G up to 128, 32 sinks) quantize.
 CANARY_TOKENS = 224
 
@@ -659,3 +655,7 @@ def canary() -> dict:
 #: The pipelines an equal-bits result records (it runs the long-output and role-calibration code too), with
 #: their canaries.
 PIPELINE = {"equal-bits": canary, **long_output.PIPELINE, **role_calibration.PIPELINE}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

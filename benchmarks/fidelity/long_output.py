@@ -377,10 +377,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 @torch.no_grad()
 def canary() -> dict:
     """The long-output pipeline's canary (`benchmarks.canaries.behaviour`): `measure_sequence` (teacher forcing
@@ -401,3 +397,7 @@ def canary() -> dict:
 
 #: The pipeline a long-output result records, with its canary.
 PIPELINE = {"long-output": canary}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -240,10 +240,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 #: The role-calibration canary's budgets (average key + value bits per element).
 CANARY_BUDGETS = (3.25, 3.5, 4.0)
 
@@ -273,3 +269,7 @@ def canary() -> dict:
 
 #: The pipeline a role-calibration result records, with its canary.
 PIPELINE = {"role-calibration": canary}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -246,3 +246,16 @@ def test_the_cycle_check_finds_a_circle_through_a_package():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_module_runs_as_a_command_only_once_it_is_whole():
+    """`if __name__ == "__main__":` is a module's last statement: run with `python -m`, a module executes top to
+    bottom, and a command started above a definition (a canary, a table) fails on a name not yet defined, which
+    the console script, importing the whole module first, never shows."""
+    early = []
+    for module, path in project_modules().items():
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and i != len(body) - 1:
+                early.append(f"{module}:{node.lineno}")
+    assert early == []
