@@ -3,6 +3,8 @@ number they rest on with the evidence folded below."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.accuracy.stats import paired_interval
@@ -105,3 +107,14 @@ def test_a_claim_row_shows_what_it_rests_on_and_folds_its_evidence():
     assert evidence not in md.split("<details>")[0]  # the evidence is only in the folded table
     folded = {r["#"]: r for r in tables(md.split("<details>")[1])[0][1]}
     assert folded["2"]["evidence"] == evidence.replace("|", "\\|")
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "example-cpu" / "REPORT.md"
+
+
+def test_the_example_reports_first_forty_lines_hold_the_table_and_the_figure():
+    first = "\n".join(EXAMPLE.read_text(encoding="utf-8").splitlines()[:40])
+    found = tables(first)
+    assert found and [r["method"] for r in found[0][1]] == list(methods.REGISTRY)
+    assert max(len(c) for _, rs in found for r in rs for c in r.values()) <= 80
+    assert f"]({glance.FIGURE})" in first and (EXAMPLE.parent / glance.FIGURE).is_file()
