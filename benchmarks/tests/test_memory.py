@@ -119,7 +119,7 @@ def _refused(argv: list[str], capsys) -> list[str]:
 )
 def test_cli_refuses_out_of_range_arguments_on_one_line(capsys, argv, says):
     (line,) = _refused(argv, capsys)
-    assert line == f"python -m benchmarks.memory: error: argument {says}"
+    assert line == f"pnmix-memory: error: argument {says}"
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_a_missing_or_malformed_measured_file_stops_before_any_table(tmp_path, c
     if content is not None:
         path.write_text(content)
     (line,) = _refused(["--measured", str(path)], capsys)
-    assert line.startswith(f"python -m benchmarks.memory: error: --measured {path}: {says}")
+    assert line.startswith(f"pnmix-memory: error: --measured {path}: {says}")
 
 
 def test_every_problem_of_a_measured_file_is_one_line():

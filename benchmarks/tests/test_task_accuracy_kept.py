@@ -239,7 +239,7 @@ def test_a_second_sweep_into_the_same_out_is_refused_before_the_model_loads(tiny
             task_accuracy.main(argv)
     said = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage
     assert exit_.value.code == 2 and f"(pid {os.getpid()} on " in said
-    assert said.startswith(f"python -m benchmarks.task_accuracy: error: --out: {tmp_path}: another sweep writes")
+    assert said.startswith(f"pnmix-task-accuracy: error: --out: {tmp_path}: another sweep writes")
 
 
 def interrupted_after_first_context(monkeypatch):
@@ -278,7 +278,7 @@ def test_a_resume_from_swapped_scores_ends_in_one_line_naming_the_file_and_line(
     with pytest.raises(SystemExit) as exit_:
         task_accuracy.main(argv)
     said = capsys.readouterr().err.strip().splitlines()[-1]
-    assert exit_.value.code == 2 and said.startswith(f"python -m benchmarks.task_accuracy: error: --out: {path} line 2")
+    assert exit_.value.code == 2 and said.startswith(f"pnmix-task-accuracy: error: --out: {path} line 2")
     assert not list((tmp_path / "out").glob("task-accuracy-*.json"))
 
 
@@ -299,7 +299,7 @@ def test_a_full_disk_while_sweeping_ends_in_one_line_saying_what_is_kept(tiny, t
     said = capsys.readouterr().err.strip().splitlines()[-1]
     (path,) = tmp_path.glob(".task-accuracy-*.scores.jsonl")
     assert said == (
-        f"python -m benchmarks.task_accuracy: error: {path}: this context's scores cannot be kept (No space left on "
+        f"pnmix-task-accuracy: error: {path}: this context's scores cannot be kept (No space left on "
         f"device); the 4 scores kept before it are in {tmp_path}, and the same command resumes from them once it "
         "can write there"
     )
