@@ -4,7 +4,7 @@ its own, on the same cases, so that the part that fails alone names the cause.
 (a) the unpack alone: the decode kernel's value unpack (`unpack.field_codes`, by the PTX where the device can run it
     and plainly) on the probe's bytes, every byte at every shift of every width, against the host's codes; and the
     cache's dequantization (its stored codes, scales and zeros read back) against the spec's, bit for bit;
-(b) a dot alone: attention computed with the decode kernel's dots (`attention._mma`, `_dot_f32`) over the spec's
+(b) a dot alone: attention computed with the decode kernel's dots (`common.mma`, `dot_f32`) over the spec's
     dequantized keys and values given exactly as operands (no codes, no unpack), against the float64 oracle over
     the same operands within property 7's bound (`conformance.harness.judge`);
 (c) the fused decode: the cache's own attention over the same case (unpack and dots in one kernel), against the
@@ -25,7 +25,8 @@ import reference as R
 from conformance.harness import judge
 from pnmix import PNMixCache, _runtime
 from pnmix.kernels import unpack
-from pnmix.kernels.attention import _dot_f32, _mma, dot_dtype
+from pnmix.kernels.attention import dot_dtype
+from pnmix.kernels.common import dot_f32, mma
 
 pytestmark = pytest.mark.interpreter if _runtime.INTERPRETED else pytest.mark.gpu
 
@@ -113,7 +114,7 @@ def _dot_attention_kernel(
 ):
     """One program per (batch, KV head): its ROWS query rows (one decode query of each head sharing the KV head)
     attend all T tokens of dense keys and values given as DOT operands; online softmax in base 2, float32 sums,
-    probabilities into the value dot as hi + lo (`_dot_f32`), as the decode kernel computes them."""
+    probabilities into the value dot as hi + lo (`dot_f32`), as the decode kernel computes them."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
@@ -128,13 +129,13 @@ def _dot_attention_kernel(
         ok = t < T
         k = tl.load(k_ptr + pid * T * D + t[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0).to(DOT)
         v = tl.load(v_ptr + pid * T * D + t[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0).to(DOT)
-        logits = _mma(q_dot, tl.trans(k), SWAP) * qk_scale
+        logits = mma(q_dot, tl.trans(k), SWAP) * qk_scale
         logits = tl.where(ok[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot_f32(p, v, DOT, SWAP)
+        acc = acc * alpha[:, None] + dot_f32(p, v, DOT, SWAP)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + pid * ROWS * D + rows[:, None] * D + cols[None, :], out, mask=row_ok[:, None])
