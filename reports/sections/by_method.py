@@ -135,12 +135,19 @@ def label(row: Row) -> str:
 # -- bits ------------------------------------------------------------------------------------------
 
 
+def bit_range(config: PNMixConfig | TokenPrecisionConfig) -> tuple[float, float]:
+    """Section 3's count of a configuration (`storage.count`); a per-token method's from every token low to every
+    token high (its allocation sets the share), a channel one's twice."""
+    if isinstance(config, TokenPrecisionConfig):
+        return storage.count(config, 1.0)[0], storage.count(config, 0.0)[0]
+    return storage.count(config)[0], storage.count(config)[0]
+
+
 def bits(config: PNMixConfig | TokenPrecisionConfig) -> str:
     """Section 3's count (`storage.count_text`); a per-token method from every token low to every token high."""
     if isinstance(config, TokenPrecisionConfig):
-        ends = [storage.count(config, share)[0] for share in (1.0, 0.0)]
-        low, high = config.low_bits, config.high_bits
-        return f"{ends[0]:.2f}-{ends[1]:.2f} (every token at {low} to {high} bits)"
+        low, high = bit_range(config)
+        return f"{low:.2f}-{high:.2f} (every token at {config.low_bits} to {config.high_bits} bits)"
     return storage.count_text(config)
 
 

@@ -97,14 +97,19 @@ def records_by_column(sources: Sequence[Source]) -> dict[tuple[str, str], list[d
     return dict(sorted(out.items(), key=lambda kv: (ordered.index(kv[0][0]), kv[0][1])))
 
 
-def verdict(records: Sequence[dict]) -> str:
-    """One implementation's verdict on one device, from its property results."""
+def verdict(records: Sequence[dict], brief: bool = False) -> str:
+    """One implementation's verdict on one device, from its property results; `brief`: without the counts, a
+    failing property by its number alone ('FAILS P7, P3')."""
     broken = sorted({short_property(r) for r in records if r["outcome"] in BREAKING})
     if broken:
+        if brief:
+            return "FAILS " + ", ".join(sorted({b.split()[0] for b in broken}))
         return "FAILS " + "; ".join(broken)
     counts = collections.Counter(r["outcome"] for r in records if not is_not_run(r))
     if not counts["passed"]:
         return "not run: no property applies"
+    if brief:
+        return f"conforms except {counts['xfailed']} listed differences" if counts["xfailed"] else "conforms"
     parts = [f"{counts['passed']} pass"]
     claimed_out = sum(map(is_not_claimed, records))
     if claimed_out:

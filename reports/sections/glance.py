@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from benchmarks.accuracy.stats import paired_interval
 from benchmarks.fidelity import long_output
 from reference import methods
-from reference.tokens.config import TokenPrecisionConfig
 from reports import figures
 from reports.inputs import Source, of_kind
 from reports.markdown import Section, escape, figure, table
 from reports.sections import accuracy as acc
 from reports.sections import by_method, model_label, storage, summary
+from reports.sections import long_output as long_output_section
 from reports.sections.measured import is_fp16
 
 TITLE = "At a glance"
@@ -122,17 +122,16 @@ class Difference:
     high: float
 
 
-def difference(run: dict, base: dict, tasks: Sequence[str]) -> Difference:
+def difference(method: str, run: dict, base: dict, tasks: Sequence[str]) -> Difference:
+    """`method`'s run against FP16 on the same items: the difference of accuracies and its paired interval."""
     mine, ref = acc.pooled(run, tasks), acc.pooled(base, tasks)
     low, high = paired_interval(mine, ref, CONFIDENCE)
-    return Difference(run["label"], sum(mine) / len(mine) - sum(ref) / len(ref), low, high)
+    return Difference(method, sum(mine) / len(mine) - sum(ref) / len(ref), low, high)
 
 
 def _bits(name: str) -> str:
-    config = methods.config(name)
-    if isinstance(config, TokenPrecisionConfig):  # its allocation sets the share of low tokens
-        return "-".join(f"{storage.count(config, share)[0]:.2f}" for share in (1.0, 0.0))
-    return f"{storage.count(config)[0]:.2f}"
+    low, high = by_method.bit_range(methods.config(name))
+    return f"{low:.2f}" if low == high else f"{low:.2f}-{high:.2f}"
 
 
 def _drift(name: str, long_runs: dict[str, Source]) -> list[str]:
@@ -148,15 +147,10 @@ def _drift(name: str, long_runs: dict[str, Source]) -> list[str]:
 
 
 def long_runs(sources: Sequence[Source], models: Sequence[str] = ()) -> dict[str, Source]:
-    """Per model, its full long-output run with the most output positions; `models` first, in their order."""
-    out: dict[str, Source] = dict.fromkeys(models)  # type: ignore[arg-type]
-    for s in of_kind(sources, "long-output"):
-        if "--smoke" in s.data.get("command", ""):
-            continue
-        model = model_label(s.data["model"])
-        if out.get(model) is None or s.data["summary"]["positions"] > out[model].data["summary"]["positions"]:
-            out[model] = s
-    return {m: s for m, s in out.items() if s is not None}
+    """Per model, the long-output run its claims rest on (`reports.sections.long_output.primaries`: the full run
+    with the longest outputs); `models` first, in their order."""
+    found = {model_label(s.data["model"]): s for s in long_output_section.primaries(of_kind(sources, "long-output"))}
+    return {m: found[m] for m in [*models, *found] if m in found}
 
 
 def _figure(shown: Sequence[Panel]) -> bytes | None:
@@ -222,8 +216,8 @@ def render(sources: Sequence[Source]) -> Section:
                 cells.append("-")
                 continue
             run, how = picked
-            d = difference(run, base, p.tasks)
-            found.setdefault(i, []).append(dataclasses.replace(d, method=name))
+            d = difference(name, run, base, p.tasks)
+            found.setdefault(i, []).append(d)
             cells.append(f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" + notes.mark(how))
         speed = "the reference" if is_fp16(name) else summary.speed_text(speeds.get(name, []))
         rows.append([name, _bits(name), *cells, *_drift(name, longs), speed])

@@ -80,8 +80,8 @@ def _brief_bits(workload: Ran | None, records: Sequence[dict]) -> str:
     count = counted(workload)
     if count is not None:
         return f"{count:.2f}"
-    held = matrix.held_bits(records)
-    return "-" if held == "-" else f"{held.split(' (')[0]} held (measured)"
+    held = matrix.largest(records, matrix.HELD_BITS)
+    return "-" if held is None else f"{held:.2f} held (measured)"
 
 
 def speed_rows(entries: Sequence[dict]) -> dict[str, list[tuple[dict, float]]]:
@@ -120,10 +120,7 @@ FULL = "Each implementation in full"
 def brief(records: Sequence[dict]) -> str:
     """An implementation's verdict on one device in a few words: 'conforms', 'conforms except 26 listed
     differences', 'FAILS P7, P3' (`conformance.verdict` says it in full)."""
-    broken = sorted({matrix.short_property(r).split()[0] for r in records if r["outcome"] in matrix.BREAKING})
-    if broken:
-        return "FAILS " + ", ".join(broken)
-    return matrix.verdict(records).split(" (")[0]
+    return matrix.verdict(records, brief=True)
 
 
 def config_label(config: PNMixConfig | TokenPrecisionConfig) -> str:
