@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 from tabulate import tabulate
 
-from benchmarks.efficiency import harness, memory, plugins
+from benchmarks.efficiency import extra_info, harness, memory, plugins
 from benchmarks.efficiency.workloads import SCALES, in_short_sweep
 from reference import records
 
@@ -233,28 +233,20 @@ def record(request, benchmark, gpu_session, implementations):
     bench_device = gpu_session.device
 
     def fill(suite: str, work, scale, *, check_finite: bool | None, **figures) -> dict:
-        cuda = bench_device.type == "cuda"
-        coordinates = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(work).items() if k != "scale"}
         plugin = implementations.plugin(work.method)
-        info = {
-            **coordinates,
-            "prompt": scale.prompt,
-            "suite": suite,
-            "scale": scale.name,
-            **records.environment(bench_device),
-            "model": scale.arch.name,
-            **implementations.describe(work.method),
-            "code": implementations.code(work.method, request.module.__name__, suite in KERNEL_SUITES),
-            "attention": harness.attention_of(work.method, plugin),
-            "method_config": harness.config_record(harness.point_config(work.method, plugin)),
-            "timing": "cuda events" if cuda else "wall clock (CPU, not predictive of GPU performance)",
-            "device_index": bench_device.index,
-            "gpu_shared": gpu_session.shared,
-            "budget_gib": gpu_session.budget_gib,
-            "budget_requested_gib": gpu_session.requested_gib,
-            "check_finite": check_finite,
+        info = extra_info.record(
+            suite,
+            work,
+            scale,
+            device=bench_device,
+            described=implementations.describe(work.method),
+            code=implementations.code(work.method, request.module.__name__, suite in KERNEL_SUITES),
+            attention=harness.attention_of(work.method, plugin),
+            method_config=harness.config_record(harness.point_config(work.method, plugin)),
+            gpu=gpu_session,
+            check_finite=check_finite,
             **figures,
-        }
+        )
         if plugin is not None:  # a plug-in's rows carry its own name, not the import path it was given by
             info["method"] = info["implementation"]
         benchmark.group = f"{suite} ({scale.name})"

@@ -25,6 +25,7 @@ import torch
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
 from conformance import harness, loader, strategies
+from reference import schema
 from reference.contract import Capabilities
 from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
 
@@ -35,6 +36,35 @@ _ORIGINS = pytest.StashKey[dict]()
 _NAMES = pytest.StashKey[dict]()  # implementation name -> the name it was loaded by
 #: The suite's own tests (its deliberate mutants): they judge the suite, not the implementations chosen.
 META = "conformance/meta/"
+
+#: The outcomes a property's record takes (`pytest_runtest_makereport`).
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "measured")
+#: What a conformance result holds (`pytest_sessionfinish` writes it), as the report reads it.
+SCHEMA = {
+    "results": schema.ListOf(
+        {
+            "implementation": str,
+            "module": str,
+            "property": str,
+            "outcome": schema.OneOf(OUTCOMES),
+            "duration_s": schema.SECONDS,
+            "reason?": schema.TEXT,
+            "example?": schema.TEXT,  # a failure's example, fitted to the claims and shrunk
+            # figures (the largest of each is shown; a failing implementation may measure inf or NaN),
+            # descriptions, and the workload's configuration as data
+            "measured?": schema.Maybe({"realistic_config?": schema.CONFIG_RECORD, "*": (int, float, str)}),
+            # examples run and dropped (outside the claims); results written before they were counted lack it
+            "examples?": {"run": schema.EXAMPLES, "dropped": schema.EXAMPLES},
+        }
+    ),
+    "device?": schema.TEXT,
+    "date_utc?": schema.TEXT,
+    "created_utc?": schema.TEXT,  # results written before reference.records
+    "command?": schema.TEXT,
+    "machine?": {"TRITON_INTERPRET?": schema.TEXT},
+    "implementation_details?": schema.ListOf({"name": str}),
+}
+KIND = schema.Kind("conformance", SCHEMA)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -461,6 +461,12 @@ def write_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = False)
     return write_bytes_atomic(path, text.encode("utf-8"), overwrite=overwrite)
 
 
+def as_stored(data: object) -> object:
+    """`data` as `write_json` stores it and a reader loads it back: keys sorted, tuples as lists, any other
+    object as its text."""
+    return json.loads(json.dumps(data, sort_keys=True, default=str))
+
+
 def write_json(path: str | os.PathLike, data: object, *, overwrite: bool = False, compact: bool = False) -> Path:
     """`data` as JSON, atomically; compact=True (long per-position series) puts it on one line."""
     text = json.dumps(data, indent=None if compact else 2, sort_keys=True, default=str)

@@ -34,11 +34,10 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.accuracy import task_accuracy
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.efficiency import compiled
-from benchmarks.fidelity import analyses, equal_bits
 from reference import records
+from reports import schema
 from reports.inputs import BENCHMARK, Source
 
 NO_FINGERPRINT = "records no code fingerprint (written before results recorded the code they measured)"
@@ -118,9 +117,9 @@ def judge(codes: Sequence[dict | None], commit: str | None = None) -> Verdict:
     return Verdict(False, f"its code differs from this tree's: {shown}", commit)
 
 
-#: Every tool's own canary, by the pipeline name results record it under: the report hands them to the canaries
-#: (which import no tool). Equal bits' holds the long-output and role-calibration ones too.
-PIPELINES = {**analyses.PIPELINE, **equal_bits.PIPELINE, **task_accuracy.PIPELINE}
+#: Every tool's own canary, by the pipeline name results record it under (each kind's `pipeline`): the report
+#: hands them to the canaries, which import no tool.
+PIPELINES = schema.PIPELINES
 
 
 def judge_behaviour(data: dict) -> Verdict:

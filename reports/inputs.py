@@ -17,14 +17,16 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from benchmarks.efficiency import extra_info
 from reference import records
 from reference.records import BENCHMARK, KINDS
 from reports import schema
 from reports.provenance import display_path
 
-#: extra_info keys every benchmark of the suites the report reads must have, and each suite's (types: `schema`).
-COMMON_KEYS = tuple(schema.EXTRA_INFO_COMMON)
-SUITE_KEYS = {suite: tuple(k for k in keys if not k.endswith("?")) for suite, keys in schema.EXTRA_INFO.items()}
+#: extra_info keys every benchmark of the suites the report reads must have, and each suite's (types:
+#: `benchmarks.efficiency.extra_info`).
+COMMON_KEYS = tuple(extra_info.EXTRA_INFO_COMMON)
+SUITE_KEYS = {suite: tuple(k for k in keys if not k.endswith("?")) for suite, keys in extra_info.EXTRA_INFO.items()}
 SCALES = ("full", "tiny")
 #: Suites whose figures are computed, not measured: the report shows them from their module instead.
 COMPUTED_SUITES = {"fig6-model": "the memory feasibility model (benchmarks.efficiency.memory), in the memory section"}

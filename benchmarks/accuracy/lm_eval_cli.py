@@ -6,8 +6,8 @@
 
 lm-eval 0.4.13 has no plug-in entry points for models, so this command imports
 `benchmarks.accuracy.lm_eval_model` (which registers `PNMixLM` as "pnmix") and runs lm-eval's CLI unchanged.
-With --model pnmix, the model_args are checked first (`lm_eval_model.check`, against the model's config
-`lm_eval_model.check_source`, and with --apply_chat_template whether there is a template to apply, that
+With --model pnmix, the model_args are checked first (`benchmarks.accuracy.model_args.check`, against the model's config
+`model_args.check_source`), and with --apply_chat_template whether there is a template to apply, that
 every task is known, that a task's hub dataset is cached or the hub reachable, and that --output_path can
 be written):
 a refusal is one line and exit status 2, before lm-eval loads tasks or weights; so is a request past
@@ -25,7 +25,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from benchmarks.accuracy import lm_eval_model
+from benchmarks.accuracy import lm_eval_model, model_args
 from benchmarks.commands import preflight
 from reference import PNMixConfig, methods
 from reference.tokens.config import TokenPrecisionConfig
@@ -147,12 +147,12 @@ def _names_of(cls) -> str:
 
 
 def pnmix_help(width: int = 100) -> str:
-    """What --help says of --model pnmix: the model_args it takes (`lm_eval_model.Options` and the methods'
+    """What --help says of --model pnmix: the model_args it takes (`model_args.Options` and the methods'
     configuration fields, as `check` reads them) and the methods (`reference.methods.REGISTRY`)."""
     options = [
         f.name if f.default in (None, dataclasses.MISSING) else f"{f.name} (default {f.default})"
-        for f in dataclasses.fields(lm_eval_model.Options)
-        if f.name not in lm_eval_model.LM_EVAL_PASSES
+        for f in dataclasses.fields(model_args.Options)
+        if f.name not in model_args.LM_EVAL_PASSES
     ]
     paragraphs = [
         "model_args: " + ", ".join(options) + ";",
@@ -194,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "model", None) == lm_eval_model.MODEL_NAME:
             try:
                 given = {k: getattr(args, k) for k in ("batch_size", "device") if getattr(args, k, None) is not None}
-                settings = lm_eval_model.check({**(args.model_args or {}), **given})
+                settings = model_args.check({**(args.model_args or {}), **given})
                 if getattr(args, "apply_chat_template", False):
-                    lm_eval_model.check_chat(settings)
-                lm_eval_model.check_source(settings)  # the model's config: RoPE, pair layout, positions
-            except lm_eval_model.ModelArgsError as error:
+                    model_args.check_chat(settings)
+                model_args.check_source(settings)  # the model's config: RoPE, pair layout, positions
+            except model_args.ModelArgsError as error:
                 print(f"pnmix-lm-eval: error: {error}", file=sys.stderr)
                 return 2
             tasks, include = getattr(args, "tasks", None) or [], getattr(args, "include_path", None)

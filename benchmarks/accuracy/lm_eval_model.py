@@ -27,11 +27,11 @@ model_args:
 - batch_size: 1. Sequences run one at a time: PN-Mix caches refuse padding (it would enter the
   saliency and the sinks), so a larger batch is refused rather than silently ignored; the
   continuations of one context share its cache instead (below).
-Everything that can be checked before the weights load is checked first (`check`), each refusal
+Everything that can be checked before the weights load is checked first (`benchmarks.accuracy.model_args`), each refusal
 one line naming the argument: the method or implementation, the overrides and their types, the
 model path and its file as it will load (`benchmarks.commands.preflight.model_problem`: a GGUF's header and
 tensor index, a folder's config.json, tokenizer files and safetensors headers), the allocation and budget,
-the chat template file, and, from the model's config alone (`check_source`: a causal LM with rotary
+the chat template file, and, from the model's config alone (`model_args.check_source`: a causal LM with rotary
 position embedding), its RoPE pair layout (model_args pair_layout where the model's code does not tell it;
 every cache then takes it), head_dim and context against the configuration and
 the implementation's claims.
@@ -52,7 +52,9 @@ at the context's last position. Tokenization is HFLM's (`TemplateLM._encode_pair
 context + continuation encoded, trailing spaces moved into the continuation; BOS as the tokenizer
 adds it; an empty context is the prefix token). The continuations of one context are scored from
 one pass over the context: the cache is checkpointed after it and rolled back between them
-(`PNMixHFCache.checkpoint`). The caches are the method's Triton implementation's on a CUDA device
+(`PNMixHFCache.checkpoint`; `PNMixLM.score`, the one scoring loop, which the sweep's shared runs use too:
+`PNMixLM(share=loaded, ...)` runs another method on a loaded model's weights). The caches are the
+method's Triton implementation's on a CUDA device
 (float16 or bfloat16: `pnmix.PNMixCache`, `pnmix.TritonTokenPrecisionCache`; one-token steps run the
 decode kernel, chunks the spec's stepwise rule over its own codes) and the spec's elsewhere. An
 implementation's caches (impl=) are used as far as they go: chunks where they have the protocol's
@@ -86,12 +88,9 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import os
 import re
-import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from lm_eval.api.model import TemplateLM
@@ -100,34 +99,26 @@ from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, normaliz
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm import tqdm
 
-from benchmarks.commands import preflight
+from benchmarks.accuracy.model_args import (
+    NO_TEMPLATE,
+    UNSCORED,
+    Settings,
+    check,
+    check_model,
+    check_source,
+    context_tags,
+)
 from benchmarks.commands.heap import trimmed
-from benchmarks.efficiency.plugins import load, unclaimed
-from benchmarks.models import source as model_source
 from benchmarks.tasks import DECODE_MARK
-from conformance.loader import check_in_child
-from reference import PNMixConfig, methods
-from reference.channels.config import check_head_dim
-from reference.methods import FP16, TOKEN_METHODS
+from reference import methods
+from reference.methods import FP16
 from reference.records import loaded_code
 from reference.tokens.allocation import token_bits
-from reference.tokens.config import TokenPrecisionConfig
-from reference.tokens.roles import CHATML, GENERATED, USER, Tag, tag_tokens
+from reference.tokens.roles import GENERATED
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "pnmix"
-#: chat_template= values that are no file: the model's own template, or none at all.
-MODEL_TEMPLATE, NO_TEMPLATE = "model", "none"
-RESULTS = Path(__file__).parents[1] / "results"
-ALLOCATIONS = "role-calibration-*.json"
-#: The tag of a plain-text context's tokens (module doc, "Per-token bits").
-PLAIN_TEXT = Tag(0, 0, USER)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class ModelArgsError(ValueError):
-    """A model_args value refused before anything loads; the message is one line naming it."""
 
 
 class RequestTooLong(ValueError):
@@ -139,225 +130,11 @@ class UnkeyedCache(ValueError):
     naming the path to pass instead."""
 
 
-@dataclass(frozen=True)
-class Options:
-    """The model_args of "pnmix" that are not fields of the method's configuration (module doc)."""
-
-    pretrained: str = model_source.DEFAULT
-    method: str = "PN-Mix"
-    impl: str | None = None
-    allocation: str | None = None
-    budget: float | None = None
-    chat_template: str | None = MODEL_TEMPLATE
-    max_length: int | None = None
-    dtype: str | None = None
-    device: str | None = None
-    chunk: int = 256
-    batch_size: int | str = 1
-    max_batch_size: int | None = None  # lm-eval passes it; unused (no batches)
-    trust_remote_code: bool = False  # lm-eval passes it; nothing remote is ever loaded
-
-
-#: Options lm-eval passes on its own (its --max_batch_size, --trust_remote_code), not the user's model_args.
-LM_EVAL_PASSES = ("max_batch_size", "trust_remote_code")
-#: Options left out of a request cache's key (`cache_path`): they change no score, or (device) as given, where
-#: the device it names (lm-eval's default cuda:0 is the CPU without CUDA) is in the key.
-UNSCORED = frozenset(("batch_size", "device", *LM_EVAL_PASSES))
 #: A database lm-eval's request cache opens: use_cache's BASE (a keyed one ends in -pnmix-<digest>) and the rank.
 CACHE_FILE = re.compile(r"(?P<base>.*?)(?P<key>-pnmix-[0-9a-f]{16})?_rank\d+\.db")
 
 
-# -- model_args: types and values ------------------------------------------------------------------
-
-
-def _describe(hint) -> str:
-    names = {
-        int: "an int",
-        float: "a number",
-        str: "a string",
-        bool: "a bool",
-        type(None): "None",
-        torch.dtype: f"a dtype name ({', '.join(DTYPES)})",
-    }
-    return " or ".join(names.get(a, str(a)) for a in (typing.get_args(hint) or (hint,)))
-
-
-def _accepts(kind, value) -> tuple[bool, object]:
-    """(whether `value` is of `kind`, the value as the field takes it)."""
-    if kind is type(None) or kind is bool:
-        return (value is None if kind is type(None) else isinstance(value, bool)), value
-    if isinstance(value, bool):
-        return False, value
-    if kind is float:
-        return isinstance(value, (int, float)), float(value) if isinstance(value, (int, float)) else value
-    if kind is torch.dtype:
-        return (value in DTYPES or isinstance(value, torch.dtype)), DTYPES.get(value, value)
-    return isinstance(value, kind), value
-
-
-def typed(cls, values: dict) -> dict:
-    """`values` checked against the annotations of dataclass `cls` (ints for ints, numbers for floats, a
-    dtype's name for a dtype, None where a field is optional), as the fields take them."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for name, value in values.items():
-        kinds = typing.get_args(hints[name]) or (hints[name],)
-        for kind in kinds:
-            ok, converted = _accepts(kind, value)
-            if ok:
-                out[name] = converted
-                break
-        else:
-            raise ModelArgsError(f"model_args {name}={value!r}: expected {_describe(hints[name])}")
-    return out
-
-
-def model_args_config(method: str, overrides: dict, impl=None) -> PNMixConfig | TokenPrecisionConfig:
-    """The registry's configuration of `method` with the model_args `overrides` (strings) typed and applied
-    (unknown names and wrong types refused), as `impl` runs it when one is given (`Capabilities.configured`)."""
-    if method not in methods.REGISTRY:
-        raise ModelArgsError(
-            f"model_args method={method!r}: not a method of reference.methods; choose from {list(methods.REGISTRY)}"
-        )
-    cls = PNMixConfig if methods.method(method).precision == methods.CHANNELS else TokenPrecisionConfig
-    make = methods.method(method).config
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ModelArgsError(
-            f"model_args {unknown[0]}={overrides[unknown[0]]!r}: neither an option of the pnmix "
-            f"model ({', '.join(f.name for f in dataclasses.fields(Options))}) nor a field of "
-            f"{cls.__name__} ({', '.join(sorted(fields))})"
-        )
-    values = typed(cls, overrides)
-    try:
-        config = make(**values)
-        if impl is not None:
-            config = impl.capabilities.configured(config)
-    except (ValueError, TypeError) as error:
-        given = ",".join(f"{k}={v}" for k, v in overrides.items()) or "its defaults"
-        raise ModelArgsError(f"model_args method={method} with {given}: {error}") from None
-    return config
-
-
-# -- the per-token methods' bits -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The bits of each tag at one budget of a role-calibration result."""
-
-    path: str
-    budget: float
-    bits: dict[str, int]  # str(Tag) -> bits
-    model: dict  # the calibrated model, as the result names it
-
-    def describe(self) -> dict:
-        return {"path": self.path, "budget": self.budget, "bits": self.bits, "model": self.model}
-
-
-def newest_allocation() -> Path:
-    found = sorted(RESULTS.glob(ALLOCATIONS))  # the names end in a sortable UTC stamp
-    if not found:
-        raise ModelArgsError(
-            f"model_args allocation: no {RESULTS / ALLOCATIONS}; run python -m "
-            "benchmarks.fidelity.role_calibration or give allocation=PATH"
-        )
-    return found[-1]
-
-
-def load_allocation(path: str | None, budget: float | None, config: TokenPrecisionConfig) -> Allocation:
-    file = newest_allocation() if path is None else Path(path).expanduser()
-    try:
-        data = json.loads(file.read_text())
-        budgets = {float(a["budget"]): a["bits"] for a in data["allocations"]}
-        tags, group_size = data["calibration"]["tags"], data["group_size"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ModelArgsError(
-            f"model_args allocation={file}: not a readable role-calibration result ({error})"
-        ) from None
-    if budget is None or not any(math.isclose(budget, b) for b in budgets):
-        raise ModelArgsError(
-            f"model_args budget={budget}: {file.name} allocates bits at budgets {sorted(budgets)} "
-            "(average key + value bits per element); give one of them"
-        )
-    if group_size != config.group_size:
-        raise ModelArgsError(
-            f"model_args group_size={config.group_size}: {file.name} was calibrated at group_size="
-            f"{group_size}; its bits do not carry over"
-        )
-    bits = next(b for k, b in budgets.items() if math.isclose(budget, k))
-    return Allocation(str(file), budget, dict(zip(tags, bits, strict=True)), data.get("model", {}))
-
-
-def context_tags(tokenizer, text: str, n: int, special: dict) -> list[Tag]:
-    """The tags of the n tokens of a context (module doc, "Per-token bits")."""
-    if CHATML.start not in text:
-        return [PLAIN_TEXT] * n
-    enc = tokenizer(text, return_offsets_mapping=True, **special)
-    if len(enc["input_ids"]) != n:
-        raise RuntimeError(f"the tokenizer's offsets cover {len(enc['input_ids'])} tokens of a {n}-token context")
-    return tag_tokens(text, enc["offset_mapping"])
-
-
-# -- checks before the model loads -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What `check` made of the model_args."""
-
-    options: Options
-    source: model_source.ModelSource
-    config: PNMixConfig | TokenPrecisionConfig
-    overrides: dict
-    plugin: object | None  # benchmarks.efficiency.plugins.Plugin
-    allocation: Allocation | None
-    template: str | None  # a chat template's text (chat_template=FILE), else None
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def per_token(self) -> bool:
-        return isinstance(self.config, TokenPrecisionConfig)
-
-
-def _device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ModelArgsError(f"model_args device={name!r}: not a torch device") from None
-    if device.type == "meta":
-        raise ModelArgsError(f"model_args device={name!r}: no data lives on the meta device; give cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():  # lm-eval's default is cuda:0 wherever it runs
-        log.warning("device=%s: CUDA is not available; running on the CPU (as lm-eval's HFLM does)", name)
-        return torch.device("cpu")
-    return device
-
-
-def _source(pretrained: str) -> model_source.ModelSource:
-    """The model pretrained= names, its file checked as it will load (`preflight.model_problem`)."""
-    try:
-        source = model_source.resolve(pretrained)
-    except ValueError as error:
-        raise ModelArgsError(
-            f"model_args pretrained={pretrained}: {str(error).removeprefix(f'--model {pretrained}: ')}"
-        ) from None
-    problem = preflight.model_problem(source)
-    if problem is not None:
-        raise ModelArgsError(f"model_args pretrained={pretrained}: {problem}")
-    return source
-
-
-def _template(value: str | None) -> str | None:
-    if value is None or value.lower() in (MODEL_TEMPLATE, NO_TEMPLATE):
-        return None
-    path = Path(value).expanduser()
-    if not path.is_file():
-        raise ModelArgsError(f"model_args chat_template={value}: no such file (a Jinja template, 'none' or 'model')")
-    return path.read_text()
+# -- lm-eval's request cache ---------------------------------------------------------------------
 
 
 def cache_path(base: str, settings: Settings) -> str:
@@ -387,147 +164,6 @@ def cache_for(base: str, model_args: dict | str, device: str | None = None) -> s
     and device; ModelArgsError as `check`."""
     args = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args)
     return cache_path(base, check(args if device is None else {**args, "device": device}))
-
-
-def check(model_args: dict) -> Settings:
-    """Every model_args check that needs no weights (module doc); ModelArgsError otherwise."""
-    names = {f.name for f in dataclasses.fields(Options)}
-    options = Options(**typed(Options, {k: v for k, v in model_args.items() if k in names}))
-    overrides = {k: v for k, v in model_args.items() if k not in names}
-    if options.batch_size not in (1, "1"):
-        raise ModelArgsError(
-            f"model_args batch_size={options.batch_size}: pnmix runs one sequence at a time (PN-Mix "
-            "caches refuse padding, which would enter the saliency and the sinks); use 1"
-        )
-    for name in ("chunk", "max_length"):
-        value = getattr(options, name)
-        if value is not None and value < 1:
-            raise ModelArgsError(f"model_args {name}={value}: expected a positive int")
-    device = _device(options.device)
-    if options.dtype is not None and options.dtype not in DTYPES:
-        raise ModelArgsError(f"model_args dtype={options.dtype!r}: expected one of {', '.join(DTYPES)}")
-    dtype = DTYPES[options.dtype or ("float32" if device.type == "cpu" else "bfloat16")]
-    plugin = _plugin(options) if options.impl is not None else None
-    config = model_args_config(options.method, overrides, plugin)
-    per_token = isinstance(config, TokenPrecisionConfig)
-    if not per_token and (options.budget is not None or options.allocation is not None):
-        raise ModelArgsError(
-            f"model_args budget/allocation with method={options.method}: only the per-token methods "
-            f"({', '.join(TOKEN_METHODS)}) take them"
-        )
-    allocation = load_allocation(options.allocation, options.budget, config) if per_token else None
-    source = _source(options.pretrained)
-    return Settings(
-        options, source, config, overrides, plugin, allocation, _template(options.chat_template), dtype, device
-    )
-
-
-def _plugin(options: Options):
-    if options.method in TOKEN_METHODS:
-        raise ModelArgsError(
-            f"model_args impl={options.impl} with method={options.method}: implementations go in "
-            "through the protocol's create(config), which takes the channel family's "
-            "configuration (PNMixConfig) only"
-        )
-    try:
-        check_in_child(options.impl)  # a plug-in that exits the process says so, not this process's silent end
-        return load([options.impl])[options.impl]
-    except ValueError as error:
-        raise ModelArgsError(f"model_args impl={options.impl}: {error}") from None
-
-
-def check_chat(settings: Settings) -> None:
-    """A chat template is asked for (lm-eval's --apply_chat_template): refuse where there is none, reading
-    a GGUF's metadata or a folder's tokenizer files, not the weights."""
-    value = settings.options.chat_template
-    if settings.template is not None:
-        return
-    if value is not None and value.lower() == NO_TEMPLATE:
-        raise ModelArgsError("--apply_chat_template with model_args chat_template=none: no template to apply")
-    try:
-        has = preflight.has_chat_template(settings.source)
-    except ValueError as error:  # a tokenizer_config.json that is no JSON object
-        raise ModelArgsError(f"--apply_chat_template: {error}") from None
-    if not has:
-        raise ModelArgsError(
-            f"--apply_chat_template: {settings.source.name} ships no chat template; give "
-            "model_args chat_template=FILE (a Jinja template)"
-        )
-
-
-def check_model(settings: Settings, model_config) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
-    """The configuration with the model's RoPE pair layout, and max_length, checked against the model's
-    config (not its weights): its pair layout, head_dim, context, and an implementation's claims."""
-    from pnmix.hf import detect_pair_layout, has_rope, head_dim  # deferred: transformers takes seconds to import
-
-    config, opts = settings.config, settings.options
-    if has_rope(model_config) is False:
-        raise ModelArgsError(
-            f"model_args pretrained={opts.pretrained}: {settings.source.name} has no rotary position embedding "
-            "(RoPE); PN-Mix's pairs are the channel pairs RoPE rotates together"
-        )
-    layout = detect_pair_layout(model_config)
-    if layout is None:
-        layout = settings.overrides.get("pair_layout")
-        if layout is None:
-            raise ModelArgsError(
-                f"model_args pair_layout: cannot tell the RoPE pair layout of {settings.source.name}; "
-                "give pair_layout=split (rotate_half) or adjacent"
-            )
-    elif settings.overrides.get("pair_layout", layout) != layout:
-        raise ModelArgsError(
-            f"model_args pair_layout={settings.overrides['pair_layout']}: this model's RoPE pairs are {layout!r}"
-        )
-    config = dataclasses.replace(config, pair_layout=layout)
-    d = head_dim(model_config)
-    try:
-        config.check_head_dim(d) if settings.per_token else check_head_dim(config, d)
-    except ValueError as error:
-        raise ModelArgsError(f"model_args method={opts.method} on {settings.source.name}: {error}") from None
-    context = getattr(model_config.get_text_config(decoder=True), "max_position_embeddings", None)
-    max_length = opts.max_length or context
-    if max_length is None:
-        raise ModelArgsError(f"model_args max_length: {settings.source.name} names no max_position_embeddings; give it")
-    if context is not None and max_length > context:
-        raise ModelArgsError(f"model_args max_length={max_length}: past the model's max_position_embeddings {context}")
-    if settings.plugin is not None:
-        missing = unclaimed(
-            settings.plugin.capabilities,
-            config,
-            device=settings.device.type,
-            dtype=settings.dtype,
-            head_dim=d,
-            sizes=(1,),
-        )
-        if missing:
-            raise ModelArgsError(
-                f"model_args impl={opts.impl}: it does not claim what this run needs: {'; '.join(missing)}"
-            )
-    return config, max_length
-
-
-def check_source(settings: Settings) -> tuple[PNMixConfig | TokenPrecisionConfig, int]:
-    """`check_model` on the model's config as transformers reads it (not its weights): a config it cannot
-    read, or a model with no causal-LM class (an encoder such as BERT's is refused by `check_model` as
-    having no RoPE), is one line naming pretrained=."""
-    name = f"model_args pretrained={settings.options.pretrained}"
-    try:
-        model_config = settings.source.config()
-    except Exception as error:  # transformers' own refusal of the files: one line, not its traceback
-        raise ModelArgsError(f"{name}: transformers cannot read its config ({_one_line(error)})") from None
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    if type(model_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ModelArgsError(
-            f"{name}: {settings.source.name} (model_type={getattr(model_config, 'model_type', None)!r}) is not a "
-            "causal language model transformers can load (AutoModelForCausalLM); give a decoder-only model"
-        )
-    return check_model(settings, model_config)
-
-
-def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 # -- the model -------------------------------------------------------------------------------------
@@ -571,12 +207,18 @@ class PNMixLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, **model_args) -> None:
+    def __init__(self, share: PNMixLM | None = None, **model_args) -> None:
+        """The model of `model_args` (module doc), loaded; with `share`, another method on that model's loaded
+        weights (a sweep loads them once): model_args checked the same way, pretrained, dtype, device, chunk and
+        max_length taken from `share`."""
         super().__init__()
 
         import pnmix.hf  # deferred: transformers takes seconds to import
         from pnmix.hf import cache_argument  # deferred: transformers takes seconds to import
 
+        if share is not None:
+            self._share(share, model_args)
+            return
         self.settings = settings = check(model_args)
         self._rank, self._world_size = _distributed()
         if self._world_size > 1 and settings.device.type == "cuda":  # one GPU per process
@@ -632,19 +274,14 @@ class PNMixLM(TemplateLM):
 
             dist.barrier()
 
-    @classmethod
-    def sharing(cls, base: PNMixLM, **model_args) -> PNMixLM:
-        """Another method on `base`'s loaded model (a sweep loads the weights once): model_args as for the
-        constructor, checked the same way; pretrained, dtype and device are base's."""
-        model_args = {**model_args, "pretrained": base.settings.options.pretrained}
-        model_args |= {k: getattr(base.settings.options, k) for k in ("dtype", "device", "chunk", "max_length")}
-        lm = cls.__new__(cls)
-        TemplateLM.__init__(lm)
-        lm.settings = settings = check(model_args)
-        lm.config, lm._max_length = check_model(settings, base.model.config)
-        lm.model, lm.tokenizer, lm._device = base.model, base.tokenizer, base._device
-        lm._cache_argument, lm._keeps_logits, lm._origin = base._cache_argument, base._keeps_logits, {}
-        return lm
+    def _share(self, base: PNMixLM, model_args: dict) -> None:
+        fixed = ("pretrained", "dtype", "device", "chunk", "max_length")
+        model_args = {**model_args, **{k: getattr(base.settings.options, k) for k in fixed}}
+        self.settings = settings = check(model_args)
+        self._rank, self._world_size = base._rank, base._world_size
+        self.config, self._max_length = check_model(settings, base.model.config)
+        self.model, self.tokenizer, self._device = base.model, base.tokenizer, base._device
+        self._cache_argument, self._keeps_logits, self._origin = base._cache_argument, base._keeps_logits, {}
 
     def set_cache_hook(self, cache_hook) -> None:
         """lm-eval's request cache (use_cache=BASE: `CachingLM` hands its database here before any lookup)
@@ -855,12 +492,16 @@ class PNMixLM(TemplateLM):
         after = self._decode(context_enc[prompt:], cache, last_only=True)
         return cache, (last if after is None else after[-1])
 
-    def score_shared(self, text: str, context_enc: list[int], prompt: int, continuations, recorded) -> list:
-        """(log p, is greedy) of each continuation after one context, the prompt's forward shared (`replayed`)."""
+    @torch.no_grad()
+    def score(self, start, continuations) -> list[tuple[float, bool]]:
+        """(log p, is greedy) of each continuation after one context: the one scoring loop of the model and the
+        sweep. `start()` gives (cache, logits [vocab] at the context's last position); where the caches roll
+        back it runs once, the cache checkpointed after it and rolled back after each continuation, otherwise
+        once per continuation."""
         out, cache = [], None
         for continuation in continuations:
             if cache is None or not self.rewindable:
-                cache, last = self.replayed(text, context_enc, prompt, recorded)
+                cache, last = start()
                 saved = cache.checkpoint() if self.rewindable else None
             out.append(self._score(cache, last, continuation))
             if self.rewindable:
@@ -868,6 +509,10 @@ class PNMixLM(TemplateLM):
             else:
                 cache = None
         return out
+
+    def score_shared(self, text: str, context_enc: list[int], prompt: int, continuations, recorded) -> list:
+        """`score` of each continuation after one context, the prompt's forward shared (`replayed`)."""
+        return self.score(lambda: self.replayed(text, context_enc, prompt, recorded), continuations)
 
     def warn_if_cache_blind(self, task: str, context_enc, prompt: int, continuation) -> bool:
         """Whether a request's score cannot depend on the cache: no decode section (no DECODE_MARK) and a
@@ -883,6 +528,11 @@ class PNMixLM(TemplateLM):
                 task,
             )
         return blind
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context tokens, continuation tokens) of a request as lm-eval's loglikelihood encodes it (HFLM's
+        rule: module doc)."""
+        return self._encode_pair(context, continuation)
 
     def prompt_length(self, context: str | None, context_enc: list[int]) -> int:
         """Context tokens that are the prompt: those before DECODE_MARK (module doc), else all."""
@@ -904,7 +554,9 @@ class PNMixLM(TemplateLM):
 
     # -- lm-eval's requests ------------------------------------------------------------------------
 
-    def _refuse_length(self, origin: tuple, n: int, what: str) -> None:
+    def refuse_length(self, origin: tuple, n: int, what: str) -> None:
+        """Refuse a request of `n` tokens past max_length (RequestTooLong, naming the task and document of
+        `origin`): nothing is truncated."""
         task, doc = origin
         raise RequestTooLong(
             f"task {task} doc {doc}: {what} is {n} tokens, past max_length={self.max_length}; pnmix "
@@ -926,7 +578,7 @@ class PNMixLM(TemplateLM):
                 raise ValueError(f"an empty continuation (nothing to score) after the context {args!r:.80}")
             if len(context_enc) + len(continuation_enc) > self.max_length + 1:
                 n = len(context_enc) + len(continuation_enc) - 1
-                self._refuse_length(self._origin.get(args, ("?", "?")), n, "context + continuation")
+                self.refuse_length(self._origin.get(args, ("?", "?")), n, "context + continuation")
             context = None if args is None else args[0]
             prompt = self.prompt_length(context, context_enc)
             self.warn_if_cache_blind(self._origin.get(args, ("?",))[0], context_enc, prompt, continuation_enc)
@@ -937,19 +589,12 @@ class PNMixLM(TemplateLM):
             args = requests[members[0]][0]
             # the text _encode_pair encoded: marks removed, trailing spaces moved into the continuation
             text = "" if args is None else args[0].replace(DECODE_MARK, "").rstrip()
-            cache = None
-            for i in members:
-                if cache is None or not self.rewindable:
-                    cache, last = self._context(text, list(context_enc), prompt)
-                    saved = cache.checkpoint() if self.rewindable else None
-                results[i] = self._score(cache, last, requests[i][2])
-                if self.rewindable:
-                    cache.roll_back(saved)
-                else:
-                    cache = None
+            start = functools.partial(self._context, text, list(context_enc), prompt)
+            for i, scored in zip(members, self.score(start, [requests[i][2] for i in members]), strict=True):
+                results[i] = scored
                 if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
-                bar.update(1)
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], scored)
+            bar.update(len(members))
         bar.close()
         return results
 
@@ -1008,7 +653,7 @@ class PNMixLM(TemplateLM):
         context_enc = self.tok_encode(context) or [self.prefix_token_id]
         if len(context_enc) + limit > self.max_length:
             origin, n = (request.task_name, request.doc_id), len(context_enc) + limit
-            self._refuse_length(origin, n, f"the context with max_gen_toks={limit}")
+            self.refuse_length(origin, n, f"the context with max_gen_toks={limit}")
         prompt = self.prompt_length(context, context_enc)
         return Generation(context.replace(DECODE_MARK, ""), context_enc, prompt, limit, until)
 

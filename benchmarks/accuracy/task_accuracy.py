@@ -56,6 +56,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.accuracy import sweep as accuracy_sweep
+from benchmarks.accuracy.model_args import ModelArgsError, check
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.canaries import pipelines
 from benchmarks.canaries.outcome import outcome
@@ -64,6 +65,7 @@ from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models import source as model_source
 from benchmarks.tasks import DATA, DECODE_MARK, data_file, parse_task_name
+from reference import schema
 from reference.records import file_digest, loaded_code, now_utc, record, write_atomic
 
 RESULTS = Path(__file__).parents[1] / "results"
@@ -552,7 +554,7 @@ class Shared:
             tasks[r.args] = r.task_name
             n = len(self.base.tok_encode(r.args[0].replace(DECODE_MARK, "") + r.args[1]))
             if n > self.base.max_length + 1:  # as pnmix-lm-eval refuses it: nothing is truncated
-                self.base._refuse_length((r.task_name, r.doc_id), n - 1, "context + continuation")
+                self.base.refuse_length((r.task_name, r.doc_id), n - 1, "context + continuation")
         for context, pairs in trimmed(tqdm(groups.items(), desc="contexts", unit="context", file=sys.stderr)):
             kept = self._kept(pairs)
             missing = self._reuse(kept)
@@ -562,7 +564,7 @@ class Shared:
                 continue
             began = time.monotonic()
             encoded = [
-                self.base._encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
+                self.base.encode_pair(*a) if a[0] else ([self.base.prefix_token_id], self.base.tok_encode(a[1]))
                 for a in pairs
             ]
             context_enc = encoded[0][0]
@@ -785,12 +787,7 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     manager = task_index([str(CONFIGS), *map(str, args.include_path)], args.tasks or ())
     tasks, config = check_args(p, args, manager, source)
     limit = args.limit
-    from benchmarks.accuracy.lm_eval_model import (  # deferred: lm-eval takes seconds to import
-        ModelArgsError,
-        PNMixLM,
-        RequestTooLong,
-        check,
-    )
+    from benchmarks.accuracy.lm_eval_model import PNMixLM, RequestTooLong  # deferred: lm-eval takes seconds
 
     d, layout = head_dim(config), pair_layout(p, args, config)
     runs = accuracy_sweep.plan(d, args.budgets, layout)
@@ -814,7 +811,7 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     start = time.monotonic()
     base = PNMixLM(pretrained=args.model, method="FP16", **given)
-    views = {r.label: PNMixLM.sharing(base, **{**r.model_kwargs(), **given}) for r in runs}
+    views = {r.label: PNMixLM(share=base, **{**r.model_kwargs(), **given}) for r in runs}
     loaded_code()  # the code as imported now: what the result records, whatever is edited while it runs
     # what decides the scores, recorded with the kept ones and checked by a resume (and by the report)
     behaviour = canaries.record(
@@ -893,7 +890,7 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
         scoring_seconds=round(seconds, 1),
         behaviour=behaviour,
     )
-    write_result(p.prog, args.out, "task-accuracy", data, markdown(data))
+    write_result(p.prog, args.out, KIND, data)
     scores.remove()  # the result holds them now
     return 0
 
@@ -930,6 +927,56 @@ def canary() -> dict:
 
 #: The pipeline a task-accuracy result records, with its canary.
 PIPELINE = {"task-accuracy": canary}
+
+
+_TASK_RESULT = {"correct": schema.ListOf(schema.OneOf((0, 1)), nonempty=True)}  # true and false are 1 and 0
+#: What a task-accuracy result holds, as its readers read it (`markdown`, the report): only the per-document
+#: outcomes; every accuracy, interval and verdict is computed from them.
+SCHEMA = {
+    **schema.MEASUREMENT,
+    "tasks": schema.ListOf(
+        {"name": str, "items": schema.Range(1, 10**9, integer=True), "chance": schema.FRACTION}, nonempty=True
+    ),
+    "runs": schema.ListOf(
+        {
+            "label": str,
+            "role": str,
+            # what a reader pairs runs by (results of older code record model_args alone)
+            "design?": schema.Maybe(schema.TEXT),
+            "config?": schema.Maybe(schema.CONFIG_RECORD),
+            "options?": {"*": (int, float, str, bool)},
+            "key_bits?": schema.Maybe(schema.BITS),
+            "value_bits?": schema.Maybe(schema.BITS),
+            "budget?": schema.Maybe(schema.BITS),
+            "results": {"*": _TASK_RESULT},
+        },
+        nonempty=True,
+    ),
+}
+
+
+def consistent(data: dict) -> list[tuple[str, str]]:
+    """One FP16 baseline run, and every run with an outcome for each item of every task (runs are paired item
+    by item)."""
+    out = [] if any(r["role"] == "baseline" for r in data["runs"]) else [("runs", "has no run of role 'baseline'")]
+    for i, run in enumerate(data["runs"]):
+        for t in data["tasks"]:
+            path = schema.key(f"runs[{i}].results", t["name"])
+            if t["name"] not in run["results"]:
+                out.append((path, "missing: every run has a result for every task of `tasks`"))
+            elif len(run["results"][t["name"]]["correct"]) != t["items"]:
+                out.append(
+                    (
+                        f"{path}.correct",
+                        f"has {len(run['results'][t['name']]['correct'])} outcomes, "
+                        f"expected the task's {t['items']} items",
+                    )
+                )
+    return out
+
+
+#: A task-accuracy result: its schema, its markdown, its canary and the check that its runs pair item by item.
+KIND = schema.Kind("task-accuracy", SCHEMA, render=markdown, pipeline=PIPELINE, consistent=consistent)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ from benchmarks.efficiency.workloads import (
     kernel_launch,
     kernel_ptx,
 )
+from reference import schema
 from reference.cli import positive_float
 from reference.methods import names
 from reference.paper import FIG6C_TOKENS_PER_S
@@ -785,6 +786,24 @@ def run(args, out: Path, stamp: str, safe: str, staging: Path, device: torch.dev
     )
     steps["benchmarks"]["json"] = str(bench_json)
     return result
+
+
+#: What a GPU check's record holds, as the report reads it (each step's command, outcome and seconds).
+SCHEMA = {
+    "device?": schema.TEXT,
+    "date_utc?": schema.TEXT,
+    "command?": schema.TEXT,
+    "steps?": {
+        "*": {
+            "command": str,
+            "exit_code": schema.Maybe(schema.EXIT_CODE),
+            "seconds": schema.Maybe(schema.SECONDS),
+            "json?": schema.TEXT,
+        }
+    },
+}
+#: A GPU check's record (a timing: current by its code fingerprint, no canary).
+KIND = schema.Kind("gpu-check", SCHEMA)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ disk), and the run ends with exit status 1 and one line naming the error and bot
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from reference.records import utc_stamp, write_atomic, write_json
+from reference import schema
+from reference.records import as_stored, utc_stamp, write_atomic, write_json
+from reference.schema import Kind
 
 
 def save(prog: str, out: Path, files: Mapping[str, Callable[[Path], object]]) -> list[Path]:
@@ -47,19 +50,21 @@ def save(prog: str, out: Path, files: Mapping[str, Callable[[Path], object]]) ->
 def write_result(
     prog: str,
     out: Path,
-    kind: str,
+    kind: Kind,
     result: dict,
-    text: str,
     *,
     extra: Mapping[str, Callable[[Path], object]] | None = None,
     compact: bool = False,
 ) -> Path:
-    """The end of every tool's run, in one place: its markdown printed first (on screen whatever happens
-    to the files), then `<kind>-<UTC stamp>.json` (the record; compact=True puts long series on one
-    line), `.md` (the markdown) and `extra` files (suffix -> writer, e.g. ".png") written into `out` by
+    """The end of every tool's run, in one place: the result's markdown (`kind.render`) printed first (on screen
+    whatever happens to the files), then `<kind>-<UTC stamp>.json` (the record; compact=True puts long series on
+    one line), `.md` (the markdown) and `extra` files (suffix -> writer, e.g. ".png") written into `out` by
     `save`, and one line saying where. Returns the JSON's path."""
+    # the markdown of the record as its file holds it (keys sorted): what a reader of the file renders again
+    stored = as_stored(result)
+    text = kind.render(stored)
     print(text)
-    stem = f"{kind}-{utc_stamp()}"
+    stem = f"{kind.name}-{utc_stamp()}"
     files = {
         f"{stem}.json": lambda p: write_json(p, result, compact=compact),
         f"{stem}.md": lambda p: write_atomic(p, text),
@@ -68,4 +73,7 @@ def write_result(
     written = save(prog, out, files)
     others = ", ".join(p.suffix for p in written[2:])
     print(f"written to {written[1]} (and .json{', ' + others if others else ''})")
+    # written all the same (a measurement is not lost to a fault of its record), and said: the report refuses it
+    for line in schema.problems(kind, stored):
+        print(f"{prog}: warning: the report cannot read this result: {line}", file=sys.stderr)
     return written[0]

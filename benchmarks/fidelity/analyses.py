@@ -53,7 +53,7 @@ from benchmarks.fidelity.claims import DEFINITIONS, markdown
 from benchmarks.fidelity.trace import DATA, LAYOUT, TRACE, chat_ids, collect, register_tracer
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
-from reference import PNMixConfig, ReferenceCache, methods, prefill_pair_mask, token_layout
+from reference import PNMixConfig, ReferenceCache, methods, paper, prefill_pair_mask, schema, token_layout
 from reference.cli import positive_int
 from reference.equations import quant
 from reference.equations.attention import attention_logits_ref
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             layout,
             fmt,
         )
-    write_result(parser.prog, out, "fidelity", result, markdown(result))
+    write_result(parser.prog, out, KIND, result)
     return 0
 
 
@@ -546,6 +546,63 @@ def canary() -> dict:
 
 #: The pipeline a fidelity result records, with its canary.
 PIPELINE = {"fidelity": canary}
+
+
+_TABLE9 = {"mse": schema.NONNEGATIVE, "kl": schema.DIVERGENCE}
+#: What a fidelity result holds, as its readers read it (`claims.markdown`, `claims.verdicts`, the report).
+SCHEMA = {
+    **schema.MEASUREMENT,
+    "prompts": schema.POSITIVE_COUNT,
+    "prompt_tokens": schema.POSITIVE_COUNT,
+    "new_tokens": schema.COUNT,
+    "versions": dict,
+    "summary": {
+        # claims.verdicts reads every criterion of Fig. 4's order at both scopes and both r
+        "fig4_jaccard_mean": {
+            **{
+                f"{c} ({scope}), r={r}": schema.FRACTION
+                for c in CRITERIA
+                for scope in ("prefill", "full")
+                for r in ("10%", "50%")
+            },
+            "*": schema.FRACTION,
+        },
+        "fig4_aggregated_jaccard_mean?": {"*": schema.FRACTION},
+        "fig4_pairs?": {
+            "per_layer_and_prompt": schema.ListOf(schema.COUNT),
+            "exact": bool,
+            "max_pairs": schema.COUNT,
+        },
+        "fig5_share_median": {**{str(p): schema.FRACTION for p in paper.FIG5_TOP_PERCENT}, "*": schema.FRACTION},
+        # the methods claims.verdicts names; the others are listed in the table
+        "table9_mean": {
+            "KIVI-style uniform 2-bit": _TABLE9,
+            "PolarQuant-style 2-bit": _TABLE9,
+            "H3(50%)L1, qk-pair-norm (prefill)": _TABLE9,
+            "*": _TABLE9,
+        },
+        "table11_overlap_mean": {"*": {"*": schema.FRACTION}},
+    },
+    "end_to_end?": {
+        "methods": {
+            "*": {
+                "identical_fraction": schema.ListOf(schema.FRACTION, nonempty=True),
+                "first_divergence": schema.ListOf(schema.Maybe(schema.COUNT)),
+                "nll": schema.NONNEGATIVE,
+                "quantized_reads?": schema.Maybe(
+                    schema.ListOf({"tokens": schema.COUNT, "tokens_with_quantized_pages": schema.COUNT})
+                ),
+            }
+        },
+        "fp16_nll": schema.NONNEGATIVE,
+        "heldout_tokens": schema.COUNT,
+        "prefix": schema.COUNT,
+        "warnings?": schema.ListOf(str),
+    },
+}
+#: A fidelity result: its schema, its markdown and the canary of its pipeline. A fidelity result keeps no
+#: per-prompt values: its summary is evidence as given.
+KIND = schema.Kind("fidelity", SCHEMA, render=markdown, pipeline=PIPELINE)
 
 
 if __name__ == "__main__":

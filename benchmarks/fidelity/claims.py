@@ -180,22 +180,29 @@ def _fig4_lines(s: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
+    """A fidelity result's markdown: its title, then `body`."""
+    return f"# Fidelity analyses on {result['model']}\n" + body(result)
+
+
+def body(result: dict, level: int = 2) -> str:
+    """Everything of a fidelity result's markdown below its title, its headings at `level` (the report embeds
+    it under headings of its own)."""
+    h = "#" * level
     s = result["summary"]
     v = verdicts(s, result.get("model"))
     lines = [
-        f"# Fidelity analyses on {result['model']}",
         "",
         f"Measured on {result['device']}, {result['date_utc']}, command `{result['command']}`; "
         f"{result['prompts']} prompts ({result['prompt_tokens']} prompt tokens), {result['new_tokens']} generated "
         f"tokens each, greedy; versions {result['versions']}.",
         "",
-        "## Fig. 5: share of decode-time importance held by the top pairs (median)",
+        f"{h} Fig. 5: share of decode-time importance held by the top pairs (median)",
         "",
         tabulate([[f"top {p}%", f"{v:.1%}"] for p, v in s["fig5_share_median"].items()], ["pairs", "share"], "github"),
         f"\nPaper (quoted): {PAPER['fig5']}.\nHere (measured): {v['fig5']}.",
         _definition("fig5"),
         "",
-        "## Fig. 4: Jaccard similarity with the decode-time top pairs of each query-key pair (mean)",
+        f"{h} Fig. 4: Jaccard similarity with the decode-time top pairs of each query-key pair (mean)",
         "",
         tabulate(
             sorted(s["fig4_jaccard_mean"].items(), key=lambda kv: -kv[1]),
@@ -207,7 +214,7 @@ def markdown(result: dict) -> str:
         *_fig4_lines(s),
         _definition("fig4"),
         "",
-        "## Table 9: key MSE and attention KL at about 2 bits (mean)",
+        f"{h} Table 9: key MSE and attention KL at about 2 bits (mean)",
         "",
         tabulate(
             sorted(([n, v["mse"], v["kl"]] for n, v in s["table9_mean"].items()), key=lambda r: r[2]),
@@ -218,7 +225,7 @@ def markdown(result: dict) -> str:
         f"\nPaper (quoted): {PAPER['table9']}.\nHere (measured): {v['table9']}.",
         _definition("table9"),
         "",
-        "## Table 11: overlap of the prefill selection with decode-time salient pairs (r = 50%)",
+        f"{h} Table 11: overlap of the prefill selection with decode-time salient pairs (r = 50%)",
         "",
         tabulate(
             [[ref, *(f"{v:.3f}" for v in ranges.values())] for ref, ranges in s["table11_overlap_mean"].items()],
@@ -251,7 +258,7 @@ def markdown(result: dict) -> str:
         heads = ["method", "identical tokens", "first divergence", "tokens read quantized pages", "NLL", "NLL - FP16"]
         lines += [
             "",
-            "## End to end: greedy agreement with FP16 and held-out NLL",
+            f"{h} End to end: greedy agreement with FP16 and held-out NLL",
             "",
             tabulate(rows, heads, "github", floatfmt=".4f"),
             f"\nFP16 NLL {e['fp16_nll']:.4f} over {e['heldout_tokens'] - e['prefix']} held-out tokens.",

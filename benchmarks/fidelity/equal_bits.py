@@ -58,7 +58,7 @@ from benchmarks.fidelity.long_output import binned, greedy_outputs, measure_sequ
 from benchmarks.fidelity.role_calibration import allocations, cache_layers, calibrate, capture
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
-from reference import ReferenceCache, bit_widths, methods, storage_model
+from reference import ReferenceCache, bit_widths, methods, schema, storage_model
 from reference.cli import positive_int
 from reference.equations.attention import attention_logits_ref, attention_ref
 from reference.methods import TOKEN_METHODS as TOKEN_CONFIGS
@@ -469,20 +469,18 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def markdown(result: dict) -> str:
-    lines = [
-        f"# Channels or token roles, at equal bits: {result['model']}\n",
-        f"Measured on {result['device']}, {result['date_utc']}, `{result['command']}`. Calibration on "
-        f"{len(result['conversations']['calibration'])} conversations, evaluation on "
-        f"{len(result['conversations']['evaluation'])} ({result['conversations']['evaluation_tokens']} tokens); "
-        f"attention at layers {result['layers']}. Bits: average key + value bits per element, scales, zeros, "
-        "sinks and metadata counted (see the tool's doc); 'stored' counts everything held for the evaluated "
-        f"sequences, exact residual included. Channel methods matched on "
-        f"{'stored' if result.get('match') == 'stored' else 'bits'}.\n",
-    ]
-    for r in result["results"]:
-        head = ["method", "config", "bits", "stored", "attn KL", "out MSE", "e2e KL", "top-1", "NLL"]
-        rows = [
+#: The columns of a budget's tables (`tables`).
+METHOD_COLUMNS = ("method", "config", "bits", "stored", "attn KL", "out MSE", "e2e KL", "top-1", "NLL")
+QUARTER_COLUMNS = ("method", "Q1", "Q2", "Q3", "Q4")
+MEMORY_COLUMNS = ("method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K")
+
+
+def tables(r: dict) -> dict[str, list[list[str]]]:
+    """The rows of one budget's tables, the tool's markdown and the report's alike: "methods" (METHOD_COLUMNS),
+    "long_output" (QUARTER_COLUMNS: KL(FP16 || method) by quarter of the output; empty where the run has no long
+    outputs) and "memory" (MEMORY_COLUMNS)."""
+    return {
+        "methods": [
             [
                 n,
                 m["config"],
@@ -495,26 +493,40 @@ def markdown(result: dict) -> str:
                 f"{m['e2e_nll']:.4g}",
             ]
             for n, m in r["methods"].items()
-        ]
-        lines += [f"## Budget {r['budget']} bits\n", tabulate(rows, head, tablefmt="github"), ""]
-        if r["long_output"]:
-            q = [[n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c]
-            lines += [
-                f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
-                tabulate(q, ["method", "Q1", "Q2", "Q3", "Q4"], tablefmt="github"),
-                "",
-            ]
-        mem = [
+        ],
+        "long_output": [
+            [n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c
+        ],
+        "memory": [
             [x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
             for x in r["memory"]
-        ]
+        ],
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# Channels or token roles, at equal bits: {result['model']}\n",
+        f"Measured on {result['device']}, {result['date_utc']}, `{result['command']}`. Calibration on "
+        f"{len(result['conversations']['calibration'])} conversations, evaluation on "
+        f"{len(result['conversations']['evaluation'])} ({result['conversations']['evaluation_tokens']} tokens); "
+        f"attention at layers {result['layers']}. Bits: average key + value bits per element, scales, zeros, "
+        "sinks and metadata counted (see the tool's doc); 'stored' counts everything held for the evaluated "
+        f"sequences, exact residual included. Channel methods matched on "
+        f"{'stored' if result.get('match') == 'stored' else 'bits'}.\n",
+    ]
+    for r in result["results"]:
+        rows = tables(r)
+        lines += [f"## Budget {r['budget']} bits\n", tabulate(rows["methods"], METHOD_COLUMNS, tablefmt="github"), ""]
+        if rows["long_output"]:
+            lines += [
+                f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
+                tabulate(rows["long_output"], QUARTER_COLUMNS, tablefmt="github"),
+                "",
+            ]
         lines += [
             "Memory (computed from each storage model; Qwen3-8B, A100-40GB budget, prompt 141)\n",
-            tabulate(
-                mem,
-                ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
-                tablefmt="github",
-            ),
+            tabulate(rows["memory"], MEMORY_COLUMNS, tablefmt="github"),
             "",
         ]
     lines += ["## What it shows\n", *(f"- {x}" for x in findings(result)), ""]
@@ -625,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         **out,
     )
-    write_result(parser.prog, out_dir, "equal-bits", result, markdown(result))
+    write_result(parser.prog, out_dir, KIND, result)
     return 0
 
 
@@ -655,6 +667,90 @@ def canary() -> dict:
 #: The pipelines an equal-bits result records (it runs the long-output and role-calibration code too), with
 #: their canaries.
 PIPELINE = {"equal-bits": canary, **long_output.PIPELINE, **role_calibration.PIPELINE}
+
+
+_METHOD = {
+    "bits": schema.BITS,
+    "config": str,
+    "stored_bits": schema.BITS,
+    "attention_kl": schema.DIVERGENCE,
+    "output_mse": schema.NONNEGATIVE,
+    "e2e_kl?": schema.DIVERGENCE,
+    "e2e_top1?": schema.FRACTION,
+    "e2e_nll": schema.NONNEGATIVE,
+    "low_share?": schema.FRACTION,
+}
+#: The methods `findings` compares (and divides by the KL of TriAxialKV and PN-Mix).
+_COMPARED = {**_METHOD, "e2e_kl": schema.DIVERGENCE}
+_DIVISOR = {**_COMPARED, "attention_kl": schema.Range(0, above=True), "e2e_kl": schema.Range(0, above=True)}
+#: What an equal-bits result holds, as its readers read it (`markdown`, `findings`, `claims`, the report).
+SCHEMA = {
+    **schema.MEASUREMENT,
+    "layers": schema.ListOf(schema.LAYER, nonempty=True),
+    "conversations": {
+        "calibration": schema.ListOf(str),
+        "evaluation": schema.ListOf(str),
+        "evaluation_tokens": schema.ListOf(schema.COUNT),
+    },
+    "results": schema.ListOf(
+        {
+            "budget": schema.BITS,
+            "methods": {
+                "TriAxialKV": _DIVISOR,
+                "PN-Mix": _DIVISOR,
+                "role-aware PN-Mix": _COMPARED,
+                "KIVI": _COMPARED,
+                "Kitty": _COMPARED,
+                "*": _METHOD,
+            },
+            "long_output": {"*": long_output.curves_schema()},
+            "long_positions": schema.POSITIVE_COUNT,
+            "memory": schema.ListOf(
+                {
+                    "method": str,
+                    "fig6a_longest_generation": schema.Maybe(schema.COUNT),
+                    "fig6b_max_batch": schema.Range(0, schema.MAX_BATCH, integer=True),
+                    "cache_gib_at_b32_8k": schema.GIB,
+                }
+            ),
+        },
+        nonempty=True,
+    ),
+    "claims": schema.ListOf({"claim": str, "holds": bool, "source": str, "evidence": str}),
+}
+
+
+def consistent(data: dict) -> list[tuple[str, str]]:
+    """The memory of FP16 and TriAxialKV at every budget (the concurrency claim divides one by the other)."""
+    out = []
+    for i, r in enumerate(data["results"]):
+        batch = {m["method"]: m["fig6b_max_batch"] for m in r["memory"]}
+        if batch.get("FP16", 0) < 1 or "TriAxialKV" not in batch:
+            out.append((f"results[{i}].memory", "lacks FP16 (with a largest batch of at least 1) or TriAxialKV"))
+    return out
+
+
+def recomputed(data: dict) -> list[str]:
+    """The result's verdicts (`claims`: each claim and whether it holds) against `claims` of its own results."""
+    try:
+        again = {c["claim"]: c["holds"] for c in claims(data["results"])}
+    except schema.UNCOMPUTABLE as err:
+        return [f"claims: cannot be recomputed from its results ({schema.why(err)})"]
+    given = {c["claim"]: c["holds"] for c in data["claims"]}
+    said = {True: "holds", False: "does not hold"}
+    out = [f"claims lacks {c!r} ({said[h]} on its results)" for c, h in again.items() if c not in given]
+    for claim, holds in given.items():
+        if claim not in again:
+            out.append(f"claims has {claim!r}, which its results do not give")
+        elif holds != again[claim]:
+            out.append(f"claims says {claim!r} {said[holds]}; its results say it {said[again[claim]]}")
+    return out
+
+
+#: An equal-bits result: its schema, its markdown, its canaries and the checks of its memory and verdicts.
+KIND = schema.Kind(
+    "equal-bits", SCHEMA, render=markdown, pipeline=PIPELINE, consistent=consistent, recomputed=recomputed
+)
 
 
 if __name__ == "__main__":

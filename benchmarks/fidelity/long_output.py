@@ -42,6 +42,7 @@ from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
+from reference import schema
 from reference.channels.storage import bit_widths
 from reference.cli import positive_int
 from reference.methods import METHODS, names
@@ -240,11 +241,18 @@ def verdicts(result: dict) -> dict[str, tuple[bool | None, str]]:
 
 
 def markdown(result: dict) -> str:
+    """A long-output result's markdown: its title, then `body`."""
+    return f"# Fidelity over long outputs: {result['model']}\n" + body(result)
+
+
+def body(result: dict, level: int = 2) -> str:
+    """Everything of a long-output result's markdown below its title, its headings at `level` (the report embeds
+    it under headings of its own)."""
     s = result["summary"]
     edges = s["bin_edges"]
     heads = ["method", *(f"{a}-{b}" for a, b in itertools.pairwise(edges))]
     lines = [
-        f"# Fidelity over long outputs: {result['model']}\n",
+        "",
         f"{result['prompts']} prompts, {s['positions']} generated positions each (FP16 greedy), teacher-forced "
         f"through each cache in chunks of {result['chunk']} with stepwise attention; means per span of output "
         f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`.\n",
@@ -255,8 +263,25 @@ def markdown(result: dict) -> str:
         ("nll", "NLL of the FP16 greedy token"),
     ):
         rows = [[n, *(f"{v:.4g}" for v in m[metric])] for n, m in s["methods"].items() if metric in m]
-        lines += [f"## {title}\n", tabulate(rows, heads, tablefmt="github"), ""]
+        lines += [f"{'#' * level} {title}\n", tabulate(rows, heads, tablefmt="github"), ""]
     return "\n".join(lines) + "\n"
+
+
+#: The panels of a long-output figure, the tool's and the report's: (metric, title).
+PANELS = (("kl", "KL(FP16 || method), nats"), ("top1", "top-1 agreement with FP16"), ("nll", "NLL of the FP16 token"))
+
+
+def draw(result: dict, axes, color) -> None:
+    """Each method's curve of each metric against the middles of its spans of positions, one panel of PANELS per
+    axis of `axes`; `color(name)` gives a method's colour (FP16 has the NLL panel only)."""
+    s = result["summary"]
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(s["bin_edges"])]
+    for ax, (metric, title) in zip(axes, PANELS, strict=True):
+        for name, m in s["methods"].items():
+            if metric in m:
+                ax.plot(mids[: len(m[metric])], m[metric], marker="o", ms=3, color=color(name), label=name)
+        ax.set_title(title)
+        ax.set_xlabel("output position")
 
 
 def figure(result: dict, path: Path) -> Path:
@@ -265,17 +290,10 @@ def figure(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = result["summary"]
-    mids = [(a + b) / 2 for a, b in itertools.pairwise(s["bin_edges"])]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    # one colour per method in every panel, and one legend for all of them: FP16 is drawn in the NLL panel only
-    colors = {name: f"C{i}" for i, name in enumerate(s["methods"])}
-    for ax, metric, title in zip(axes, METRICS, ("KL(FP16 || method)", "top-1 agreement", "NLL"), strict=True):
-        for name, m in s["methods"].items():
-            if metric in m:
-                ax.plot(mids[: len(m[metric])], m[metric], marker="o", color=colors[name], label=name)
-        ax.set_xlabel("output position")
-        ax.set_title(title)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 4))
+    # one colour per method in every panel, and one legend for all of them
+    colors = {name: f"C{i}" for i, name in enumerate(result["summary"]["methods"])}
+    draw(result, axes, colors.get)
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), frameon=False)
     fig.suptitle(f"{result['model'].split(' (')[0]}: fidelity over the output (measured)")
@@ -368,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     write_result(
         parser.prog,
         out_dir,
-        "long-output",
+        KIND,
         result,
-        markdown(result),
         extra={".png": lambda p: figure(result, p)},
         compact=True,
     )
@@ -397,6 +414,92 @@ def canary() -> dict:
 
 #: The pipeline a long-output result records, with its canary.
 PIPELINE = {"long-output": canary}
+
+
+def curves_schema(kl: object = schema.DIVERGENCE) -> dict:
+    """A method's curves over a long output: one mean per span of positions (its quarters are averaged)."""
+    return {
+        "kl?": schema.ListOf(kl, nonempty=True),
+        "top1?": schema.ListOf(schema.FRACTION, nonempty=True),
+        "nll?": schema.ListOf(schema.NONNEGATIVE, nonempty=True),
+    }
+
+
+#: What a long-output result holds, as its readers read it (`markdown`, `verdicts`, the report).
+SCHEMA = {
+    **schema.MEASUREMENT,
+    "prompts": schema.POSITIVE_COUNT,
+    "chunk": schema.POSITIVE_COUNT,
+    "key_bits?": {"*": schema.BITS},
+    "summary": {
+        "positions": schema.POSITIVE_COUNT,
+        "bin_edges": schema.ListOf(schema.COUNT, nonempty=True),
+        "methods": {"FP16": {"nll": schema.ListOf(schema.NONNEGATIVE, nonempty=True)}, "*": curves_schema()},
+    },
+}
+
+
+def consistent(data: dict) -> list[tuple[str, str]]:
+    """Each curve has one mean per span of positions (the figure plots it against the spans' middles)."""
+    spans = len(data["summary"]["bin_edges"]) - 1
+    return [
+        (
+            schema.key(schema.key("summary.methods", name), metric),
+            f"has {len(curve)} values, expected one per span of bin_edges ({spans})",
+        )
+        for name, curves in data["summary"]["methods"].items()
+        for metric, curve in curves.items()
+        if metric in METRICS and len(curve) != spans
+    ]
+
+
+#: `rounded` keeps 6 significant digits of each position's value: a mean of them is within half a unit of the
+#: 6th digit (5e-6 of its size) of the mean the summary was computed from.
+ROUNDED = 5e-6
+
+
+def recomputed(data: dict) -> list[str]:
+    """The summary against `summarize` of the per-prompt series the file keeps (a file without them has nothing
+    to recompute from)."""
+    series = data.get("per_prompt")
+    if series is None:
+        return []
+    summary = data["summary"]
+    try:
+        again = summarize(series, len(summary["bin_edges"]) - 1)
+    except schema.UNCOMPUTABLE as err:
+        return [f"per_prompt: its series cannot be summarized ({schema.why(err)})"]
+    out = [
+        f"summary.{key} is {summary[key]}, its per_prompt series give {again[key]}"
+        for key in ("positions", "bin_edges")
+        if summary[key] != again[key]
+    ]
+    given, computed = summary["methods"], again["methods"]
+    out += [
+        f"summary.methods lacks {name!r}, which its per_prompt series hold" for name in computed if name not in given
+    ]
+    for name, curves in given.items():
+        for metric, curve in curves.items():
+            mine = computed.get(name, {}).get(metric)
+            where = f"summary.methods[{name!r}].{metric}"
+            if mine is None:
+                out.append(f"{where} has no per_prompt series to come from")
+                continue
+            if len(mine) != len(curve):
+                out.append(f"{where} has {len(curve)} values, its per_prompt series give {len(mine)}")
+                continue
+            out += [
+                f"{where}[{i}] is {a:.6g}, its per_prompt series give {b:.6g}"
+                for i, (a, b) in enumerate(zip(curve, mine, strict=True))
+                if not math.isclose(a, b, rel_tol=2 * ROUNDED, abs_tol=1e-12)
+            ]
+    return out
+
+
+#: A long-output result: its schema, its markdown, its canary and the checks of its own series.
+KIND = schema.Kind(
+    "long-output", SCHEMA, render=markdown, pipeline=PIPELINE, consistent=consistent, recomputed=recomputed
+)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ INT2 costs 3 bits and INT4 5). Writes JSON and markdown atomically to new files.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 
@@ -33,6 +34,7 @@ from benchmarks.commands.saving import write_result
 from benchmarks.fidelity import conversations
 from benchmarks.models.chat_format import add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
+from reference import schema
 from reference.cli import positive_int
 from reference.methods import TOKENS, names
 from reference.records import record
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             names(precision=TOKENS), PIPELINE, model_fingerprint=source.fingerprint, data=[conversations.DATA]
         ),
     )
-    write_result(parser.prog, out, "role-calibration", result, render(result))
+    write_result(parser.prog, out, KIND, result)
     return 0
 
 
@@ -269,6 +271,54 @@ def canary() -> dict:
 
 #: The pipeline a role-calibration result records, with its canary.
 PIPELINE = {"role-calibration": canary}
+
+
+#: What a role-calibration result holds, as its readers read it (`render`, the report, `equal_bits`).
+SCHEMA = {
+    "model": {"name": str, "fingerprint": str},
+    "command": str,
+    "layers": schema.ListOf(schema.LAYER, nonempty=True),
+    "group_size": schema.POSITIVE_COUNT,
+    "calibration": {
+        "tags": schema.ListOf(str, nonempty=True),
+        "tokens": schema.ListOf(schema.COUNT, nonempty=True),
+        "distortion": schema.ListOf(schema.ListOf(schema.NONNEGATIVE, nonempty=True), nonempty=True),
+        "requests": schema.COUNT,
+    },
+    "allocations": schema.ListOf(
+        {
+            "budget": schema.BITS,
+            "bits": schema.ListOf(schema.BIT_WIDTH),
+            "average_bits": schema.BITS,
+            "distortion": schema.NONNEGATIVE,
+            "search": str,
+        }
+    ),
+}
+
+
+def recomputed(data: dict) -> list[str]:
+    """The allocations (bits per tag at each budget, their average and total distortion) against `allocations`
+    of the file's own calibration table, at its group size."""
+    config = TokenPrecisionConfig(group_size=data["group_size"])
+    budgets = [a["budget"] for a in data["allocations"]]
+    try:
+        again = allocations(data["calibration"], budgets, config)
+    except schema.UNCOMPUTABLE as err:
+        return [f"allocations: cannot be recomputed from its calibration ({schema.why(err)})"]
+    out = []
+    for i, (given, mine) in enumerate(zip(data["allocations"], again, strict=True)):
+        where = f"allocations[{i}] (budget {given['budget']:g})"
+        if given["bits"] != mine["bits"]:
+            out.append(f"{where}.bits are {given['bits']}, its calibration gives {mine['bits']}")
+        for key in ("average_bits", "distortion"):
+            if not math.isclose(given[key], mine[key], rel_tol=1e-9, abs_tol=1e-12):
+                out.append(f"{where}.{key} is {given[key]:.6g}, its calibration gives {mine[key]:.6g}")
+    return out
+
+
+#: A role-calibration result: its schema, its markdown, its canary and the check of its allocations.
+KIND = schema.Kind("role-calibration", SCHEMA, render=render, pipeline=PIPELINE, recomputed=recomputed)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance
 
 from benchmarks.accuracy import lm_eval_cli, lm_eval_model
-from benchmarks.accuracy.lm_eval_model import (
-    DECODE_MARK,
+from benchmarks.accuracy.lm_eval_model import DECODE_MARK, PNMixLM
+from benchmarks.accuracy.model_args import (
+    LM_EVAL_PASSES,
     PLAIN_TEXT,
     ModelArgsError,
-    PNMixLM,
+    Options,
     check,
     check_chat,
     context_tags,
@@ -361,14 +362,14 @@ def test_a_shared_prompt_forward_scores_as_each_methods_own(tiny, fp16, model_ar
     """A sweep runs the prompt once (exact prefill attention is the same for every cache) and starts each
     method's cache from it: the scores are those of the method's own pass."""
     own = PNMixLM(pretrained=str(tiny), chunk=4, **model_args)
-    shared = PNMixLM.sharing(fp16, **model_args)
+    shared = PNMixLM(share=fp16, **model_args)
     assert shared.model is fp16.model and shared.config == own.config
     context = DOCUMENT + DECODE_MARK + QUESTION
     pairs = [(context, c) for c in CONTINUATIONS]
     expected = own.loglikelihood(requests("loglikelihood", *pairs))
     context_enc = own.tok_encode(context.replace(DECODE_MARK, ""))
     prompt = own.prompt_length(context, context_enc)
-    conts = [own._encode_pair(context, c)[1] for c in CONTINUATIONS]
+    conts = [own.encode_pair(context, c)[1] for c in CONTINUATIONS]
     recorded = fp16.record_prompt(context_enc[:prompt])
     got = shared.score_shared(context.replace(DECODE_MARK, "").rstrip(), context_enc, prompt, conts, recorded)
     for (lp, greedy), (lp_own, greedy_own) in zip(got, expected, strict=True):
@@ -382,7 +383,7 @@ def test_a_shared_prompt_forward_generates_as_each_methods_own(tiny, fp16, model
     from benchmarks.accuracy.task_accuracy import Shared, _request_key
 
     own = PNMixLM(pretrained=str(tiny), chunk=fp16.settings.options.chunk, **model_args)
-    shared = Shared(fp16, {"run": PNMixLM.sharing(fp16, **model_args)})
+    shared = Shared(fp16, {"run": PNMixLM(share=fp16, **model_args)})
     asked = requests(
         "generate_until",
         (DOCUMENT + DECODE_MARK + QUESTION, {"until": ["\n"], "max_gen_toks": 10}),
@@ -394,7 +395,7 @@ def test_a_shared_prompt_forward_generates_as_each_methods_own(tiny, fp16, model
 
 
 def test_a_request_whose_score_cannot_depend_on_the_cache_is_warned_of_once_per_task(pnmix, caplog):
-    one_token = [w for w in (" the", " fox", " dog", ".", " a") if len(pnmix._encode_pair(DOCUMENT, w)[1]) == 1]
+    one_token = [w for w in (" the", " fox", " dog", ".", " a") if len(pnmix.encode_pair(DOCUMENT, w)[1]) == 1]
     blind = (DOCUMENT + QUESTION, one_token[0])  # no mark and one continuation token
     marked = (DOCUMENT + DECODE_MARK + QUESTION, one_token[0])  # the question reads the cache
     with caplog.at_level(logging.WARNING, logger=lm_eval_model.__name__):
@@ -653,7 +654,7 @@ def test_help_names_the_pnmix_model_its_model_args_and_the_methods(command, caps
         lm_eval_cli.main([*command, "--help"])
     said = " ".join(capsys.readouterr().out.split())  # the lines as one, wherever they wrap
     assert exit_.value.code == 0 and "--model pnmix --model_args pretrained=" in said
-    options = [f.name for f in dataclasses.fields(lm_eval_model.Options) if f.name not in lm_eval_model.LM_EVAL_PASSES]
+    options = [f.name for f in dataclasses.fields(Options) if f.name not in LM_EVAL_PASSES]
     fields = [f.name for cls in (PNMixConfig, TokenPrecisionConfig) for f in dataclasses.fields(cls)]
     missing = [
         name for name in [*options, *fields, *methods.REGISTRY] if not re.search(rf"\b{re.escape(name)}\b", said)

@@ -13,6 +13,7 @@ heavy library at module level that the importing module does not already load.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,21 @@ def test_a_module_runs_as_a_command_only_once_it_is_whole():
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and i != len(body) - 1:
                 early.append(f"{module}:{node.lineno}")
     assert early == []
+
+
+#: Tracked folders that are data of a result, not a part of the layout (a report's own inputs, a GPU session's files).
+NOT_LAYOUT = ("reports/example-", "benchmarks/results/")
+
+
+def test_the_layout_page_has_a_row_for_every_folder():
+    """docs/layout.md's table names every folder the repository tracks (a new folder gets its row)."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {str(Path(f).parent) for f in tracked.split()} - {"."}
+    folders = {f for f in folders if not f.startswith(NOT_LAYOUT)}
+    rows = [
+        line.split("|")[1] for line in (ROOT / "docs" / "layout.md").read_text().splitlines() if line.startswith("| ")
+    ]
+    named = {m.rstrip("/") for row in rows for m in re.findall(r"`([^`]+/)`", row)}
+    assert sorted(folders - named) == []

@@ -7,7 +7,6 @@ import re
 from collections.abc import Sequence
 
 from benchmarks.fidelity import equal_bits
-from benchmarks.fidelity.long_output import quarter_means
 from reference import paper
 from reports import figures
 from reports.inputs import Source
@@ -20,7 +19,6 @@ from reports.markdown import (
     Section,
     escape,
     figure,
-    fmt,
     table,
 )
 from reports.provenance import computed, measured, quoted
@@ -37,8 +35,9 @@ MEMORY_SOURCE = computed(
 )
 CLAIMS_SOURCE = computed("benchmarks.fidelity.equal_bits.claims")
 #: The columns of a budget's table that are computed (storage formulas), not measured.
-COMPUTED_COLUMNS = ("bits", "stored")
-MEASURED_COLUMNS = ("attn KL", "out MSE", "e2e KL", "top-1", "NLL")
+#: The method table's columns by provenance (`equal_bits.METHOD_COLUMNS`).
+COMPUTED_COLUMNS = equal_bits.METHOD_COLUMNS[2:4]
+MEASURED_COLUMNS = equal_bits.METHOD_COLUMNS[4:]
 
 
 def _provenance(s: Source) -> str:
@@ -147,48 +146,26 @@ def _tables(data: dict, label: str, level: int, cite: Citations) -> list[str]:
     )
     parts = []
     for r in data["results"]:
-        rows = [
-            [
-                n,
-                m["config"],
-                f"{m['bits']:.3f}",
-                f"{m['stored_bits']:.3f}",
-                f"{m['attention_kl']:.3g}",
-                f"{m['output_mse']:.3g}",
-                fmt(m.get("e2e_kl"), ".3g"),
-                fmt(m.get("e2e_top1"), ".3f"),
-                f"{m['e2e_nll']:.4g}",
-            ]
-            for n, m in r["methods"].items()
-        ]
+        rows = equal_bits.tables(r)
         parts += [
             f"{'#' * level} Budget {r['budget']} bits\n",
             table(
-                rows,
-                ["method", "config", *COMPUTED_COLUMNS, *MEASURED_COLUMNS],
+                rows["methods"],
+                list(equal_bits.METHOD_COLUMNS),
                 f"equal-bits run {label}; measured: {', '.join(MEASURED_COLUMNS)}; computed: "
                 f"{', '.join(COMPUTED_COLUMNS)} (storage formulas, on this run's allocation and conversation "
                 "lengths)",
             ),
         ]
-        if r["long_output"]:
-            q = [[n, *(f"{x:.3g}" for x in quarter_means(c["kl"]))] for n, c in r["long_output"].items() if "kl" in c]
+        if rows["long_output"]:
             parts += [
                 f"Long outputs ({r['long_positions']} positions): KL(FP16 || method) by quarter of the output\n",
-                table(q, ["method", "Q1", "Q2", "Q3", "Q4"], f"measured: equal-bits run {label}"),
+                table(rows["long_output"], list(equal_bits.QUARTER_COLUMNS), f"measured: equal-bits run {label}"),
             ]
-        mem = [
-            [x["method"], x["fig6a_longest_generation"], x["fig6b_max_batch"], f"{x['cache_gib_at_b32_8k']:.2f}"]
-            for x in r["memory"]
-        ]
         parts += [
             f"Memory of each method at this budget ({paper.MODEL}, {paper.GPU_MEMORY_GIB:g} GiB budget, prompt "
             f"{paper.PROMPT})\n",
-            table(
-                mem,
-                ["method", "Fig. 6a: longest gen. at B=32", "Fig. 6b: max B at 8K", "cache GiB at B=32, 8K"],
-                memory,
-            ),
+            table(rows["memory"], list(equal_bits.MEMORY_COLUMNS), memory),
         ]
     return parts
 

@@ -19,7 +19,6 @@ from reports.markdown import (
     Citations,
     Claim,
     Section,
-    demote,
     details,
     escape,
     escaped,
@@ -211,9 +210,11 @@ def render(sources: Sequence[Source], note: str = "", long_sources: Sequence[Sou
     )
     parts = []
     for s in ordered:
-        body = fidelity.markdown(escaped(_said_once(s.data))).split("\n", 1)[1]  # its own title is replaced by ours
         kind = "smoke" if is_smoke(s) else "full"
-        body = sources_under_tables(demote(body, 2), f"measured: fidelity {kind} run {cite.cite(provenance(s))}")
+        body = sources_under_tables(
+            fidelity.body(escaped(_said_once(s.data)), level=4),  # under our heading, which names the run
+            f"measured: fidelity {kind} run {cite.cite(provenance(s))}",
+        )
         head = escape(f"### {s.data.get('model')}: {_label(s)} (`{s.name}`, {s.origin})") + "\n"
         if s.data.get("model_fingerprint"):  # results before --model carry the name alone
             head += "\n" + escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 from benchmarks.fidelity import long_output
@@ -16,7 +15,6 @@ from reports.markdown import (
     NOT_MEASURED,
     Citations,
     Claim,
-    demote,
     escape,
     escaped,
     figure,
@@ -27,7 +25,6 @@ from reports.provenance import measured
 from reports.sections import model_label
 
 FIGURE = "long-output-{}.png"  # one figure per run, numbered in the order of the runs' dates
-PANELS = (("kl", "KL(FP16 || method), nats"), ("top1", "top-1 agreement with FP16"), ("nll", "NLL of the FP16 token"))
 
 
 def _provenance(s: Source) -> str:
@@ -112,28 +109,6 @@ def _rests_on(s: Source, key: str) -> str:
     return ""
 
 
-def _draw(s: Source):
-    summary = s.data["summary"]
-    mids = [(a + b) / 2 for a, b in itertools.pairwise(summary["bin_edges"])]
-
-    def draw(*axes):
-        for ax, (metric, title) in zip(axes, PANELS, strict=True):
-            for name, values in summary["methods"].items():
-                if metric in values:
-                    ax.plot(
-                        mids[: len(values[metric])],
-                        values[metric],
-                        marker="o",
-                        ms=3,
-                        color=figures.color(name),
-                        label=name,
-                    )
-            ax.set_title(title)
-            ax.set_xlabel("output position")
-
-    return draw
-
-
 def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[str, bytes]]:
     """Markdown parts and figures for the long-output results (nothing when there are none), each
     run's tables citing its source in `cite`, the fidelity section's; their claims come from `claims`."""
@@ -149,11 +124,19 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
     figs = {}
     for i, s in enumerate(sorted(sources, key=lambda s: s.data.get("date_utc", "")), start=1):
         label = cite.cite(_provenance(s))
-        body = long_output.markdown(escaped(s.data)).split("\n", 1)[1]
-        parts.append(sources_under_tables(demote(body, 2), f"measured: long-output run {label}"))
+        body = long_output.body(escaped(s.data), level=4)  # under the section's heading
+        parts.append(sources_under_tables(body, f"measured: long-output run {label}"))
         if s.data.get("model_fingerprint"):
             parts.append(escape(f"Model fingerprint: `{s.data['model_fingerprint']}`.") + "\n")
-        png = figures.png(_draw(s), ncols=len(PANELS), size=(4.6, 3.6)) if i <= MAX_FIGURES else None
+        png = (
+            figures.png(
+                lambda *axes, s=s: long_output.draw(s.data, axes, figures.color),
+                ncols=len(long_output.PANELS),
+                size=(4.6, 3.6),
+            )
+            if i <= MAX_FIGURES
+            else None
+        )
         if png is not None:
             figs[FIGURE.format(i)] = png
             positions = s.data["summary"]["positions"]

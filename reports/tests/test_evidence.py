@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fidelity import long_output
 from reports import cli, currency, inputs, schema
 from reports.sections import accuracy
 from reports.tests import synthetic
@@ -63,7 +64,7 @@ def test_a_long_output_series_edited_with_its_summary_is_evidence_as_given(tmp_p
     for prompt in data["per_prompt"]:
         prompt["PN-Mix"]["kl"] = [x / 10 for x in prompt["PN-Mix"]["kl"]]
     bins = len(data["summary"]["bin_edges"]) - 1
-    data["summary"] = schema.bench_long.summarize(data["per_prompt"], bins)  # the tool's own summary of it
+    data["summary"] = long_output.summarize(data["per_prompt"], bins)  # the tool's own summary of it
     assert inputs.load(synthetic.write(tmp_path, "both.json", data), "--input").refused == ""
 
 
