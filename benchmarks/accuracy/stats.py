@@ -66,6 +66,72 @@ def items_to_resolve(difference: float = 0.05, accuracy: float = 0.8, discordant
     return math.ceil(n)
 
 
+def detectable(n: int, discordant: float, power: float = 0.80, alpha: float = 0.05) -> float:
+    """The smallest paired difference `n` items resolve with `power` at two-sided `alpha`, given the share of
+    discordant items (Connor 1987's sample size for McNemar's test, solved for the difference): what a sample
+    can tell, not the half-width of the interval it happened to give. A difference d needs a share of at least d
+    discordant items, so the share used is the larger of the two; 1.0 when the items cannot resolve any
+    difference."""
+    from scipy.stats import norm
+
+    if n < 1 or not 0 <= discordant <= 1:
+        raise ValueError(f"need n >= 1 and a discordant share in [0, 1], got {n} and {discordant}")
+    z_a, z_b = norm.ppf(1 - alpha / 2), norm.ppf(power)
+
+    def needed(d: float) -> float:
+        psi = max(discordant, d)  # a difference d needs at least a share d of discordant items
+        return (z_a * math.sqrt(psi) + z_b * math.sqrt(max(psi - d * d, 0.0))) ** 2 / (d * d)
+
+    if needed(1.0) > n:
+        return 1.0
+    low, high = 1e-9, 1.0  # needed() falls as d grows: bisect for needed(d) = n
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if needed(mid) > n else (low, mid)
+    return high
+
+
+def discordant_share(method: Sequence[bool], baseline: Sequence[bool]) -> float:
+    """The share of items on which the two disagree (one right, the other wrong)."""
+    return sum(bool(m) != bool(f) for m, f in zip(method, baseline, strict=True)) / len(method)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The one rule for "close to" and "differs by": the 90% interval of a paired difference (two one-sided
+    tests at 5%) against a margin symmetric about no difference (`margin_rule`)."""
+
+    status: str  # "within", "outside", "excludes the reference gap", "undecided"
+    low: float
+    high: float
+    detectable: float  # what the items resolve at 80% power (`detectable`)
+
+    @property
+    def decided(self) -> bool:
+        return self.status != "undecided"
+
+
+def margin_rule(
+    method: Sequence[bool], baseline: Sequence[bool], margin: float, gap: tuple[float, float] | None = None
+) -> Margin:
+    """Within when the 90% interval of accuracy(method) - accuracy(baseline) lies inside (-margin, margin);
+    outside when it lies wholly beyond one side; "excludes the reference gap" when neither but it excludes the
+    range `gap` (a difference the source reports, e.g. the paper's own); undecided otherwise."""
+    if margin <= 0:
+        raise ValueError(f"margin must be positive, got {margin}")
+    lo, hi = paired_interval(method, baseline, 0.90)
+    resolved = detectable(len(method), discordant_share(method, baseline))
+    if -margin < lo and hi < margin:
+        status = "within"
+    elif hi <= -margin or lo >= margin:
+        status = "outside"
+    elif gap is not None and (hi < min(gap) or lo > max(gap)):
+        status = "excludes the reference gap"
+    else:
+        status = "undecided"
+    return Margin(status, lo, hi, resolved)
+
+
 def paired_interval(method: Sequence[bool], baseline: Sequence[bool], confidence: float = 0.90) -> tuple[float, float]:
     """Confidence interval of accuracy(method) - accuracy(baseline) on the same items: Newcombe's hybrid
     score interval for paired proportions (Newcombe 1998, method 10: each accuracy's Wilson interval,

@@ -29,8 +29,9 @@ OWN_OVERRIDES = {
     "TriAxialKV": (("budget", 3.25),),
     "role-aware PN-Mix": (("budget", 3.25),),
 }
-#: Keys at this width are the "unquantized" side of value-only quantization (Table 8): the cache
-#: family always quantizes keys, and 8 bits is within float16's own rounding of most keys.
+#: Keys at this width are the nearly unquantized side of value-only quantization (Table 8): the cache family
+#: always quantizes keys, so "values only" keeps 8-bit keys (a step of a group's range / 255: small, not float16's
+#: own rounding), and its bits are stated beside its result rather than called equal to keys-only's.
 NEAR_EXACT_KEY_BITS = 8
 
 

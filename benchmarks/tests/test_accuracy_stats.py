@@ -79,3 +79,42 @@ def test_the_paired_interval_narrows_with_items_and_is_never_empty():
     assert low < -0.25 < high < 0  # ten of forty lost: the difference -0.25 inside, the interval below zero
     with pytest.raises(ValueError, match="same items"):
         paired_interval([True], [True, False])
+
+
+@pytest.mark.parametrize(("n", "discordant"), [(40, 0.0), (100, 0.2), (350, 0.2), (1000, 0.05), (20_000, 0.01)])
+def test_what_a_sample_resolves_is_the_difference_its_size_is_planned_for(n, discordant):
+    """`detectable` inverts Connor's sample size: n items resolve d, and d needs no more than n items (a
+    difference needs at least its own share of discordant items)."""
+    from benchmarks.accuracy.stats import detectable, items_to_resolve
+
+    d = detectable(n, discordant)
+    assert 0 < d < 1
+    assert items_to_resolve(d, discordant=max(discordant, d)) <= n + 1
+    assert items_to_resolve(d * 0.9, discordant=max(discordant, d * 0.9)) > n
+    assert detectable(4 * n, discordant) < d  # more items resolve less
+
+
+def test_the_margin_rule_is_symmetric_about_no_difference():
+    from benchmarks.accuracy.stats import margin_rule
+
+    base = [True] * 900 + [False] * 100
+    worse = [False] * 200 + [True] * 700 + [False] * 100  # -20 points
+    better = [True] * 900 + [True] * 100  # +10 points
+    close = [False] * 5 + [True] * 895 + [False] * 100  # -0.5 points
+    assert margin_rule(worse, base, 0.05).status == "outside" == margin_rule(base, worse, 0.05).status
+    assert margin_rule(better, base, 0.05).status == "outside"
+    assert margin_rule(close, base, 0.05).status == "within" == margin_rule(base, close, 0.05).status
+    m, mirrored = margin_rule(close, base, 0.05), margin_rule(base, close, 0.05)
+    assert m.low == pytest.approx(-mirrored.high) and m.high == pytest.approx(-mirrored.low)
+
+
+def test_the_margin_rule_is_undecided_where_the_interval_straddles_the_margin():
+    from benchmarks.accuracy.stats import margin_rule
+
+    base = [True] * 90 + [False] * 10
+    method = [False] * 6 + [True] * 84 + [True] * 3 + [False] * 7  # -3 points on 100 items
+    m = margin_rule(method, base, 0.05)
+    assert m.status == "undecided" and m.low < -0.05 < m.high and not m.decided
+    assert margin_rule(method, base, 0.05, gap=(-0.5, -0.4)).status == "excludes the reference gap"
+    with pytest.raises(ValueError, match="margin must be positive"):
+        margin_rule(method, base, 0)

@@ -1,5 +1,5 @@
 """Task accuracy against key bits (the paper's Table 2, Fig. 3 / Table 14, Table 8), from the results
-of `python -m benchmarks.task_accuracy`: every run's accuracy per task with its 95% Wilson interval and
+of `pnmix-task-accuracy`: every run's accuracy per task with its 95% Wilson interval and
 item count, FP16's own beside it, each method's paired difference from FP16 on the same items (exact
 McNemar p), a figure of accuracy against key bits, and the three claim rows judged on these numbers."""
 
@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Sequence
 
 from benchmarks import tasks as tasks_suite
-from benchmarks.accuracy.stats import Accuracy, accuracy, items_to_resolve, paired, paired_interval, resolves
+from benchmarks.accuracy.stats import Accuracy, Margin, accuracy, items_to_resolve, margin_rule, paired, paired_interval
 from benchmarks.accuracy.sweep import NEAR_EXACT_KEY_BITS
 from benchmarks.accuracy.task_accuracy import layers_note
 from reference import methods, paper
@@ -38,9 +38,13 @@ INFORMATIVE_MARGIN = 0.15
 #: The budget below which the paper says PN-Mix stays robust (Fig. 3: "the sub-2.25-bit regime"): Fig. 3
 #: is judged on the budgets below it only.
 SUB_BUDGET = 2.25
-#: Table 2's "comparable to FP16" holds when the 90% interval of the paired difference lies within this
-#: margin (two one-sided tests at 5%).
+#: The one margin of "close to" and "differs" (`benchmarks.accuracy.stats.margin_rule`): a claim that two runs
+#: are close is confirmed when the 90% interval of their paired difference lies within it (two one-sided tests at
+#: 5%), refuted when the interval lies wholly outside it; a claim that they differ, the other way round.
 EQUIVALENCE_MARGIN = 0.05
+#: The paper's own FP16 -> PN-Mix differences of Table 2, as accuracy fractions: an interval wholly below the
+#: larger drop says PN-Mix loses more than the paper reports.
+PAPER_TABLE2_GAP = tuple(sorted((pnmix - fp16) / 100 for fp16, pnmix in paper.TABLE2_MEAN_ACCURACY.values()))
 MARGIN_WHY = (
     "5 points: what the suite's sample plan resolves (about 350 paired items per comparison); the paper's own "
     "FP16 - PN-Mix differences, 0.6-1 point, are below what a few hundred items of a small model can resolve"
@@ -70,6 +74,29 @@ def wilson(outcomes: Sequence) -> Accuracy:
 def pooled(run: dict, tasks: Sequence[str]) -> list[bool]:
     """A run's item outcomes over `tasks`, in one order (the pairing with FP16 follows it)."""
     return [bool(o) for t in tasks for o in run["results"][t]["correct"]]
+
+
+def at_ceiling_or_floor(runs: Sequence[dict], task: str) -> bool:
+    """Whether every one of `runs` answers every item of `task` right (or every item wrong): such a task cannot
+    tell the runs apart, and pooled in it would pull an equivalence verdict towards "close"."""
+    outcomes = [bool(o) for r in runs for o in r["results"][task]["correct"]]
+    return all(outcomes) or not any(outcomes)
+
+
+def telling(runs: Sequence[dict], tasks: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the tasks that can tell `runs` apart, those at ceiling or floor for all of them: `at_ceiling_or_floor`)."""
+    flat = [t for t in tasks if at_ceiling_or_floor(runs, t)]
+    return [t for t in tasks if t not in flat], flat
+
+
+def per_task(run: dict, base: dict, tasks: Sequence[str]) -> str:
+    """Each task's paired difference from `base` with its 90% interval, beside a pooled verdict."""
+    out = []
+    for t in tasks:
+        mine, ref = run["results"][t]["correct"], base["results"][t]["correct"]
+        lo, hi = paired_interval([bool(x) for x in mine], [bool(x) for x in ref], 0.90)
+        out.append(f"{t} {paired(mine, ref).difference:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+    return "per task (90% interval): " + ", ".join(out)
 
 
 def answer_in_question(task: str) -> str:
@@ -164,10 +191,12 @@ def render_result(
     base = fp16_run(data)
     names = [t["name"] for t in data["tasks"]]
     useful = informative(data)
+    # pooled per view: the two views may ask about the same documents, which a pool over both would count twice
+    by_view = views(data, useful)
     rows = []
     for run in data["runs"]:
-        overall = pooled_cell(run, base, useful) if useful and pooled(run, useful) else "-"
-        rows.append([run["label"], _bits(run.get("key_bits")), _bits(run.get("value_bits")), overall])
+        cells = [pooled_cell(run, base, tasks) if pooled(run, tasks) else "-" for tasks in by_view.values()]
+        rows.append([run["label"], _bits(run.get("key_bits")), _bits(run.get("value_bits")), *(cells or ["-"])])
     tasks_rows = [
         [
             t["name"],
@@ -182,7 +211,9 @@ def render_result(
     head = escape(f"#### {data['model']} ({len(names)} tasks, {items} items) {cite}") + "\n"
     overall_table = table(
         rows,
-        ["run", "key bits", "value bits", "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"],
+        ["run", "key bits", "value bits"]
+        + [f"{view}: accuracy [95% Wilson], vs FP16, McNemar p" for view in by_view]
+        + ([] if by_view else ["accuracy"]),
         f"{cite}; bits computed by `reference.channels.storage.bit_widths` (the paper's counting, T_q = 32768)"
         + (f"; {note}" if (note := layers_note(data)) else ""),
     )
@@ -193,20 +224,21 @@ def render_result(
         "McNemar p)",
     )
     png = _figure(data, useful) if useful and drawn else None
-    power = ""
-    if useful:
-        pooled_fp16 = wilson(pooled(base, useful))
-        need = items_to_resolve(0.05, min(max(pooled_fp16.value, 0.5), 0.95))
-        enough = "resolves" if pooled_fp16.n >= need else "does not resolve"
-        power = (
-            f"{pooled_fp16.n} items on the informative tasks: this {enough} a 5-point paired difference from FP16 "
-            f"(about {need} items needed for 80% power with the exact McNemar test at 5%, "
-            "`benchmarks.accuracy.stats.items_to_resolve`); differences smaller than the intervals say nothing.\n"
-        )
+    power = "".join(_power(view, wilson(pooled(base, tasks))) for view, tasks in by_view.items())
     md = [head, power, overall_table, "Every task, every run:\n", details("the table", per_task)]
     if png is not None:
         md.append(figure(f"task-accuracy-{n}.png", f"accuracy against key bits, {data['model']} (measured)"))
     return "\n".join(md), png, _claims(data, useful, cite)
+
+
+def _power(view: str, fp16: Accuracy) -> str:
+    need = items_to_resolve(EQUIVALENCE_MARGIN, min(max(fp16.value, 0.5), 0.95))
+    enough = "resolves" if fp16.n >= need else "does not resolve"
+    return (
+        f"{view}: {fp16.n} items on the informative tasks: this {enough} a {EQUIVALENCE_MARGIN * 100:g}-point "
+        f"paired difference from FP16 (about {need} items needed for 80% power with the exact McNemar test at 5%, "
+        "`benchmarks.accuracy.stats.items_to_resolve`); differences smaller than the intervals say nothing.\n"
+    )
 
 
 #: Markers of the runs drawn as single points (own bits, Table 8), one per run: the budgets' lines use "o".
@@ -301,16 +333,17 @@ def views(data: dict, useful: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _resolution(method: list[bool], baseline: list[bool]) -> str:
-    lo, hi = paired_interval(method, baseline, 0.95)
-    return f"{len(method)} paired items, 95% interval [{lo:+.3f}, {hi:+.3f}]: they resolve +-{resolves((lo, hi)):.3f}"
+def _resolution(m: Margin, n: int) -> str:
+    return (
+        f"{n} paired items, 90% interval [{m.low:+.3f}, {m.high:+.3f}]; they resolve a difference of "
+        f"{m.detectable:.3f} at 80% power (`benchmarks.accuracy.stats.detectable`)"
+    )
 
 
 def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
     if not useful:
         return [
-            Claim(c, NOT_MEASURED, "-", f"{data['model']}: FP16 is near chance on every task run", cite)
-            for c in (TABLE2, FIG3, TABLE8)
+            Claim(c, NOT_MEASURED, "-", f"{data['model']}: FP16 is near chance on every task run", cite) for c in CLAIMS
         ]
     out = []
     for view, tasks in views(data, useful).items():
@@ -320,67 +353,104 @@ def _claims(data: dict, useful: list[str], cite: str) -> list[Claim]:
 
 
 def _view_claims(data: dict, useful: list[str], where: str, cite: str, short: str) -> list[Claim]:
-    """The three claims on one view's tasks; `short` names the model and view in each claim's `rests_on`."""
-    base = pooled(fp16_run(data), useful)
+    """The claims on one view's tasks; `short` names the model and view in each claim's `rests_on`."""
+    base = fp16_run(data)
     out = []
     pnmix, kivi = budget_runs(data, "PN-Mix"), {r["budget"]: r for r in budget_runs(data, "KIVI")}
     main = next((r for r in pnmix if r["budget"] == SUB_BUDGET), None)
     if main is not None:
-        out.append(_table2(main, pooled(main, useful), base, where, cite, short))
+        out.append(_table2(main, base, useful, where, cite, short))
+    below = [r for r in pnmix if r["budget"] < SUB_BUDGET]
+    if below:
+        out.append(_fig3_fp16(below, base, useful, where, cite, short))
     # PN-Mix and KIVI paired by the budget both were picked for
-    pairs = [(r, kivi[r["budget"]]) for r in pnmix if r["budget"] < SUB_BUDGET and r["budget"] in kivi]
+    pairs = [(r, kivi[r["budget"]]) for r in below if r["budget"] in kivi]
     if pairs:
-        out.append(_fig3(pairs, useful, base, where, cite, short))
+        out.append(_fig3(pairs, useful, pooled(base, useful), where, cite, short))
     keys, values = table8_run(data, "keys"), table8_run(data, "values")
     if keys is not None and values is not None:
-        k, v = pooled(keys, useful), pooled(values, useful)
-        dk, dv, d = paired(k, base), paired(v, base), paired(k, v)
-        # keys alone losing more than values alone, beyond chance, confirms; the opposite refutes
-        status = INCONCLUSIVE if d.p_value >= ALPHA else CONFIRMED if d.difference < 0 else NOT_CONFIRMED
-        out.append(
-            Claim(
-                TABLE8,
-                status,
-                "measured",
-                f"keys only {dk.difference:+.3f} against FP16 (p {dk.p_value:.2g}), values only "
-                f"{dv.difference:+.3f} (p {dv.p_value:.2g}); keys only - values only {d.difference:+.3f} "
-                f"(p {d.p_value:.2g}){': no difference beyond chance' if status == INCONCLUSIVE else ''}; "
-                f"{_resolution(k, v)}; {where}",
-                cite,
-                f"{short}: keys only - values only {d.difference:+.3f} (p {d.p_value:.2g})",
-            )
-        )
+        out.append(_table8(keys, values, base, useful, where, cite, short))
     return out
 
 
-def _table2(run: dict, method: list[bool], base: list[bool], where: str, cite: str, short: str) -> Claim:
-    """Comparable to FP16: a drop beyond chance refutes it; the 90% interval of the paired difference within
-    +-EQUIVALENCE_MARGIN (two one-sided tests at 5%) confirms it; anything else cannot tell."""
-    d = paired(method, base)
-    lo, hi = paired_interval(method, base, 0.90)
-    if d.difference < 0 and d.p_value < ALPHA:
-        status, why = NOT_CONFIRMED, "a drop beyond chance"
-    elif -EQUIVALENCE_MARGIN < lo and hi < EQUIVALENCE_MARGIN:
-        status, why = CONFIRMED, f"equivalent within +-{EQUIVALENCE_MARGIN:.2f}"
-    else:
-        status, why = INCONCLUSIVE, f"neither a drop beyond chance nor equivalence within +-{EQUIVALENCE_MARGIN:.2f}"
+def _close(
+    run: dict, base: dict, tasks: Sequence[str], gap: tuple[float, float] | None = None
+) -> tuple[Margin, list[str], list[str]]:
+    """`margin_rule` of `run` against `base` on the tasks that can tell them apart (`telling`): (the verdict,
+    the tasks used, those left out at ceiling or floor)."""
+    used, flat = telling([run, base], tasks)
+    used = used or list(tasks)  # every task at ceiling: the pool is all there is, and it is said
+    return margin_rule(pooled(run, used), pooled(base, used), EQUIVALENCE_MARGIN, gap), used, flat
+
+
+def _left_out(flat: list[str]) -> str:
+    return f"; left out at ceiling or floor for both: {', '.join(flat)}" if flat else ""
+
+
+def _table2(run: dict, base: dict, tasks: Sequence[str], where: str, cite: str, short: str) -> Claim:
+    """Close to FP16, by the one margin rule: the 90% interval of PN-Mix - FP16 within +-EQUIVALENCE_MARGIN
+    confirms; wholly outside it, or wholly below the paper's own larger drop, refutes; otherwise inconclusive,
+    with the difference the items resolve at 80% power."""
+    m, used, flat = _close(run, base, tasks, PAPER_TABLE2_GAP)
+    mine, ref = pooled(run, used), pooled(base, used)
+    d = paired(mine, ref)
+    gap = f"{PAPER_TABLE2_GAP[0] * 100:+.2f} to {PAPER_TABLE2_GAP[1] * 100:+.2f} points"
+    status, why = {
+        "within": (CONFIRMED, f"within +-{EQUIVALENCE_MARGIN:.2f} of FP16"),
+        "outside": (NOT_CONFIRMED, f"differs from FP16 by more than +-{EQUIVALENCE_MARGIN:.2f}"),
+        "excludes the reference gap": (
+            NOT_CONFIRMED if m.high < PAPER_TABLE2_GAP[0] else INCONCLUSIVE,
+            f"the interval excludes the paper's own difference ({gap})"
+            + (": a larger drop than the paper reports" if m.high < PAPER_TABLE2_GAP[0] else ": a smaller one"),
+        ),
+        "undecided": (
+            INCONCLUSIVE,
+            f"neither within nor outside +-{EQUIVALENCE_MARGIN:.2f}: the items resolve {m.detectable:.3f}",
+        ),
+    }[m.status]
     return Claim(
         TABLE2,
         status,
         "measured",
-        f"PN-Mix at {run['key_bits']:.2f} key bits against FP16 on the same {len(base)} items: {d.difference:+.3f} "
-        f"(exact McNemar p {d.p_value:.2g}; 90% interval [{lo:+.3f}, {hi:+.3f}], two one-sided tests at 5%): {why}; "
-        f"margin {MARGIN_WHY}; {_resolution(method, base)}; {where}",
+        f"PN-Mix at {run['key_bits']:.2f} key bits against FP16 on the same {len(ref)} items: {d.difference:+.3f} "
+        f"(exact McNemar p {d.p_value:.2g}; 90% interval [{m.low:+.3f}, {m.high:+.3f}], two one-sided tests at 5%): "
+        f"{why}; margin {MARGIN_WHY}; {_resolution(m, len(ref))}{_left_out(flat)}; {per_task(run, base, used)}; "
+        f"{where}",
         cite,
-        f"{short}: {d.difference:+.3f}, 90% [{lo:+.3f}, {hi:+.3f}]",
+        f"{short}: {d.difference:+.3f}, 90% [{m.low:+.3f}, {m.high:+.3f}]",
+    )
+
+
+def _fig3_fp16(runs: list[dict], base: dict, tasks: Sequence[str], where: str, cite: str, short: str) -> Claim:
+    """Fig. 3's first part, PN-Mix stays close to FP16 below SUB_BUDGET, by the margin rule at every such budget:
+    confirmed where every budget is within the margin, not confirmed where one lies wholly outside it,
+    otherwise inconclusive."""
+    lines, verdicts = [], []
+    for r in runs:
+        m, used, flat = _close(r, base, tasks)
+        verdicts.append((m, r))
+        lines.append(
+            f"at {r['budget']:g} bits ({r['key_bits']:.2f} key bits) PN-Mix - FP16 {m.status} "
+            f"+-{EQUIVALENCE_MARGIN:.2f}: {_resolution(m, len(pooled(base, used)))}{_left_out(flat)}"
+        )
+    statuses = {m.status for m, _ in verdicts}
+    status = NOT_CONFIRMED if "outside" in statuses else CONFIRMED if statuses == {"within"} else INCONCLUSIVE
+    worst, r = min(verdicts, key=lambda v: v[0].low)
+    return Claim(
+        FIG3_FP16,
+        status,
+        "measured",
+        "; ".join(lines) + f"; {where}",
+        cite,
+        f"{short}: at {r['budget']:g} bits PN-Mix - FP16 90% [{worst.low:+.3f}, {worst.high:+.3f}]",
     )
 
 
 def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str, short: str) -> Claim:
-    """PN-Mix against KIVI at each budget below SUB_BUDGET: a budget compares keys only where the two store
-    values at about the same bits (else what differs is not the keys alone, and it is said). Confirmed where
-    PN-Mix is better beyond chance at some budget and never worse; not confirmed where KIVI is better beyond
-    chance at some budget; otherwise inconclusive, with what the items resolve."""
+    """Fig. 3's second part, KIVI degrades more than PN-Mix below SUB_BUDGET: a budget compares keys only where
+    the two store values at about the same bits (else what differs is not the keys alone, and it is said).
+    Confirmed where PN-Mix is better beyond chance at some budget and never worse; not confirmed where KIVI is
+    better beyond chance at some budget; otherwise inconclusive, with what the items resolve."""
     lines, better, worse, counted, deciding = [], 0, 0, 0, []
     for p, k in pairs:
         mine, theirs = pooled(p, useful), pooled(k, useful)
@@ -398,12 +468,45 @@ def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str, sho
         deciding.append(
             (d.p_value, f"{short}: at {p['budget']:g} bits, PN-Mix - KIVI {d.difference:+.3f} (p {d.p_value:.2g})")
         )
-        lines.append(f"{line}; {_resolution(mine, theirs)}")
+        m = margin_rule(mine, theirs, EQUIVALENCE_MARGIN)
+        lines.append(f"{line}; {_resolution(m, len(mine))}")
     if not counted:
         why = f"no budget below {SUB_BUDGET:g} compares keys alone: " + "; ".join(lines)
         return Claim(FIG3, NOT_MEASURED, "-", why, cite)
     status = NOT_CONFIRMED if worse else CONFIRMED if better else INCONCLUSIVE
     return Claim(FIG3, status, "measured", "; ".join(lines) + f"; {where}", cite, min(deciding)[1])
+
+
+def _side(run: dict) -> str:
+    return f"{run['key_bits']:.2f}-bit keys, {run['value_bits']:.2f}-bit values"
+
+
+def _table8(keys: dict, values: dict, base: dict, tasks: Sequence[str], where: str, cite: str, short: str) -> Claim:
+    """Keys alone hurt more than values alone, by the margin rule on keys only - values only: wholly below
+    -EQUIVALENCE_MARGIN confirms; within the margin (the two are equivalent) or wholly above it refutes; otherwise
+    inconclusive. The two runs' bits are stated: they are not equal (the cache family always quantizes keys, so
+    values-only keeps keys at `NEAR_EXACT_KEY_BITS`)."""
+    m, used, flat = _close(keys, values, tasks)
+    k, v, ref = pooled(keys, used), pooled(values, used), pooled(base, used)
+    dk, dv, d = paired(k, ref), paired(v, ref), paired(k, v)
+    if m.status == "within":
+        status, why = NOT_CONFIRMED, f"keys only and values only within +-{EQUIVALENCE_MARGIN:.2f} of each other"
+    elif m.status == "outside":
+        status = CONFIRMED if m.high <= -EQUIVALENCE_MARGIN else NOT_CONFIRMED
+        why = f"keys only {'below' if status == CONFIRMED else 'above'} values only by more than {EQUIVALENCE_MARGIN}"
+    else:
+        status, why = INCONCLUSIVE, f"neither within nor outside +-{EQUIVALENCE_MARGIN:.2f}"
+    return Claim(
+        TABLE8,
+        status,
+        "measured",
+        f"keys only ({_side(keys)}) {dk.difference:+.3f} against FP16 (p {dk.p_value:.2g}), values only "
+        f"({_side(values)}) {dv.difference:+.3f} (p {dv.p_value:.2g}); keys only - values only {d.difference:+.3f} "
+        f"(p {d.p_value:.2g}): {why}; the two sides' bits are not equal; {_resolution(m, len(k))}{_left_out(flat)}; "
+        f"{where}",
+        cite,
+        f"{short}: keys only - values only {d.difference:+.3f}, 90% [{m.low:+.3f}, {m.high:+.3f}]",
+    )
 
 
 TABLE2 = (
@@ -413,11 +516,15 @@ TABLE2 = (
     )
     + ")"
 )
-FIG3 = "Fig. 3 / Table 14: PN-Mix stays robust in the sub-2.25-bit regime, where uniform KIVI-style keys degrade"
+FIG3_FP16 = "Fig. 3 / Table 14: PN-Mix stays close to FP16 in the sub-2.25-bit regime"
+FIG3 = "Fig. 3 / Table 14: in the sub-2.25-bit regime uniform KIVI-style keys degrade more than PN-Mix"
 TABLE8 = "Table 8: quantizing keys alone hurts accuracy more than quantizing values alone at equal bits"
+#: The claims the section judges, in their order.
+CLAIMS = (TABLE2, FIG3_FP16, FIG3, TABLE8)
 #: What a result must have run for each claim, said where none has.
 _NEEDS = {
     TABLE2: f"no current result ran PN-Mix at {SUB_BUDGET:g} key bits beside FP16",
+    FIG3_FP16: f"no current result ran PN-Mix at a key budget below {SUB_BUDGET:g} bits",
     FIG3: f"no current result ran PN-Mix and KIVI at a key budget below {SUB_BUDGET:g} bits",
     TABLE8: "no current result ran Table 8's two runs, keys only and values only (in the sweep's default runs)",
 }
@@ -434,11 +541,11 @@ def render(sources: Sequence[Source]) -> Section:
             figs[f"task-accuracy-{n}.png"] = png
     parts.append(undrawn(len(sources) - MAX_FIGURES, "results"))
     if not sources:
-        parts.append("No task-accuracy result: run `python -m benchmarks.task_accuracy` (or give one with --input).\n")
+        parts.append("No task-accuracy result: run `pnmix-task-accuracy` (or give one with --input).\n")
     # a claim no result ran the runs for is still a row: "not measured here", saying which runs it needs
     claims += [
         Claim(c, NOT_MEASURED, "-", _NEEDS[c] if sources else "no task-accuracy result", "-")
-        for c in (TABLE2, FIG3, TABLE8)
+        for c in CLAIMS
         if all(found.claim != c for found in claims)
     ]
     intro = (

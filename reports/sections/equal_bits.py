@@ -190,7 +190,7 @@ def render(sources: Sequence[Source]) -> Section:
         "same bits, so their rows isolate what PN-Mix's pairs add to token roles.\n"
     )
     if not sources:
-        return Section(TITLE, intro + "\nNo equal-bits result was given: run `python -m benchmarks.equal_bits`.\n")
+        return Section(TITLE, intro + "\nNo equal-bits result was given: run `pnmix-equal-bits`.\n")
     models = list(dict.fromkeys(_model(s) for s in sources))
     cite, parts, figs, found = Citations("E"), [intro, "SOURCES"], {}, False
     for n, model in enumerate(models, start=1):
@@ -236,7 +236,7 @@ def _model_parts(sources: Sequence[Source], cite: Citations, figure_name: str) -
     parts = []
     if only_stored:
         parts.append(
-            "\nNo current run matches the channel methods on bits (the default `python -m benchmarks.equal_bits`); "
+            "\nNo current run matches the channel methods on bits (the default `pnmix-equal-bits`); "
             "the run shown matches them on stored memory (`--match stored`).\n"
         )
     parts += ["### What it shows\n", *shows, "", escape(f"Run {label}: " + _run_line(s.data))]

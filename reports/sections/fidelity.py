@@ -1,5 +1,5 @@
 """Section 6: fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end-to-end agreement) from the JSON of
-`python -m benchmarks.fidelity`, rendered by that module's own `markdown` and `verdicts`."""
+`pnmix-fidelity`, rendered by `benchmarks.fidelity.claims` (`body`, `verdicts`)."""
 
 from __future__ import annotations
 

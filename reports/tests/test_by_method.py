@@ -128,7 +128,7 @@ def test_the_accuracy_is_the_task_accuracy_sections_and_cites_its_file(tmp_path)
     source = load(tmp_path, "acc.json", task_accuracy())
     md = by_method.render([source])
     section = {r["run"]: r for r in table_after(acc.render([source]).body, "#### ")}
-    pooled = "accuracy on the informative tasks [95% Wilson], vs FP16, McNemar p"
+    pooled = "choosing among candidates: accuracy [95% Wilson], vs FP16, McNemar p"
     cells = rows(md)
     for label, row in (
         ("PN-Mix @ 1.5", cells[PN_15]),
