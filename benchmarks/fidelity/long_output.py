@@ -205,37 +205,115 @@ def quarter_means(values: list[float]) -> list[float]:
     return [sum(values[a:b]) / (b - a) for a, b in itertools.pairwise(edges)]
 
 
-def verdicts(result: dict) -> dict[str, tuple[bool | None, str]]:
-    """The two long-output judgements the report states, on one result's curves:
-    - "accumulates": KL(FP16 || method) of every quantized method is higher over the last quarter of
-      output positions than over the first (the premise that error grows with the output);
-    - "pnmix_lowest": PN-Mix's KL is below that of every method at equal key bits (within EQUAL_BITS)
-      in every quarter of the output; None where the result has no PN-Mix or no equal-bit rival.
-    Each with the numbers it was judged on."""
+#: Prompts a long-output verdict is decided on at least: each judgement is a sign test over prompts, and fewer
+#: prompts cannot show an ordering beyond chance unless they all agree (and a few prompts of one model's text
+#: may all repeat themselves alike).
+MIN_PROMPTS = 8
+#: A sign test over prompts decides at this two-sided p.
+ALPHA = 0.05
+#: What a long-output verdict says: decided either way, undecided (the test cannot tell, or too few prompts),
+#: or not measured (the result lacks what the claim needs).
+HOLDS, FAILS, UNDECIDED, NOT_MEASURED = "holds", "fails", "undecided", "not measured"
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test (ties dropped): the p of `wins` against `losses` under no preference."""
+    from scipy.stats import binomtest
+
+    return float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
+
+
+def per_prompt_quarters(result: dict, name: str) -> list[list[float]] | None:
+    """Each prompt's mean KL(FP16 || `name`) per quarter of its output (cut to the shortest prompt's positions,
+    as the summary is); None where the result keeps no per-prompt series of the method."""
+    series = result.get("per_prompt")
+    if not series or any("kl" not in p.get(name, {}) for p in series):
+        return None
+    n = min(len(p["FP16"]["nll"]) for p in series)
+    return [quarter_means(p[name]["kl"][:n]) for p in series]
+
+
+def _ordered(pairs: list[tuple[float, float]]) -> tuple[int, int, float]:
+    """(prompts where the first is below the second, prompts where above, the sign test's p)."""
+    below = sum(a < b for a, b in pairs)
+    above = sum(a > b for a, b in pairs)
+    return below, above, sign_test(below, above)
+
+
+def _decide(tests: list[tuple[int, int, float]], prompts: int) -> str:
+    """HOLDS where every test's first side wins beyond chance, FAILS where one's loses beyond chance, UNDECIDED
+    otherwise or with fewer than MIN_PROMPTS prompts."""
+    if prompts < MIN_PROMPTS:
+        return UNDECIDED
+    if any(above > below and p < ALPHA for below, above, p in tests):
+        return FAILS
+    return HOLDS if all(below > above and p < ALPHA for below, above, p in tests) else UNDECIDED
+
+
+def verdicts(result: dict) -> dict[str, tuple[str, str]]:
+    """The two long-output judgements the report states, each a sign test over prompts (`per_prompt`: a mean of
+    few prompts can hide that they disagree), decided on MIN_PROMPTS prompts at least:
+    - "accumulates": every quantized method's KL(FP16 || method) is higher over the last quarter of a prompt's
+      output than over its first, on more prompts than chance allows (the premise that error grows with the
+      output);
+    - "pnmix_lowest": PN-Mix's KL is below that of every method at equal key bits (within EQUAL_BITS) in every
+      quarter of the output, prompt by prompt; NOT_MEASURED where the result has no PN-Mix or no equal-bit rival.
+    Each as (HOLDS, FAILS, UNDECIDED or NOT_MEASURED, the numbers it was judged on)."""
     methods = result["summary"]["methods"]
     kl = {n: quarter_means(m["kl"]) for n, m in methods.items() if "kl" in m}
     fp16 = quarter_means(methods["FP16"]["nll"])
-    out = {
-        "accumulates": (
-            all(q[-1] > q[0] for q in kl.values()) if kl else None,
-            "mean KL first -> last quarter of the output: "
-            + "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
-            + f" (FP16's own NLL {fp16[0]:.3g} -> {fp16[-1]:.3g})",
-        )
-    }
+    prompts = len(result.get("per_prompt") or [])
+    few = (
+        f"; {prompts} prompts kept per prompt: a verdict over prompts needs at least {MIN_PROMPTS}"
+        if prompts < MIN_PROMPTS
+        else ""
+    )
+    quarters = {n: per_prompt_quarters(result, n) for n in kl}
+    means = "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
+    if not kl or any(q is None for q in quarters.values()):
+        out = {
+            "accumulates": (
+                NOT_MEASURED if not kl else UNDECIDED,
+                f"mean KL first -> last quarter: {means}; the result keeps no per-prompt series to test over prompts",
+            )
+        }
+    else:
+        tests = {n: _ordered([(q[0], q[-1]) for q in quarters[n]]) for n in kl}
+        out = {
+            "accumulates": (
+                _decide(list(tests.values()), prompts),
+                "KL first -> last quarter of the output, mean over prompts: "
+                + means
+                + f" (FP16's own NLL {fp16[0]:.3g} -> {fp16[-1]:.3g}); rising on "
+                + ", ".join(
+                    f"{below} of {prompts} prompts for {n} (sign test p {p:.2g})" for n, (below, _, p) in tests.items()
+                )
+                + few,
+            )
+        }
     bits = result.get("key_bits", {})
     mine = bits.get("PN-Mix")
     rivals = [n for n in kl if n != "PN-Mix" and mine is not None and abs(bits.get(n, math.inf) - mine) <= EQUAL_BITS]
     if "PN-Mix" not in kl or not rivals:
-        out["pnmix_lowest"] = (None, "no PN-Mix result with a method at equal key bits beside it")
+        out["pnmix_lowest"] = (NOT_MEASURED, "no PN-Mix result with a method at equal key bits beside it")
         return out
 
-    def quarters(name: str) -> str:
+    def means_of(name: str) -> str:
         return f"{name} ({bits[name]:.3f} key bits) " + ", ".join(f"{x:.3g}" for x in kl[name])
 
+    evidence = "mean KL per quarter of the output: " + "; ".join(map(means_of, ["PN-Mix", *rivals]))
+    if any(quarters[n] is None for n in ("PN-Mix", *rivals)):
+        out["pnmix_lowest"] = (UNDECIDED, evidence + "; the result keeps no per-prompt series to test over prompts")
+        return out
+    tests, said = [], []
+    for r in rivals:
+        for i in range(len(kl["PN-Mix"])):
+            below, above, p = _ordered([(a[i], b[i]) for a, b in zip(quarters["PN-Mix"], quarters[r], strict=True)])
+            tests.append((below, above, p))
+            said.append(f"Q{i + 1} vs {r}: {below} of {prompts} (p {p:.2g})")
     out["pnmix_lowest"] = (
-        all(a < b for r in rivals for a, b in zip(kl["PN-Mix"], kl[r], strict=True)),
-        "mean KL per quarter of the output: " + "; ".join(map(quarters, ["PN-Mix", *rivals])),
+        _decide(tests, prompts),
+        evidence + "; prompts where PN-Mix's KL is lower: " + ", ".join(said) + few,
     )
     return out
 

@@ -70,11 +70,20 @@ def claims(sources: Sequence[Source]) -> list[Claim]:
     return [c for s in by_model for c in _claims(s, f"{s.data.get('model')}: " if len(mains) > 1 else "")]
 
 
+#: The claim status of each long-output verdict (`benchmarks.fidelity.long_output.verdicts`).
+STATUS = {
+    long_output.HOLDS: CONFIRMED,
+    long_output.FAILS: NOT_CONFIRMED,
+    long_output.UNDECIDED: INCONCLUSIVE,
+    long_output.NOT_MEASURED: NOT_MEASURED,
+}
+
+
 def _claims(s: Source, model: str) -> list[Claim]:
     out = []
-    for key, (holds, evidence) in long_output.verdicts(s.data).items():
+    for key, (said, evidence) in long_output.verdicts(s.data).items():
         evidence = model + evidence
-        status = NOT_MEASURED if holds is None else CONFIRMED if holds else NOT_CONFIRMED
+        status = STATUS[said]
         nll = long_output.quarter_means(s.data["summary"]["methods"]["FP16"]["nll"])
         if key == "accumulates" and nll[-1] < nll[0] / 4:
             more = f"{nll[0] / nll[-1]:.0f}x more" if nll[-1] > 0 else "fully"
@@ -82,13 +91,13 @@ def _claims(s: Source, model: str) -> list[Claim]:
                 f"; FP16's own text gets {more} predictable over the output (it repeats "
                 "itself), which lowers every method's KL: this run cannot tell accumulation from that"
             )
-            if holds is False:  # a falling KL is what the text alone would give: no evidence against the claim
+            if said == long_output.FAILS:  # a falling KL is what the text alone would give: no evidence against
                 status = INCONCLUSIVE
         out.append(
             Claim(
                 CLAIMS[key],
                 status,
-                "measured" if holds is not None else "-",
+                "measured" if said != long_output.NOT_MEASURED else "-",
                 evidence,
                 _provenance(s),
                 _rests_on(s, key),

@@ -331,6 +331,7 @@ def long_output(
         chunk=1,
         **fields,
         summary=bench_long.summarize(per_prompt, positions),
+        per_prompt=per_prompt,
     )
 
 

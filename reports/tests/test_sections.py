@@ -191,14 +191,18 @@ def test_long_output_tables_and_curves_come_from_the_results(tmp_path):
     assert tables_without_source(s.body) == [] and set(s.figures) == {"long-output-1.png"}
 
 
-def _long_result(pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output"):
+def _long_result(
+    pnmix_kl, kivi_kl, fp16_nll, bits=(2.263, 2.263), command="python -m benchmarks.long_output", prompts=8
+):
+    """A long-output result of `prompts` prompts with the same curves each (a verdict needs 8 prompts)."""
     ones = [1.0] * len(pnmix_kl)
     per_prompt = [
         {
-            "PN-Mix": {"kl": pnmix_kl, "top1": ones, "nll": ones},
-            "KIVI-2": {"kl": kivi_kl, "top1": ones, "nll": ones},
-            "FP16": {"nll": fp16_nll},
+            "PN-Mix": {"kl": list(pnmix_kl), "top1": ones, "nll": ones},
+            "KIVI-2": {"kl": list(kivi_kl), "top1": ones, "nll": ones},
+            "FP16": {"nll": list(fp16_nll)},
         }
+        for _ in range(prompts)
     ]
     key_bits = dict(zip(("PN-Mix", "KIVI-2"), bits, strict=True))
     return synthetic.long_output(per_prompt, 8, command=command, key_bits=key_bits)
@@ -231,6 +235,31 @@ def test_long_output_claims_are_judged_on_the_curves(tmp_path, pnmix, kivi, nll,
     assert ("more predictable" in claims[0].evidence) == (nll[-1] < nll[0] / 4)
     if expected[1] != NOT_MEASURED:
         assert "PN-Mix (2.263 key bits)" in claims[1].evidence and "KIVI-2 (2.263 key bits)" in claims[1].evidence
+
+
+def test_long_output_claims_need_eight_prompts(tmp_path):
+    """Three prompts that all agree decide nothing: a sign test over them cannot reach 5%, and the row says
+    how many prompts a verdict needs."""
+    from reports.sections import long_output as long_section
+
+    few = _long_result([0.1] * 4 + [0.2] * 4, [0.3] * 4 + [0.5] * 4, [1.0] * 8, prompts=3)
+    claims = long_section.claims([load(tmp_path, "long.json", few)])
+    assert [c.status for c in claims] == [INCONCLUSIVE, INCONCLUSIVE]
+    assert all("3 prompts kept per prompt: a verdict over prompts needs at least 8" in c.evidence for c in claims)
+
+
+def test_long_output_claims_are_decided_prompt_by_prompt_not_on_the_mean(tmp_path):
+    """PN-Mix far lower on half the prompts and a little higher on the other half has the lower mean, but the
+    prompts disagree: no ordering beyond chance."""
+    from reports.sections import long_output as long_section
+
+    data = _long_result([0.1] * 8, [0.3] * 8, [1.0] * 8, prompts=12)
+    for prompt in data["per_prompt"][6:]:
+        prompt["PN-Mix"] = {**prompt["PN-Mix"], "kl": [0.35] * 8}
+    data["summary"] = synthetic.bench_long.summarize(data["per_prompt"], 8)
+    lowest = long_section.claims([load(tmp_path, "long.json", data)])[1]
+    assert data["summary"]["methods"]["PN-Mix"]["kl"][0] < data["summary"]["methods"]["KIVI-2"]["kl"][0]
+    assert lowest.status == INCONCLUSIVE and "Q1 vs KIVI-2: 6 of 12 (p 1)" in lowest.evidence
 
 
 def test_long_output_claims_are_not_judged_on_a_smoke_run(tmp_path):
