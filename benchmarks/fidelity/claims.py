@@ -4,6 +4,7 @@ each analysis's definition beside the paper's wording, the verdicts, and the mar
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 
 from tabulate import tabulate
@@ -94,29 +95,113 @@ def _overlaps(s: dict) -> list[float]:
     return [v for ref in s["table11_overlap_mean"].values() for v in ref.values()]
 
 
-def claim_holds(s: dict) -> dict[str, bool | None]:
-    """Whether each claim holds on the measured numbers; None where this model cannot test it
-    (Fig. 5's shares are for 14B and 32B models)."""
-    jac = s["fig4_jaccard_mean"]
-    fig4 = all(
-        jac[f"{a} ({scope}), r={r}"] > jac[f"{b} ({scope}), r={r}"]
-        for scope in ("prefill", "full")
-        for r in ("10%", "50%")
-        for a, b in itertools.pairwise(ORDER)
-    )
-    overlaps = _overlaps(s)
+#: A verdict the measured prompts cannot decide (a Fig. 4 link whose interval covers zero, a Table 11 trend or
+#: level the prompts cannot place, a result that keeps no per-prompt values): "inconclusive" in the report.
+UNDECIDED = "undecided"
+#: The overlap a random selection of the same size has with the reference's top r% pairs (Table 11: r = 50%).
+TABLE11_CHANCE = 0.5
+#: Table 11's "stable": the overlap moves by less than this over the four ranges (the paper's values move by
+#: about 0.01), judged as the slope per range over the three steps between them.
+TABLE11_SPREAD = 0.1
+
+
+def interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t interval of the mean of `values` (units: prompts)."""
+    from scipy.stats import t
+
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, -math.inf, math.inf
+    half = t.ppf((1 + confidence) / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def _side(low: float, high: float, margin: float = 0.0) -> str:
+    """ "above" where (low, high) lies above +margin, "below" where below -margin, "tied" otherwise."""
+    return "above" if low > margin else "below" if high < -margin else "tied"
+
+
+def fig4_links(per_prompt: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+    """Each link a > b of Fig. 4's order, judged in every (scope, r) cell on the prompts' own means: the
+    difference's 95% interval over prompts above zero ("holds"), below ("reversed") or covering it ("tied");
+    {(a, b): {"holds": n, "tied": n, "reversed": n}} over the cells."""
+    out = {}
+    for a, b in itertools.pairwise(ORDER):
+        counts = {"holds": 0, "tied": 0, "reversed": 0}
+        for scope in ("prefill", "full"):
+            for r in ("10%", "50%"):
+                diffs = [
+                    p["fig4_jaccard_mean"][f"{a} ({scope}), r={r}"] - p["fig4_jaccard_mean"][f"{b} ({scope}), r={r}"]
+                    for p in per_prompt
+                ]
+                _, low, high = interval(diffs)
+                counts[{"above": "holds", "below": "reversed", "tied": "tied"}[_side(low, high)]] += 1
+        out[a, b] = counts
+    return out
+
+
+def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
+    """Per reference, on the prompts' own overlaps: the mean overlap over the ranges minus TABLE11_CHANCE, and
+    the trend (each prompt's least-squares slope per range); each (mean, low, high), a 95% interval over prompts."""
+    out = {}
+    for ref in per_prompt[0]["table11_overlap_mean"]:
+        levels, slopes = [], []
+        for p in per_prompt:
+            ys = [p["table11_overlap_mean"][ref][j] for j in sorted(p["table11_overlap_mean"][ref], key=int)]
+            levels.append(statistics.fmean(ys) - TABLE11_CHANCE)
+            slopes.append(statistics.linear_regression(range(len(ys)), ys).slope if len(ys) > 1 else 0.0)
+        out[ref] = {"above_chance": interval(levels), "slope": interval(slopes)}
+    return out
+
+
+def tested(per_prompt: list[dict] | None) -> bool:
+    """Whether a result keeps per-prompt values enough to test across prompts (two prompts at least)."""
+    return bool(per_prompt) and len(per_prompt) >= 2
+
+
+def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool | str | None]:
+    """Whether each claim holds, Fig. 4 and Table 11 judged across prompts on their own means (`per_prompt`, a
+    result's): True, False, UNDECIDED where the prompts cannot tell (or the result keeps no per-prompt values),
+    None where this model cannot test it (Fig. 5's shares are for 14B and 32B models; a Fig. 4 of the aggregated
+    definition). Fig. 4: every link holds in every cell (True), one is reversed in one (False). Table 11: the
+    overlap above the chance overlap and its slope within +-TABLE11_SPREAD / 3 per range, for both references
+    (True); at or below chance, or a slope wholly beyond that, for one (False). Table 9 is judged on the means."""
+    if tested(per_prompt):
+        links = fig4_links(per_prompt)
+        fig4 = (
+            False
+            if any(c["reversed"] for c in links.values())
+            else True
+            if all(c["holds"] == sum(c.values()) for c in links.values())
+            else UNDECIDED
+        )
+        step = TABLE11_SPREAD / 3
+        tests = table11_tests(per_prompt).values()
+        level = [_side(t["above_chance"][1], t["above_chance"][2]) for t in tests]
+        trend = [_side(t["slope"][1], t["slope"][2], step) for t in tests]
+        flat = [-step < t["slope"][1] and t["slope"][2] < step for t in tests]
+        table11 = (
+            False
+            if "below" in level or any(side != "tied" for side in trend)
+            else True
+            if all(side == "above" for side in level) and all(flat)
+            else UNDECIDED
+        )
+    else:
+        fig4 = table11 = UNDECIDED
     return {
         "fig4": fig4 if fig4_per_pair(s) else None,
         "table9": "qk-pair-norm" in _table9_best(s),
-        "table11": max(overlaps) - min(overlaps) < 0.1,
+        "table11": table11,
         "fig5": None,
     }
 
 
-def verdicts(s: dict, model: str | None = None) -> dict[str, str]:
+def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = None) -> dict[str, str]:
     """Plain statements of whether each claim of the paper holds on the measured numbers (`model`: the
-    result's, named in them)."""
-    holds = claim_holds(s)
+    result's, named in them; `per_prompt`: its prompts' own means, which Fig. 4 and Table 11 are tested on)."""
+    holds = claim_holds(s, per_prompt)
     jac = s["fig4_jaccard_mean"]
     gap = max(abs(jac[f"{c} (prefill), r={r}"] - jac[f"{c} (full), r={r}"]) for c in ORDER for r in ("10%", "50%"))
     out = {}
@@ -127,11 +212,18 @@ def verdicts(s: dict, model: str | None = None) -> dict[str, str]:
     if holds["fig4"] is None:
         out["fig4"] = "this result's Fig. 4 aggregates over all (t, s), not the paper's per-(t, s) definition"
     else:
-        out["fig4"] = (
-            f"order QK pair norm > K pair norm > K magnitude > K range "
-            f"{'holds' if holds['fig4'] else 'does not hold'} for every scope and r (per-(t, s) Jaccard, means "
-            f"over scopes and r: {order}); largest prefill-vs-full Jaccard gap {gap:.3f}"
-        )
+        out["fig4"] = f"per-(t, s) Jaccard, means over scopes and r: {order}; largest prefill-vs-full gap {gap:.3f}; "
+        if not tested(per_prompt):
+            out["fig4"] += "the result keeps no per-prompt values: the order cannot be tested across prompts"
+        else:
+            said = "; ".join(
+                f"{a} > {b}: " + ", ".join(f"{k} in {n}" for k, n in c.items() if n)
+                for (a, b), c in fig4_links(per_prompt).items()
+            )
+            out["fig4"] += (
+                f"each link judged in the 4 (scope, r) cells by the 95% interval over {len(per_prompt)} prompts of "
+                f"its difference (holds: above 0; tied: covering 0; reversed: below 0): {said}"
+            )
     kl = {n: v["kl"] for n, v in s["table9_mean"].items()}
     out["table9"] = (
         f"lowest attention KL among the mixed-precision criteria: {_table9_best(s)} "
@@ -145,10 +237,23 @@ def verdicts(s: dict, model: str | None = None) -> dict[str, str]:
         f"here ({'on ' + model.split(' (')[0] + ', ' if model else ''}not the paper's 14B/32B models)"
     )
     overlaps = _overlaps(s)
-    out["table11"] = (
-        f"overlap stays within {min(overlaps):.3f}-{max(overlaps):.3f} across the four ranges "
-        f"({'stable' if holds['table11'] else 'not stable'}: spread {max(overlaps) - min(overlaps):.3f})"
-    )
+    out["table11"] = f"overlap within {min(overlaps):.3f}-{max(overlaps):.3f} across the four ranges (means)"
+    if not tested(per_prompt):
+        out["table11"] += "; the result keeps no per-prompt values: neither chance nor the trend can be tested"
+    else:
+        parts = []
+        for ref, t in table11_tests(per_prompt).items():
+            level, lo, hi = t["above_chance"]
+            slope, slo, shi = t["slope"]
+            parts.append(
+                f"{ref}: {level:+.3f} above the chance overlap {TABLE11_CHANCE:g} (95% [{lo:+.3f}, {hi:+.3f}]), "
+                f"slope {slope:+.4f} per range (95% [{slo:+.4f}, {shi:+.4f}]; stable within "
+                f"+-{TABLE11_SPREAD / 3:.3f})"
+            )
+        out["table11"] += (
+            f"; tested over {len(per_prompt)} prompts: " + "; ".join(parts) + "; the ranges split each prompt's "
+            "generated tokens, not the paper's long generations"
+        )
     return out
 
 
@@ -189,7 +294,7 @@ def body(result: dict, level: int = 2) -> str:
     it under headings of its own)."""
     h = "#" * level
     s = result["summary"]
-    v = verdicts(s, result.get("model"))
+    v = verdicts(s, result.get("model"), result.get("per_prompt"))
     lines = [
         "",
         f"Measured on {result['device']}, {result['date_utc']}, command `{result['command']}`; "

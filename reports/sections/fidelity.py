@@ -14,6 +14,7 @@ from reports import figures
 from reports.inputs import Source
 from reports.markdown import (
     CONFIRMED,
+    INCONCLUSIVE,
     NOT_CONFIRMED,
     NOT_MEASURED,
     Citations,
@@ -96,7 +97,11 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
         why = "only a smoke run (one prompt, a harness check)" if smoke_only else "no fidelity results"
         out = [Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", NOT_MEASURED, "-", why, "-") for k in keys]
     else:
-        v, holds = fidelity.verdicts(s.data["summary"], s.data.get("model")), fidelity.claim_holds(s.data["summary"])
+        summary, per_prompt = s.data["summary"], s.data.get("per_prompt")
+        v, holds = (
+            fidelity.verdicts(summary, s.data.get("model"), per_prompt),
+            fidelity.claim_holds(summary, per_prompt),
+        )
         out = []
         for k in keys:
             basis = "measured"
@@ -105,10 +110,15 @@ def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
                 evidence = "the claim is about Qwen3-14B/32B, not run here; on a smaller model (measured): " + v[k]
             elif holds[k] is None:  # a result computed under another definition than the paper's
                 status, basis, evidence = NOT_MEASURED, "-", v[k]
+            elif holds[k] == fidelity.UNDECIDED:
+                status, evidence = INCONCLUSIVE, v[k]
             else:
                 status, evidence = (CONFIRMED if holds[k] else NOT_CONFIRMED), v[k]
                 if k == "table11":
-                    evidence += "; judged on stability, the overlap values themselves depend on the model"
+                    evidence += (
+                        "; judged on what was tested (above chance and stable over the generated tokens), the "
+                        "overlap level itself depends on the model and the definition"
+                    )
             claim = Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", status, basis, evidence, provenance(s))
             out.append(
                 dataclasses.replace(claim, rests_on=f"{model_label(str(s.data.get('model', '?')))}: {gist(claim)}")

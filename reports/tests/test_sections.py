@@ -169,11 +169,13 @@ def test_measured_memory_points_decide_the_memory_claims(gpu):
 def test_fidelity_claims_follow_the_module_verdicts():
     source = inputs.load(COMMITTED_FIDELITY, "committed")
     s = fidelity.render([source])
-    verdicts = bench_fidelity.verdicts(source.data["summary"])
+    per_prompt = source.data.get("per_prompt")
+    verdicts = bench_fidelity.verdicts(source.data["summary"], source.data.get("model"), per_prompt)
     claims = {c.claim.split(":")[0]: c for c in s.claims}
-    holds = bench_fidelity.claim_holds(source.data["summary"])
+    holds = bench_fidelity.claim_holds(source.data["summary"], per_prompt)
+    status = {True: CONFIRMED, False: NOT_CONFIRMED, bench_fidelity.UNDECIDED: INCONCLUSIVE}
     for key, where in (("fig4", "Fig. 4"), ("table9", "Table 9"), ("table11", "Table 11")):
-        assert claims[where].status == (CONFIRMED if holds[key] else NOT_CONFIRMED)
+        assert claims[where].status == status[holds[key]]
     assert claims["Table 9"].evidence == verdicts["table9"]
     assert claims["Fig. 5"].status == NOT_MEASURED and "Table 2" not in claims
     share = json.loads(COMMITTED_FIDELITY.read_text())["summary"]["fig5_share_median"]["10"]
