@@ -21,7 +21,8 @@ PAPER = {
     "fig5": f"Qwen3-14B top {'/'.join(map(str, FIG5_TOP_PERCENT))}% hold "
     f"{_percents(FIG5_SHARE_PERCENT['Qwen3-14B'])}%; Qwen3-32B {_percents(FIG5_SHARE_PERCENT['Qwen3-32B'])}% (median)",
     "fig4": "QK pair norm > K pair norm > K magnitude > K range; prefill-only almost equals full-sequence",
-    "table9": "QK pair norm gives the lowest attention KL; prefill-only closely matches full-sequence",
+    "table9": "QK pair norm gives the lowest attention KL",
+    "table9_prefill": "criteria from the prefill tokens alone closely match the full sequence's",
     "table11": f"overlap about {TABLE11_OVERLAP['pair-norm']:.2f} (pair-norm reference) and "
     f"{TABLE11_OVERLAP['dot']:.2f} (|<q_i, k_i>|) across four decode ranges",
 }
@@ -100,6 +101,11 @@ def _overlaps(s: dict) -> list[float]:
 UNDECIDED = "undecided"
 #: The overlap a random selection of the same size has with the reference's top r% pairs (Table 11: r = 50%).
 TABLE11_CHANCE = 0.5
+#: Table 9's "closely matches": QK pair norm's attention KL from prefill-only selection within this share of its
+#: KL from full-sequence selection.
+TABLE9_MATCH = 0.10
+#: The two Table 9 selections compared for "prefill-only closely matches full-sequence".
+TABLE9_SCOPES = ("H3(50%)L1, qk-pair-norm (prefill)", "H3(50%)L1, qk-pair-norm (full)")
 #: Table 11's "stable": the overlap moves by less than this over the four ranges (the paper's values move by
 #: about 0.01), judged as the slope per range over the three steps between them.
 TABLE11_SPREAD = 0.1
@@ -155,6 +161,15 @@ def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
     return out
 
 
+def table9_match(per_prompt: list[dict]) -> tuple[float, float, float] | None:
+    """The relative difference of QK pair norm's attention KL, prefill-only over full-sequence selection, minus 1:
+    (mean, low, high), a 95% interval over prompts; None where the prompts' values lack either selection."""
+    prefill, full = TABLE9_SCOPES
+    if any(n not in p.get("table9_mean", {}) for p in per_prompt for n in TABLE9_SCOPES):
+        return None
+    return interval([p["table9_mean"][prefill]["kl"] / p["table9_mean"][full]["kl"] - 1 for p in per_prompt])
+
+
 def tested(per_prompt: list[dict] | None) -> bool:
     """Whether a result keeps per-prompt values enough to test across prompts (two prompts at least)."""
     return bool(per_prompt) and len(per_prompt) >= 2
@@ -188,11 +203,22 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
             if all(side == "above" for side in level) and all(flat)
             else UNDECIDED
         )
+        match = table9_match(per_prompt)
+        table9_prefill = (
+            UNDECIDED
+            if match is None
+            else True
+            if -TABLE9_MATCH < match[1] and match[2] < TABLE9_MATCH
+            else False
+            if _side(match[1], match[2], TABLE9_MATCH) != "tied"
+            else UNDECIDED
+        )
     else:
-        fig4 = table11 = UNDECIDED
+        fig4 = table11 = table9_prefill = UNDECIDED
     return {
         "fig4": fig4 if fig4_per_pair(s) else None,
         "table9": "qk-pair-norm" in _table9_best(s),
+        "table9_prefill": table9_prefill,
         "table11": table11,
         "fig5": None,
     }
@@ -231,6 +257,20 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
         f"{kl['KIVI-style uniform 2-bit']:.4g}, PolarQuant-style {kl['PolarQuant-style 2-bit']:.4g}, "
         f"QK pair norm (prefill) {kl['H3(50%)L1, qk-pair-norm (prefill)']:.4g}"
     )
+    match = table9_match(per_prompt) if tested(per_prompt) else None
+    prefill, full = (s["table9_mean"].get(n, {}).get("kl") for n in TABLE9_SCOPES)
+    out["table9_prefill"] = (
+        f"QK pair norm's attention KL from the prefill tokens {prefill:.4g}, from the full sequence {full:.4g} (means)"
+        if prefill is not None and full is not None
+        else "the result lacks QK pair norm's prefill or full-sequence selection"
+    )
+    if match is None:
+        out["table9_prefill"] += "; no per-prompt values to test the match across prompts"
+    else:
+        out["table9_prefill"] += (
+            f"; prefill / full - 1 over {len(per_prompt)} prompts {match[0]:+.3f} (95% [{match[1]:+.3f}, "
+            f"{match[2]:+.3f}]; close within +-{TABLE9_MATCH:g})"
+        )
     shares = {str(k): x for k, x in s["fig5_share_median"].items()}  # int keys, or str after JSON
     out["fig5"] = (
         f"top 10/30/50% hold {shares['10']:.1%}/{shares['30']:.1%}/{shares['50']:.1%} "
@@ -328,6 +368,7 @@ def body(result: dict, level: int = 2) -> str:
             floatfmt=".4g",
         ),
         f"\nPaper (quoted): {PAPER['table9']}.\nHere (measured): {v['table9']}.",
+        f"\nPaper (quoted): {PAPER['table9_prefill']}.\nHere (measured): {v['table9_prefill']}.",
         _definition("table9"),
         "",
         f"{h} Table 11: overlap of the prefill selection with decode-time salient pairs (r = 50%)",

@@ -47,21 +47,36 @@ def prompts_where_every_claim_holds(n: int = 8, seed: int = 0) -> list[dict]:
             for r in ("10%", "50%")
         }
         overlaps = {ref: {str(j): 0.72 + rng.uniform(-0.01, 0.01) for j in range(4)} for ref in ("pair-norm", "dot")}
-        out.append({"fig4_jaccard_mean": jaccard, "table11_overlap_mean": overlaps})
+        kl = 0.04 * (1 + rng.uniform(-0.02, 0.02))
+        table9 = {name: {"mse": 0.05, "kl": kl * (1 + rng.uniform(-0.01, 0.01))} for name in fidelity.TABLE9_SCOPES}
+        out.append({"fig4_jaccard_mean": jaccard, "table11_overlap_mean": overlaps, "table9_mean": table9})
     return out
 
 
 def test_claims_hold_and_flip_when_the_numbers_do():
     summary, prompts = summary_where_every_claim_holds(), prompts_where_every_claim_holds()
-    assert fidelity.claim_holds(summary, prompts) == {"fig4": True, "table9": True, "table11": True, "fig5": None}
+    assert fidelity.claim_holds(summary, prompts) == {
+        "fig4": True,
+        "table9": True,
+        "table9_prefill": True,
+        "table11": True,
+        "fig5": None,
+    }
     broken, flipped = copy.deepcopy(summary), copy.deepcopy(prompts)
     for p in flipped:  # k-range now beats k-magnitude on every prompt
         jac = p["fig4_jaccard_mean"]
         jac["k-range (full), r=10%"] = jac["k-magnitude (full), r=10%"] + 0.05
         for j in range(4):  # the dot reference's overlap falls by 0.1 a range
             p["table11_overlap_mean"]["dot"][str(j)] = 0.8 - 0.1 * j
+        p["table9_mean"][fidelity.TABLE9_SCOPES[0]]["kl"] *= 1.5  # prefill-only selection 50% worse
     broken["table9_mean"]["H3(50%)L1, k-range (full)"]["kl"] = 0.0  # another criterion has the lowest KL
-    assert fidelity.claim_holds(broken, flipped) == {"fig4": False, "table9": False, "table11": False, "fig5": None}
+    assert fidelity.claim_holds(broken, flipped) == {
+        "fig4": False,
+        "table9": False,
+        "table9_prefill": False,
+        "table11": False,
+        "fig5": None,
+    }
     said = fidelity.verdicts(broken, None, flipped)
     assert "k-magnitude > k-range: holds in 3, reversed in 1" in said["fig4"]
     assert "not as the paper" in said["table9"] and "slope -0.1000 per range" in said["table11"]
@@ -100,7 +115,8 @@ def test_a_random_selection_does_not_pass_table11():
 
 def test_without_per_prompt_values_fig4_and_table11_are_undecided():
     holds = fidelity.claim_holds(summary_where_every_claim_holds())
-    assert holds["fig4"] == holds["table11"] == fidelity.UNDECIDED and holds["table9"] is True
+    assert holds["fig4"] == holds["table11"] == holds["table9_prefill"] == fidelity.UNDECIDED
+    assert holds["table9"] is True
     said = fidelity.verdicts(summary_where_every_claim_holds())
     assert "keeps no per-prompt values" in said["fig4"] and "keeps no per-prompt values" in said["table11"]
 
@@ -119,7 +135,8 @@ def test_the_committed_full_result_follows_the_paper_definitions():
     newest = max(full, key=lambda r: r["date_utc"])
     assert fidelity.fig4_per_pair(newest["summary"]) and newest["definitions"] == fidelity.DEFINITIONS
     holds = fidelity.claim_holds(newest["summary"], newest.get("per_prompt"))
-    assert set(holds) == {"fig4", "table9", "table11", "fig5"} and holds["fig4"] in (True, False, fidelity.UNDECIDED)
+    assert set(holds) == {"fig4", "table9", "table9_prefill", "table11", "fig5"}
+    assert holds["fig4"] in (True, False, fidelity.UNDECIDED)
 
 
 def test_the_fig5_sentence_names_the_model_measured():
