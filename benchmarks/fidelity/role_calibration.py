@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
-import sys
 
 import torch
 from tabulate import tabulate
@@ -37,7 +36,7 @@ from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference import schema
 from reference.cli import positive_int
 from reference.methods import TOKENS, names
-from reference.records import record
+from reference.records import command_line, record
 from reference.tokens.allocation import allocate
 from reference.tokens.config import TokenPrecisionConfig, precision_cost
 from reference.tokens.distortion import tag_distortion
@@ -225,9 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     cal = calibrate(model, tokenizer, conversations.load("calibration"), layers, config)
     result = record(
         "role-calibration",
-        command=shlex.join(
-            ["python", "-m", "benchmarks.fidelity.role_calibration", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        # as typed (`records.command_line`), or, called with `argv`, as the console script would be
+        command=command_line() if argv is None else shlex.join([parser.prog, *argv]),
         model={"name": source.name, "fingerprint": source.fingerprint, "source": source.describe()},
         chat_template=fmt.describe(),
         layers=layers,
