@@ -144,3 +144,13 @@ def test_the_fig5_sentence_names_the_model_measured():
     said = fidelity.verdicts(summary, "gemma-3-270m-q4_k_m (GGUF gemma-3-270m-q4_k_m.gguf; --model g.gguf)")["fig5"]
     assert "on gemma-3-270m-q4_k_m, not the paper's 14B/32B" in said and "135M" not in said
     assert "135M" not in fidelity.verdicts(summary)["fig5"]  # no model given: none named
+
+
+def test_table11_sets_its_level_beside_the_per_pair_analogue_of_the_same_run():
+    """Two equal-size sets with Jaccard J overlap by 2J / (1 + J): Fig. 4's per-(t, s) Jaccard of the prefill QK
+    pair norm selection gives Table 11's per-(t, s) analogue, computed on the same run."""
+    summary = summary_where_every_claim_holds()
+    j = summary["fig4_jaccard_mean"]["qk-pair-norm (prefill), r=50%"]
+    said = fidelity.verdicts(summary)["table11"]
+    assert f"2J / (1 + J) = {2 * j / (1 + j):.3f}" in said
+    assert "lies nearer the per-range overlap" in said  # 0.9 -> 0.947, the per-range overlap 0.70 nearer 0.72
