@@ -123,6 +123,17 @@ def interval(values: list[float], confidence: float = 0.95) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
+def resolvable(values: list[float], power: float = 0.80, alpha: float = 0.05) -> float:
+    """The mean difference `values` (one per prompt) resolve with `power` at two-sided `alpha`, given their
+    spread: (t_{1-alpha/2} + t_{power}) * sd / sqrt(n), n - 1 degrees of freedom; inf below two prompts."""
+    from scipy.stats import t
+
+    n = len(values)
+    if n < 2:
+        return math.inf
+    return (t.ppf(1 - alpha / 2, n - 1) + t.ppf(power, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+
+
 def _side(low: float, high: float, margin: float = 0.0) -> str:
     """ "above" where (low, high) lies above +margin, "below" where below -margin, "tied" otherwise."""
     return "above" if low > margin else "below" if high < -margin else "tied"
@@ -135,6 +146,7 @@ def fig4_links(per_prompt: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
     out = {}
     for a, b in itertools.pairwise(ORDER):
         counts = {"holds": 0, "tied": 0, "reversed": 0}
+        resolves = 0.0
         for scope in ("prefill", "full"):
             for r in ("10%", "50%"):
                 diffs = [
@@ -142,8 +154,11 @@ def fig4_links(per_prompt: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
                     for p in per_prompt
                 ]
                 _, low, high = interval(diffs)
-                counts[{"above": "holds", "below": "reversed", "tied": "tied"}[_side(low, high)]] += 1
-        out[a, b] = counts
+                side = _side(low, high)
+                counts[{"above": "holds", "below": "reversed", "tied": "tied"}[side]] += 1
+                if side == "tied":
+                    resolves = max(resolves, resolvable(diffs))
+        out[a, b] = counts | ({"tied resolves": resolves} if counts["tied"] else {})
     return out
 
 
@@ -157,7 +172,7 @@ def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
             ys = [p["table11_overlap_mean"][ref][j] for j in sorted(p["table11_overlap_mean"][ref], key=int)]
             levels.append(statistics.fmean(ys) - TABLE11_CHANCE)
             slopes.append(statistics.linear_regression(range(len(ys)), ys).slope if len(ys) > 1 else 0.0)
-        out[ref] = {"above_chance": interval(levels), "slope": interval(slopes)}
+        out[ref] = {"above_chance": interval(levels), "slope": interval(slopes), "slope resolves": resolvable(slopes)}
     return out
 
 
@@ -188,7 +203,7 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
             False
             if any(c["reversed"] for c in links.values())
             else True
-            if all(c["holds"] == sum(c.values()) for c in links.values())
+            if all(c["holds"] == c["holds"] + c["tied"] + c["reversed"] for c in links.values())
             else UNDECIDED
         )
         step = TABLE11_SPREAD / 3
@@ -243,7 +258,9 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
             out["fig4"] += "the result keeps no per-prompt values: the order cannot be tested across prompts"
         else:
             said = "; ".join(
-                f"{a} > {b}: " + ", ".join(f"{k} in {n}" for k, n in c.items() if n)
+                f"{a} > {b}: "
+                + ", ".join(f"{k} in {n}" for k, n in c.items() if n and k != "tied resolves")
+                + (f" (where tied, the prompts resolve {c['tied resolves']:.3f} at 80% power)" if c["tied"] else "")
                 for (a, b), c in fig4_links(per_prompt).items()
             )
             out["fig4"] += (
@@ -301,7 +318,7 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
             parts.append(
                 f"{ref}: {level:+.3f} above the chance overlap {TABLE11_CHANCE:g} (95% [{lo:+.3f}, {hi:+.3f}]), "
                 f"slope {slope:+.4f} per range (95% [{slo:+.4f}, {shi:+.4f}]; stable within "
-                f"+-{TABLE11_SPREAD / 3:.3f})"
+                f"+-{TABLE11_SPREAD / 3:.3f}; the prompts resolve a slope of {t['slope resolves']:.4f} at 80% power)"
             )
         out["table11"] += (
             f"; tested over {len(per_prompt)} prompts: " + "; ".join(parts) + "; the ranges split each prompt's "

@@ -95,6 +95,8 @@ def test_two_criteria_that_differ_by_noise_are_tied():
     links = fidelity.fig4_links(prompts)
     assert links["k-magnitude", "k-range"]["tied"] >= 3 and links["qk-pair-norm", "k-pair-norm"]["holds"] == 4
     assert holds["fig4"] == fidelity.UNDECIDED
+    said = fidelity.verdicts(summary_where_every_claim_holds(), None, prompts)["fig4"]
+    assert "k-magnitude > k-range: " in said and "(where tied, the prompts resolve 0.0" in said
 
 
 def test_a_random_selection_does_not_pass_table11():
