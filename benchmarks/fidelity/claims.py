@@ -20,7 +20,8 @@ def _percents(values) -> str:
 PAPER = {
     "fig5": f"Qwen3-14B top {'/'.join(map(str, FIG5_TOP_PERCENT))}% hold "
     f"{_percents(FIG5_SHARE_PERCENT['Qwen3-14B'])}%; Qwen3-32B {_percents(FIG5_SHARE_PERCENT['Qwen3-32B'])}% (median)",
-    "fig4": "QK pair norm > K pair norm > K magnitude > K range; prefill-only almost equals full-sequence",
+    "fig4": "QK pair norm > K pair norm > K magnitude > K range",
+    "fig4_prefill": "each criterion's prefill-only selection almost equals its full-sequence selection",
     "table9": "QK pair norm gives the lowest attention KL",
     "table9_prefill": "criteria from the prefill tokens alone closely match the full sequence's",
     "table11": f"overlap about {TABLE11_OVERLAP['pair-norm']:.2f} (pair-norm reference) and "
@@ -104,6 +105,9 @@ TABLE11_CHANCE = 0.5
 #: Table 9's "closely matches": QK pair norm's attention KL from prefill-only selection within this share of its
 #: KL from full-sequence selection.
 TABLE9_MATCH = 0.10
+#: Fig. 4's "almost equals": a criterion's per-(t, s) Jaccard from the prefill tokens within this of its Jaccard
+#: from the full sequence.
+FIG4_MATCH = 0.05
 #: The two Table 9 selections compared for "prefill-only closely matches full-sequence".
 TABLE9_SCOPES = ("H3(50%)L1, qk-pair-norm (prefill)", "H3(50%)L1, qk-pair-norm (full)")
 #: Table 11's "stable": the overlap moves by less than this over the four ranges (the paper's values move by
@@ -162,6 +166,27 @@ def fig4_links(per_prompt: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
     return out
 
 
+def fig4_prefill(per_prompt: list[dict]) -> dict[str, tuple[str, float]]:
+    """Each criterion's prefill-only minus full-sequence Jaccard over prompts, in each r: "within" +-FIG4_MATCH
+    (its 95% interval), "outside" it wholly, or "undecided"; {f"{criterion}, r={r}": (that, what the prompts
+    resolve at 80% power)}."""
+    out = {}
+    for c in ORDER:
+        for r in ("10%", "50%"):
+            diffs = [
+                p["fig4_jaccard_mean"][f"{c} (prefill), r={r}"] - p["fig4_jaccard_mean"][f"{c} (full), r={r}"]
+                for p in per_prompt
+            ]
+            _, low, high = interval(diffs)
+            side = (
+                "within"
+                if -FIG4_MATCH < low and high < FIG4_MATCH
+                else ("outside" if _side(low, high, FIG4_MATCH) != "tied" else "undecided")
+            )
+            out[f"{c}, r={r}"] = (side, resolvable(diffs))
+    return out
+
+
 def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
     """Per reference, on the prompts' own overlaps: the mean overlap over the ranges minus TABLE11_CHANCE, and
     the trend (each prompt's least-squares slope per range); each (mean, low, high), a 95% interval over prompts."""
@@ -207,6 +232,8 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
             else UNDECIDED
         )
         step = TABLE11_SPREAD / 3
+        sides = {side for side, _ in fig4_prefill(per_prompt).values()}
+        fig4_match = False if "outside" in sides else True if sides == {"within"} else UNDECIDED
         tests = table11_tests(per_prompt).values()
         level = [_side(t["above_chance"][1], t["above_chance"][2]) for t in tests]
         trend = [_side(t["slope"][1], t["slope"][2], step) for t in tests]
@@ -229,9 +256,10 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
             else UNDECIDED
         )
     else:
-        fig4 = table11 = table9_prefill = UNDECIDED
+        fig4 = fig4_match = table11 = table9_prefill = UNDECIDED
     return {
         "fig4": fig4 if fig4_per_pair(s) else None,
+        "fig4_prefill": fig4_match if fig4_per_pair(s) else None,
         "table9": "qk-pair-norm" in _table9_best(s),
         "table9_prefill": table9_prefill,
         "table11": table11,
@@ -267,6 +295,20 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
                 f"each link judged in the 4 (scope, r) cells by the 95% interval over {len(per_prompt)} prompts of "
                 f"its difference (holds: above 0; tied: covering 0; reversed: below 0): {said}"
             )
+    out["fig4_prefill"] = f"largest prefill-vs-full Jaccard gap of the means {gap:.3f}"
+    if holds["fig4_prefill"] is None:
+        out["fig4_prefill"] += "; this result's Fig. 4 is not the paper's per-(t, s) definition"
+    elif not tested(per_prompt):
+        out["fig4_prefill"] += "; no per-prompt values to test the match across prompts"
+    else:
+        found = fig4_prefill(per_prompt)
+        counts = {k: sum(side == k for side, _ in found.values()) for k in ("within", "undecided", "outside")}
+        out["fig4_prefill"] += (
+            f"; prefill minus full per criterion and r, 95% interval over {len(per_prompt)} prompts against "
+            f"+-{FIG4_MATCH:g}: "
+            + ", ".join(f"{k} in {n}" for k, n in counts.items() if n)
+            + f" of {len(found)} (the prompts resolve up to {max(x for _, x in found.values()):.3f} at 80% power)"
+        )
     kl = {n: v["kl"] for n, v in s["table9_mean"].items()}
     out["table9"] = (
         f"lowest attention KL among the mixed-precision criteria: {_table9_best(s)} "
@@ -386,6 +428,7 @@ def body(result: dict, level: int = 2) -> str:
             floatfmt=".3f",
         ),
         f"\nPaper (quoted): {PAPER['fig4']}.\nHere (measured): {v['fig4']}.",
+        f"\nPaper (quoted): {PAPER['fig4_prefill']}.\nHere (measured): {v['fig4_prefill']}.",
         *_fig4_lines(s),
         _definition("fig4"),
         "",

@@ -57,6 +57,7 @@ def test_claims_hold_and_flip_when_the_numbers_do():
     summary, prompts = summary_where_every_claim_holds(), prompts_where_every_claim_holds()
     assert fidelity.claim_holds(summary, prompts) == {
         "fig4": True,
+        "fig4_prefill": True,
         "table9": True,
         "table9_prefill": True,
         "table11": True,
@@ -72,6 +73,7 @@ def test_claims_hold_and_flip_when_the_numbers_do():
     broken["table9_mean"]["H3(50%)L1, k-range (full)"]["kl"] = 0.0  # another criterion has the lowest KL
     assert fidelity.claim_holds(broken, flipped) == {
         "fig4": False,
+        "fig4_prefill": False,
         "table9": False,
         "table9_prefill": False,
         "table11": False,
@@ -117,7 +119,7 @@ def test_a_random_selection_does_not_pass_table11():
 
 def test_without_per_prompt_values_fig4_and_table11_are_undecided():
     holds = fidelity.claim_holds(summary_where_every_claim_holds())
-    assert holds["fig4"] == holds["table11"] == holds["table9_prefill"] == fidelity.UNDECIDED
+    assert holds["fig4"] == holds["fig4_prefill"] == holds["table11"] == holds["table9_prefill"] == fidelity.UNDECIDED
     assert holds["table9"] is True
     said = fidelity.verdicts(summary_where_every_claim_holds())
     assert "keeps no per-prompt values" in said["fig4"] and "keeps no per-prompt values" in said["table11"]
@@ -137,7 +139,7 @@ def test_the_committed_full_result_follows_the_paper_definitions():
     newest = max(full, key=lambda r: r["date_utc"])
     assert fidelity.fig4_per_pair(newest["summary"]) and newest["definitions"] == fidelity.DEFINITIONS
     holds = fidelity.claim_holds(newest["summary"], newest.get("per_prompt"))
-    assert set(holds) == {"fig4", "table9", "table9_prefill", "table11", "fig5"}
+    assert set(holds) == {"fig4", "fig4_prefill", "table9", "table9_prefill", "table11", "fig5"}
     assert holds["fig4"] in (True, False, fidelity.UNDECIDED)
 
 

@@ -34,6 +34,7 @@ TITLE = "Fidelity (Table 9, Fig. 4, Fig. 5, Table 11, end to end)"
 SHARES = tuple(map(str, paper.FIG5_TOP_PERCENT))
 WHERE = {
     "fig4": "Fig. 4",
+    "fig4_prefill": "Fig. 4, prefill-only",
     "table9": "Table 9",
     "table9_prefill": "Table 9, prefill-only",
     "table11": "Table 11",
@@ -98,7 +99,7 @@ def claims_of(mains: Sequence[Source], smoke_only: bool) -> list[Claim]:
 
 
 def claims(s: Source | None, smoke_only: bool) -> list[Claim]:
-    keys = ("table9", "table9_prefill", "fig4", "fig5", "table11")
+    keys = ("table9", "table9_prefill", "fig4", "fig4_prefill", "fig5", "table11")
     if s is None:
         why = "only a smoke run (one prompt, a harness check)" if smoke_only else "no fidelity results"
         out = [Claim(f"{WHERE[k]}: {fidelity.PAPER[k]}", NOT_MEASURED, "-", why, "-") for k in keys]
