@@ -42,16 +42,22 @@ class Paired:
     p_value: float  # exact McNemar (two-sided binomial test on the discordant items); 1.0 when none
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test (ties dropped): the p of `wins` against `losses` under no preference; on the
+    discordant items of two methods it is the exact McNemar test. 1.0 where there is nothing to compare."""
+    from scipy.stats import binomtest
+
+    return float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
+
+
 def paired(method: Sequence[bool], baseline: Sequence[bool]) -> Paired:
     """How a method's answers differ from the baseline's on the same items."""
-    from scipy.stats import binomtest
 
     if len(method) != len(baseline) or not method:
         raise ValueError(f"method and baseline must score the same items, got {len(method)} and {len(baseline)}")
     b = sum(m and not f for m, f in zip(method, baseline, strict=True))
     c = sum(f and not m for m, f in zip(method, baseline, strict=True))
-    p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
-    return Paired((b - c) / len(method), b, c, float(p))
+    return Paired((b - c) / len(method), b, c, sign_test(b, c))
 
 
 def items_to_resolve(difference: float = 0.05, accuracy: float = 0.8, discordant: float | None = None) -> int:

@@ -34,6 +34,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
+from benchmarks.accuracy.stats import sign_test
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.canaries import pipelines, workloads
 from benchmarks.canaries.outcome import outcome
@@ -214,13 +215,6 @@ ALPHA = 0.05
 #: What a long-output verdict says: decided either way, undecided (the test cannot tell, or too few prompts),
 #: or not measured (the result lacks what the claim needs).
 HOLDS, FAILS, UNDECIDED, NOT_MEASURED = "holds", "fails", "undecided", "not measured"
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Two-sided exact sign test (ties dropped): the p of `wins` against `losses` under no preference."""
-    from scipy.stats import binomtest
-
-    return float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
 
 
 def per_prompt_quarters(result: dict, name: str) -> list[list[float]] | None:
