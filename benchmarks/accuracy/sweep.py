@@ -1,6 +1,7 @@
 """The configurations of the accuracy sweep: the paper's Fig. 3 / Table 14 families, each method's
-configuration nearest each key-bit budget, the methods compared at their own bits, and Table 8's
-key-only against value-only quantization.
+configuration nearest each key-bit budget, the paper's main configuration, the methods compared at their own
+bits, Table 8's key-only against value-only quantization, and a control that splits Fig. 3's gap: KIVI's uniform
+1-bit keys reconstructed at Eq. 7's bin midpoints (PN-Mix's 1-bit reconstruction) rather than at the group ends.
 
 Key bits are counted as the paper counts them (`reference.channels.storage.bit_widths`: payload, scales and
 zeros, FP16 sinks, plus the selection metadata, over T_q = 32768 quantized tokens, the residual
@@ -33,6 +34,21 @@ OWN_OVERRIDES = {
 #: always quantizes keys, so "values only" keeps 8-bit keys (a step of a group's range / 255: small, not float16's
 #: own rounding), and its bits are stated beside its result rather than called equal to keys-only's.
 NEAR_EXACT_KEY_BITS = 8
+#: The design whose main configuration (the registry's default: H3(50%)L1, G = N = 128, 32 sinks, 2-bit values)
+#: the paper's Table 2 reports; the sweep runs it beside its per-budget picks where no pick is it.
+MAIN_DESIGN = "PN-Mix"
+#: The label of the midpoint control at a budget: KIVI's pick with Eq. 7's 1-bit reconstruction.
+MIDPOINT_CONTROL = "KIVI, Eq. 7 midpoints @ {budget:g}"
+
+
+def main_config(pair_layout: str = "split") -> PNMixConfig:
+    """The paper's main configuration of MAIN_DESIGN (the registry's default) in `pair_layout`."""
+    return methods.config(methods.names(design=MAIN_DESIGN)[0], pair_layout=pair_layout)
+
+
+def is_main(config: PNMixConfig | TokenPrecisionConfig) -> bool:
+    """Whether `config` is the paper's main configuration (in its own pair layout)."""
+    return isinstance(config, PNMixConfig) and config == main_config(config.pair_layout)
 
 
 @dataclass(frozen=True)
@@ -61,9 +77,10 @@ class Run:
     def describe(self) -> dict:
         """What a result records of the run: its label and model_args as lm-eval is given them, and as data the
         design, configuration (`reference.records.config_record`; None for an implementation given by name),
-        bits and budget a reader pairs runs by."""
+        bits and budget a reader pairs runs by, and whether it is the paper's main configuration."""
         registered = self.method in methods.REGISTRY
         return {
+            "paper_main": registered and is_main(self.config()),
             "label": self.label,
             "method": self.method,
             "design": methods.method(self.method).design if registered else None,
@@ -129,9 +146,10 @@ def channel_run(label: str, method: str, config: PNMixConfig, head_dim: int, rol
 
 
 def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OWN_BITS) -> list[Run]:
-    """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget, KIVI's values at PN-Mix's bits;
-    the methods at their own bits;
-    Table 8 (2-bit keys with exact values against 2-bit values with near-exact keys, equal bits)."""
+    """Every run of the sweep: FP16; PN-Mix and KIVI nearest each budget, KIVI's values at PN-Mix's bits, and
+    where KIVI's pick has 1-bit keys reconstructed at the group ends, the same pick at Eq. 7's midpoints (role
+    "control", MIDPOINT_CONTROL); the paper's main configuration (role "main") where no budget picked it; the
+    methods at their own bits; Table 8 (2-bit keys with exact values against 2-bit values with near-exact keys)."""
     runs = [Run(FP16, FP16, (), 16.0, 16.0, "baseline")]
     # the design under study first; each budget's configuration is named after its design's first method
     # and every design keeps the first's values (KIVI-1 would store 1-bit values), so a budget compares keys alone
@@ -145,6 +163,14 @@ def plan(head_dim: int, budgets=BUDGETS, pair_layout: str = "split", own_bits=OW
             config = dataclasses.replace(config, value_bits=values)
             base = methods.names(design=design)[0]
             runs.append(channel_run(f"{design} @ {budget:g}", base, config, head_dim, "budget", budget))
+            if config.one_bit == "ends" and 1 in (config.b_high, config.b_low):
+                control = dataclasses.replace(config, one_bit="midpoint")
+                label = MIDPOINT_CONTROL.format(budget=budget)
+                runs.append(channel_run(label, base, control, head_dim, "control", budget))
+    main = main_config(pair_layout)
+    if not any(r.role == "budget" and r.method in methods.REGISTRY and r.config() == main for r in runs):
+        name = methods.names(design=MAIN_DESIGN)[0]
+        runs.append(channel_run(f"{name} (the paper's main configuration)", name, main, head_dim, "main"))
     for name in own_bits:
         if name in methods.REGISTRY and methods.method(name).precision == methods.CHANNELS:
             config = methods.config(name, pair_layout=pair_layout)

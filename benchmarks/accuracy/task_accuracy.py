@@ -16,6 +16,10 @@ suite's `pnmix_<task>_gen_<len>`, lm-eval's own generate_until tasks). lm-eval t
 (its own metrics and per-document samples); a task's first metric, right or wrong per document, is
 the outcome recorded.
 
+Extendable: `--extend RESULT` runs only the runs of the plan (or of --runs) that an earlier result lacks, on its
+tasks and documents, FP16 again as the check that they pair item by item, and writes the earlier result merged
+with them (`benchmarks.accuracy.extension`): a run added to the plan is measured without running the others again.
+
 Resumable: every finished context's scores are appended to a file in --out (`Scores`); an interrupted
 sweep says what it kept and the same command resumes from it, with any number of processes. A score is
 kept under its run's configuration, so a sweep runs in pieces (some runs, some tasks, a few documents
@@ -55,6 +59,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.accuracy import extension
 from benchmarks.accuracy import sweep as accuracy_sweep
 from benchmarks.accuracy.model_args import ModelArgsError, check
 from benchmarks.canaries import behaviour as canaries
@@ -100,6 +105,14 @@ def parser() -> argparse.ArgumentParser:
         "interleaved pairs); refused where it contradicts the model's",
     )
     p.add_argument("--out", type=Path, default=RESULTS, help="where the result files go")
+    p.add_argument(
+        "--extend",
+        type=Path,
+        default=None,
+        metavar="RESULT",
+        help="an earlier task-accuracy result: run only the runs it lacks (FP16 again, as the check that they pair) "
+        "on its tasks and documents, and write it merged with them",
+    )
     return p
 
 
@@ -763,10 +776,31 @@ def markdown(data: dict) -> str:
     )
 
 
+def extended(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict | None:
+    """The earlier result of --extend, read and checked; its tasks and documents per task become the sweep's
+    (others given are refused)."""
+    if args.extend is None:
+        return None
+    if args.smoke:
+        p.error("--extend: --smoke checks the pipeline on its own runs; leave one of them out")
+    try:
+        data = extension.load(args.extend, KIND)
+    except extension.ExtensionError as err:
+        p.error(f"--extend: {err}")
+    names = [t["name"] for t in data["tasks"]]
+    if args.tasks is not None and args.tasks != names:
+        p.error(f"--tasks: the result extended ran {names}; leave --tasks out")
+    if args.limit is not None and args.limit != data.get("limit"):
+        p.error(f"--limit: the result extended ran {data.get('limit')} documents per task; leave --limit out")
+    args.tasks, args.limit = names, data.get("limit")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     check_ranges(p, args)
+    args.earlier = extended(p, args)
     source = preflight.model(p, args.model)  # the suite's prompts are plain text: no chat template needed
     args.out = preflight.output_folder(p, args.out)
     # rank 0 holds the lock for every process of a launch (the launcher ends them all where it refuses)
@@ -800,7 +834,16 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
         unknown = sorted(set(args.runs) - {r.label for r in runs})
         if unknown:
             p.error(f"--runs: no run labelled {unknown}; the runs are {[r.label for r in runs]}")
+    planned = runs  # the whole plan: what an extended result's runs are described and ordered by
     runs = [r for r in runs if r.role == "baseline" or not args.runs or r.label in args.runs]
+    if args.earlier is not None:
+        try:
+            new = extension.missing(args.earlier, runs)
+        except extension.ExtensionError as err:
+            p.error(f"--extend {args.extend}: {err}")
+        if not new:
+            p.error(f"--extend {args.extend}: it holds every run asked for; nothing to add")
+        runs = [runs[0], *new]  # FP16 again: its outcomes must be the earlier ones
     for r in runs:  # every run's model_args, before the weights load
         try:
             check({"pretrained": args.model, **r.model_kwargs(), **given})
@@ -814,8 +857,9 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     views = {r.label: PNMixLM(share=base, **{**r.model_kwargs(), **given}) for r in runs}
     loaded_code()  # the code as imported now: what the result records, whatever is edited while it runs
     # what decides the scores, recorded with the kept ones and checked by a resume (and by the report)
+    earlier = [] if args.earlier is None else [r["method"] for r in args.earlier["runs"] if r.get("method")]
     behaviour = canaries.record(
-        [r.method for r in runs],
+        [*earlier, *(r.method for r in runs)],
         PIPELINE,
         model_fingerprint=source.fingerprint,
         data=task_paths(tasks).values(),
@@ -824,6 +868,20 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
     # each process of a multi-process launch keeps its scores in a file of its own
     part = "" if base.world_size == 1 else f"-rank{base.rank}of{base.world_size}"
     made_in = computation(base.settings.dtype, base.device)  # pieces combine only where it is the same
+    if args.earlier is not None:
+        try:
+            extension.check_same(
+                args.earlier,
+                fingerprint=source.fingerprint,
+                files=task_files(tasks),
+                limit=limit,
+                layout=layout,
+                lm_eval=identity["lm_eval"],
+                made_in=made_in,
+                pipeline=PIPELINE,
+            )
+        except extension.ExtensionError as err:
+            p.error(f"--extend {args.extend}: {err}")
     try:
         scores = Scores(args.out, identity, behaviour, part, made_in=made_in)
     except KeptFileError as err:
@@ -890,6 +948,17 @@ def sweep(p: argparse.ArgumentParser, args: argparse.Namespace, source) -> int:
         scoring_seconds=round(seconds, 1),
         behaviour=behaviour,
     )
+    if args.earlier is not None:
+        differ = extension.fp16_differences(args.earlier, data["runs"][0])
+        if differ:  # the new runs do not pair with the earlier ones: written alone, the scores kept
+            write_result(p.prog, args.out, KIND, data)
+            print(
+                f"{p.prog}: error: --extend {args.extend}: FP16 answers otherwise than in it on {', '.join(differ)}: "
+                "the runs do not pair item by item; written alone, not merged",
+                file=sys.stderr,
+            )
+            return 1
+        data = extension.merge(args.earlier, args.extend, data, planned)
     write_result(p.prog, args.out, KIND, data)
     scores.remove()  # the result holds them now
     return 0
@@ -948,9 +1017,21 @@ SCHEMA = {
             "key_bits?": schema.Maybe(schema.BITS),
             "value_bits?": schema.Maybe(schema.BITS),
             "budget?": schema.Maybe(schema.BITS),
+            "paper_main?": bool,
             "results": {"*": _TASK_RESULT},
         },
         nonempty=True,
+    ),
+    # the earlier results an --extend merged in, oldest first (`benchmarks.accuracy.extension.merge`)
+    "extends?": schema.ListOf(
+        {
+            "file": str,
+            "digest": schema.Maybe(str),
+            "command": str,
+            "date_utc": str,
+            "seconds": schema.Maybe(schema.Range(0, 10**9)),
+            "runs": schema.ListOf(str, nonempty=True),
+        }
     ),
 }
 

@@ -151,7 +151,7 @@ def test_the_sweep_takes_each_familys_configuration_nearest_each_budget():
     plan = accuracy_sweep.plan(64)
     assert [r.label for r in plan if r.role == "budget"][:2] == ["PN-Mix @ 3", "KIVI @ 3"]
     for budget in accuracy_sweep.BUDGETS:  # values at the same bits: a budget compares keys alone
-        pn, kivi = (r for r in plan if r.budget == budget)
+        pn, kivi = (r for r in plan if r.budget == budget and r.role == "budget")
         assert pn.value_bits == pytest.approx(kivi.value_bits, abs=0.05) and kivi.key_bits == pytest.approx(
             accuracy_sweep.nearest("KIVI", budget, 64)[1]
         )
