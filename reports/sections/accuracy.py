@@ -32,6 +32,7 @@ from reports.markdown import (
     undrawn,
 )
 from reports.sections import model_label
+from reports.sections.accuracy_runs import is_paper_main
 
 #: FP16 within this much of chance is uninformative: no method can be told from it there.
 INFORMATIVE_MARGIN = 0.15
@@ -145,6 +146,41 @@ def budget_runs(data: dict, of_design: str) -> list[dict]:
     return sorted(runs, key=lambda r: r["key_bits"])
 
 
+def main_run(data: dict) -> dict | None:
+    """The result's run of the paper's main configuration (H3(50%)L1, G = 128: `accuracy_runs.is_paper_main`), a
+    budget's pick or a run of its own; None where it has none."""
+    return next((r for r in data["runs"] if r["role"] in ("budget", "main") and is_paper_main(r)), None)
+
+
+def controls(data: dict) -> dict[float, dict]:
+    """The sweep's midpoint controls by budget: KIVI's pick at the budget with Eq. 7's 1-bit midpoints."""
+    return {r["budget"]: r for r in data["runs"] if r["role"] == "control" and r.get("budget") is not None}
+
+
+def gap_split(data: dict, tasks: Sequence[str]) -> list[tuple[float, tuple, tuple, tuple]]:
+    """Fig. 3's gap at each budget with a midpoint control, split in two on the same items: (budget, PN-Mix - KIVI,
+    of it KIVI at midpoints - KIVI (the 1-bit reconstruction), and PN-Mix - KIVI at midpoints (the rest: the pair
+    selection, its mixed precision, the sinks)), each (difference, 90% low, 90% high, exact McNemar p)."""
+    pnmix = {r["budget"]: r for r in budget_runs(data, "PN-Mix")}
+    kivi = {r["budget"]: r for r in budget_runs(data, "KIVI")}
+    out = []
+    for budget, control in sorted(controls(data).items(), reverse=True):
+        if budget not in pnmix or budget not in kivi:
+            continue
+        p, k, m = (pooled(r, tasks) for r in (pnmix[budget], kivi[budget], control))
+        out.append((budget, *(_difference(a, b) for a, b in ((p, k), (m, k), (p, m)))))
+    return out
+
+
+def _difference(a: list[bool], b: list[bool]) -> tuple[float, float, float, float]:
+    d = paired(a, b)
+    return (d.difference, *paired_interval(a, b, 0.90), d.p_value)
+
+
+def _signed(d: tuple) -> str:
+    return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}], p {d[3]:.2g}"
+
+
 def table8_run(data: dict, side: str) -> dict | None:
     """Table 8's run that quantizes one side only: "keys" (exact values) or "values" (keys at
     `NEAR_EXACT_KEY_BITS`), told by the bits it recorded, not by its label."""
@@ -225,10 +261,39 @@ def render_result(
     )
     png = _figure(data, useful) if useful and drawn else None
     power = "".join(_power(view, wilson(pooled(base, tasks))) for view, tasks in by_view.items())
-    md = [head, power, overall_table, "Every task, every run:\n", details("the table", per_task)]
+    md = [head, power, overall_table, *_split_table(data, by_view, cite), "Every task, every run:\n"]
+    md.append(details("the table", per_task))
     if png is not None:
         md.append(figure(f"task-accuracy-{n}.png", f"accuracy against key bits, {data['model']} (measured)"))
     return "\n".join(md), png, _claims(data, useful, cite)
+
+
+def _split_table(data: dict, by_view: dict[str, list[str]], cite: str) -> list[str]:
+    """Fig. 3's gap split by the midpoint control (`gap_split`), one row per view and budget; nothing where the
+    result ran no control."""
+    rows = [
+        [view, f"{budget:g}", *map(_signed, parts)]
+        for view, tasks in by_view.items()
+        for budget, *parts in gap_split(data, tasks)
+    ]
+    if not rows:
+        return []
+    head = [
+        "view",
+        "key budget",
+        "PN-Mix - KIVI",
+        "of it: KIVI at Eq. 7 midpoints - KIVI (1-bit reconstruction)",
+        "the rest: PN-Mix - KIVI at Eq. 7 midpoints (pair selection, mixed precision, sinks)",
+    ]
+    caption = (
+        f"{cite}; paired differences on the same items of the informative tasks, 90% interval, exact McNemar p; the "
+        "two parts add up to the whole"
+    )
+    return [
+        "Where Fig. 3's gap comes from: KIVI's pick at each budget with 1-bit keys, run again with PN-Mix's "
+        "1-bit reconstruction (Eq. 7's bin midpoints instead of the group ends):\n",
+        table(rows, head, caption),
+    ]
 
 
 def _power(view: str, fp16: Accuracy) -> str:
@@ -254,12 +319,15 @@ def _interval(ax, x: float, a: Accuracy, **style) -> None:
     ax.errorbar([x], [a.value], yerr=[[a.value - a.low], [a.high - a.value]], capsize=3, **style)
 
 
+#: The roles of the runs drawn as single points.
+SINGLE_ROLES = ("own bits", "table 8", "control", "main")
+
+
 def singles(data: dict) -> list[dict]:
-    """The runs a figure draws as single points: at their own bits, and Table 8's (below 16 key bits)."""
+    """The runs a figure draws as single points: at their own bits, Table 8's (below 16 key bits), the midpoint
+    controls and the paper's main configuration where no budget picked it."""
     return [
-        r
-        for r in data["runs"]
-        if r["role"] in ("own bits", "table 8") and r.get("key_bits") is not None and r["key_bits"] < 16
+        r for r in data["runs"] if r["role"] in SINGLE_ROLES and r.get("key_bits") is not None and r["key_bits"] < 16
     ]
 
 
@@ -357,16 +425,27 @@ def _view_claims(data: dict, useful: list[str], where: str, cite: str, short: st
     base = fp16_run(data)
     out = []
     pnmix, kivi = budget_runs(data, "PN-Mix"), {r["budget"]: r for r in budget_runs(data, "KIVI")}
-    main = next((r for r in pnmix if r["budget"] == SUB_BUDGET), None)
-    if main is not None:
-        out.append(_table2(main, base, useful, where, cite, short))
+    main = main_run(data)
+    table2 = main or next((r for r in pnmix if r["budget"] == SUB_BUDGET), None)
+    if table2 is not None:
+        out.append(_table2(table2, base, useful, where, cite, short, main is not None))
     below = [r for r in pnmix if r["budget"] < SUB_BUDGET]
     if below:
         out.append(_fig3_fp16(below, base, useful, where, cite, short))
     # PN-Mix and KIVI paired by the budget both were picked for
     pairs = [(r, kivi[r["budget"]]) for r in below if r["budget"] in kivi]
     if pairs:
-        out.append(_fig3(pairs, useful, pooled(base, useful), where, cite, short))
+        out.append(
+            _fig3(
+                pairs,
+                useful,
+                pooled(base, useful),
+                where,
+                cite,
+                short,
+                {b: parts for b, *parts in gap_split(data, useful)},
+            )
+        )
     keys, values = table8_run(data, "keys"), table8_run(data, "values")
     if keys is not None and values is not None:
         out.append(_table8(keys, values, base, useful, where, cite, short))
@@ -387,10 +466,11 @@ def _left_out(flat: list[str]) -> str:
     return f"; left out at ceiling or floor for both: {', '.join(flat)}" if flat else ""
 
 
-def _table2(run: dict, base: dict, tasks: Sequence[str], where: str, cite: str, short: str) -> Claim:
+def _table2(run: dict, base: dict, tasks: Sequence[str], where: str, cite: str, short: str, main: bool = True) -> Claim:
     """Close to FP16, by the one margin rule: the 90% interval of PN-Mix - FP16 within +-EQUIVALENCE_MARGIN
     confirms; wholly outside it, or wholly below the paper's own larger drop, refutes; otherwise inconclusive,
-    with the difference the items resolve at 80% power."""
+    with the difference the items resolve at 80% power. `run` is the paper's main configuration (`main`), else
+    the sweep's pick at SUB_BUDGET, which the row says."""
     m, used, flat = _close(run, base, tasks, PAPER_TABLE2_GAP)
     mine, ref = pooled(run, used), pooled(base, used)
     d = paired(mine, ref)
@@ -412,7 +492,8 @@ def _table2(run: dict, base: dict, tasks: Sequence[str], where: str, cite: str, 
         TABLE2,
         status,
         "measured",
-        f"PN-Mix at {run['key_bits']:.2f} key bits against FP16 on the same {len(ref)} items: {d.difference:+.3f} "
+        f"PN-Mix {MAIN if main else NOT_MAIN} at {run['key_bits']:.2f} key bits against FP16 on the same "
+        f"{len(ref)} items: {d.difference:+.3f} "
         f"(exact McNemar p {d.p_value:.2g}; 90% interval [{m.low:+.3f}, {m.high:+.3f}], two one-sided tests at 5%): "
         f"{why}; margin {MARGIN_WHY}; {_resolution(m, len(ref))}{_left_out(flat)}; {per_task(run, base, used)}; "
         f"{where}",
@@ -446,11 +527,15 @@ def _fig3_fp16(runs: list[dict], base: dict, tasks: Sequence[str], where: str, c
     )
 
 
-def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str, short: str) -> Claim:
+def _fig3(
+    pairs, useful: list[str], base: list[bool], where: str, cite: str, short: str, split: dict | None = None
+) -> Claim:
     """Fig. 3's second part, KIVI degrades more than PN-Mix below SUB_BUDGET: a budget compares keys only where
     the two store values at about the same bits (else what differs is not the keys alone, and it is said).
     Confirmed where PN-Mix is better beyond chance at some budget and never worse; not confirmed where KIVI is
-    better beyond chance at some budget; otherwise inconclusive, with what the items resolve."""
+    better beyond chance at some budget; otherwise inconclusive, with what the items resolve. Where the budget
+    has a midpoint control (`split`: `gap_split` by budget), the line says how much of the gap Eq. 7's 1-bit
+    reconstruction alone makes."""
     lines, better, worse, counted, deciding = [], 0, 0, 0, []
     for p, k in pairs:
         mine, theirs = pooled(p, useful), pooled(k, useful)
@@ -469,6 +554,13 @@ def _fig3(pairs, useful: list[str], base: list[bool], where: str, cite: str, sho
             (d.p_value, f"{short}: at {p['budget']:g} bits, PN-Mix - KIVI {d.difference:+.3f} (p {d.p_value:.2g})")
         )
         m = margin_rule(mine, theirs, EQUIVALENCE_MARGIN)
+        parts = (split or {}).get(p["budget"])
+        line += (
+            f"; of it, KIVI at Eq. 7 midpoints - KIVI {_signed(parts[1])} and PN-Mix - KIVI at Eq. 7 midpoints "
+            f"{_signed(parts[2])} (90% intervals)"
+            if parts
+            else ""
+        )
         lines.append(f"{line}; {_resolution(m, len(mine))}")
     if not counted:
         why = f"no budget below {SUB_BUDGET:g} compares keys alone: " + "; ".join(lines)
@@ -516,6 +608,8 @@ TABLE2 = (
     )
     + ")"
 )
+MAIN = "in the paper's main configuration (H3(50%)L1, G = N = 128, 32 sinks)"
+NOT_MAIN = f"at the sweep's {SUB_BUDGET:g}-bit pick (this result did not run the paper's main configuration)"
 FIG3_FP16 = "Fig. 3 / Table 14: PN-Mix stays close to FP16 in the sub-2.25-bit regime"
 FIG3 = "Fig. 3 / Table 14: in the sub-2.25-bit regime uniform KIVI-style keys degrade more than PN-Mix"
 TABLE8 = "Table 8: quantizing keys alone hurts accuracy more than quantizing values alone at equal bits"

@@ -22,17 +22,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import torch
-
 from benchmarks.efficiency.plugins import BUILTIN_IMPLEMENTATIONS
 from benchmarks.fidelity import long_output
-from reference import PNMixConfig, methods, records
+from reference import PNMixConfig, methods
 from reference.tokens.config import TokenPrecisionConfig
 from reports.inputs import Source, benchmarks, of_kind
 from reports.markdown import Citations, escape, table
 from reports.provenance import computed, measured
 from reports.sections import accuracy as acc
 from reports.sections import model_label, storage, summary
+from reports.sections.accuracy_runs import run_config
 from reports.sections.measured import is_fp16
 
 HEADING = "### Which method, at which budget"
@@ -53,60 +52,22 @@ class Row:
         return self.config == methods.config(self.method)
 
 
-def value(text: str) -> object:
-    """One model_args value as lm-eval types it (`lm_eval.utils.handle_arg_string`): a bool, None, an int, a
-    number, else the text."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    named = {"true": True, "false": False, "none": None}
-    if text.lower() in named:
-        return named[text.lower()]
-    if text.lstrip("+-").isdigit():
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-def model_args(text: str) -> dict:
-    """lm-eval's --model_args string as names and values ("method=PN-Mix,b_high=2": a name and an int)."""
-    return {k: value(v) for k, _, v in (part.partition("=") for part in text.split(",") if part)}
-
-
-def run_config(run: dict) -> tuple[str, PNMixConfig | TokenPrecisionConfig, dict] | None:
-    """The method and configuration a task-accuracy run ran, and its other options (a per-token method's
-    budget): as the run recorded them as data (`benchmarks.accuracy.sweep.Run.describe`), or, in results of
-    older code that recorded only lm-eval's model_args, the registry's configuration with the fields they set (a
-    dtype by its name); None for a run that is no registry method (an implementation given by name).
-    ValueError or TypeError where the configuration refuses a value."""
-    if run.get("config") is not None and run.get("method") in methods.REGISTRY:
-        return run["method"], records.config_from_record(run["config"]), dict(run.get("options") or {})
-    args = model_args(run.get("model_args", ""))
-    name = args.pop("method", None)
-    if name not in methods.REGISTRY:
-        return None
-    default = methods.config(name)
-    fields = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)}
-    given = {
-        k: getattr(torch, v) if isinstance(fields[k], torch.dtype) and isinstance(v, str) else v
-        for k, v in args.items()
-        if k in fields
-    }
-    return name, methods.config(name, **given), {k: v for k, v in args.items() if k not in fields}
+#: Roles of task-accuracy runs that stand for no method: Table 8's one-sided runs and the sweep's controls (KIVI's
+#: picks at Eq. 7's midpoints), reported in the accuracy section alone.
+NOT_A_METHOD = ("table 8", "control")
 
 
 def rows_of(sources: Sequence[Source]) -> tuple[list[Row], list[str]]:
     """A row per registry method at its own configuration, then one per other configuration of it that a
-    task-accuracy result ran (the sweep's budgets; Table 8's runs are no method and stay in section 8); and
+    task-accuracy result ran (the sweep's budgets; Table 8's runs and the controls are no method and stay in the
+    accuracy section); and
     the runs whose configuration this tree cannot build, with why."""
     rows = {(name, repr(methods.config(name))): Row(name, methods.config(name)) for name in methods.REGISTRY}
     unread = []
     for s in sources:
         for run in s.data["runs"]:
             try:
-                ran = run_config(run) if run["role"] != "table 8" else None
+                ran = run_config(run) if run["role"] not in NOT_A_METHOD else None
             except (ValueError, TypeError, AttributeError) as why:  # a value this tree's configurations refuse
                 unread.append(f"{run['label']} of `{s.name}` ({why})")
                 continue

@@ -131,7 +131,11 @@ def config_label(config: PNMixConfig | TokenPrecisionConfig) -> str:
     high, low, ratio = config.b_high, config.b_low, config.ratio
     if config.n_sink >= 2**31 and config.value_bits >= 16:  # every token a sink: nothing is quantized
         return "K exact, V exact (every token kept)"
-    keys = f"K {high}-bit" if high == low or not ratio else f"K H{high}({ratio:.0%})L{low}"
+    uniform = high == low or not ratio
+    keys = f"K {high}-bit" if uniform else f"K H{high}({ratio:.0%})L{low}"
+    if 1 in ((high,) if uniform else (high, low)) and config.one_bit != ("ends" if uniform else "midpoint"):
+        # said only where it is not the usual one: uniform (KIVI) 1-bit keys at group ends, mixed at midpoints
+        keys += " (1-bit at Eq. 7 midpoints)" if config.one_bit == "midpoint" else " (1-bit at group ends)"
     values = "V exact" if config.value_bits >= 16 else f"V {config.value_bits}-bit"
     sinks = config.n_sink
     return f"{keys}, {values}, G {config.group_size}" + (f", {sinks} sinks" if 0 < sinks < 2**31 else "")

@@ -273,3 +273,16 @@ def test_a_configuration_has_the_storage_sections_number_and_its_own_name(tmp_pa
         keys, values = float(table3[name]["key bits total"]), float(table3[name]["value bits"])
         assert row[storage.COUNT_NAME].startswith(f"{(keys + values) / 2:.2f} (K {keys:.2f}, V {values:.2f}) [")
     assert not any(k.startswith("KIVI-2") and "1-bit" in k for k in shown) and KIVI_15 in shown
+
+
+def test_the_midpoint_controls_are_no_method(tmp_path):
+    """The sweep's controls (KIVI's picks at Eq. 7's midpoints) stand for no method: no row, as Table 8's."""
+    data = task_accuracy()
+    kivi = next(r for r in data["runs"] if r["label"] == "KIVI @ 1.5")
+    control = {**copy.deepcopy(kivi), "label": "KIVI, Eq. 7 midpoints @ 1.5", "role": "control"}
+    control["model_args"] += ",one_bit=midpoint"
+    before = rows(by_method.render([load(tmp_path, "a.json", data)]))
+    data["runs"].append(control)
+    assert rows(by_method.render([load(tmp_path, "b.json", data)])) == before
+    control["role"] = "budget"  # the same configuration as a budget's pick is a row of its own
+    assert len(rows(by_method.render([load(tmp_path, "c.json", data)]))) == len(before) + 1
