@@ -22,7 +22,8 @@ generation of the prompts in benchmarks/data/prompts.jsonl (loaded with `dataset
   attention from the oracle's scores (`reference.equations.attention.attention_logits_ref`);
 - Table 11: overlap of the prefill selection (r = 50%) with the decode-time salient pairs in
   four consecutive decode ranges, keys restricted to decode-generated ones, against the pair
-  norm and |<q_i, k_i>| references;
+  norm and |<q_i, k_i>| references; and, through the same code, the overlap of a seeded random
+  selection of the same size (the chance level, measured);
 - end to end: greedy outputs of each method (default bits) against FP16, and the negative
   log-likelihood of benchmarks/data/heldout.txt decoded token by token through each cache, with
   the number of tokens computed while the cache held quantized pages (a warning where it is
@@ -254,8 +255,9 @@ def attention_kl(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, start: i
     return float(kl.mean())
 
 
-def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT) -> dict:
-    """Every trace analysis of one prompt, as lists over (layer, KV head); RoPE pairs in `layout`."""
+def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT, prompt: int = 0) -> dict:
+    """Every trace analysis of one prompt (the `prompt`-th: the random control's draws differ per prompt and
+    layer), as lists over (layer, KV head); RoPE pairs in `layout`."""
     base = PNMixConfig(pair_layout=layout, **pages)
     r = {
         "share": {10: [], 30: [], 50: []},
@@ -264,6 +266,7 @@ def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT) -
         "fig4_pairs": [],
         "table9": {},
         "stability": {"pair-norm": {}, "dot": {}},
+        "stability_random": {"pair-norm": {}, "dot": {}},
     }
     for q, k in traces:
         n_pairs = k.shape[-1] // 2
@@ -291,18 +294,51 @@ def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT) -
             entry["mse"].append(float(((k_hat - k) ** 2).mean()))
             entry["kl"].append(attention_kl(q, k, k_hat, prompt_len))
         prefill_sel = prefill_pair_mask(q[None, :, :prompt_len], k[None, :, :prompt_len], base)[0]  # PN-Mix's
-        bounds = torch.linspace(prompt_len, total_len, 5).round().long().tolist()
-        n = prefill_sel.sum(-1).clamp(min=1).float()
-        for j, (t0, t1) in enumerate(itertools.pairwise(bounds)):
-            if t1 <= t0:
-                continue
-            for ref, scores in (
-                ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, layout, key_from=prompt_len)),
-                ("dot", dot_importance(q, k, t0, t1, prompt_len, layout)),
-            ):
-                overlap = (prefill_sel & top(scores, 0.5)).sum(-1).float() / n
-                r["stability"][ref].setdefault(j, []).extend(overlap.tolist())
+        control = random_selection(prefill_sel, seed=CONTROL_LAYERS * prompt + len(r["fig4_pairs"]))
+        for name, selection in (("stability", prefill_sel), ("stability_random", control)):
+            for ref, by_range in stability(q, k, prompt_len, selection, layout).items():
+                for j, overlap in by_range.items():
+                    r[name][ref].setdefault(j, []).extend(overlap)
     return r
+
+
+#: Table 11's decode ranges: the generated tokens cut in this many consecutive spans.
+TABLE11_RANGES = 4
+
+
+def stability(
+    q: torch.Tensor, k: torch.Tensor, prompt_len: int, selection: torch.Tensor, layout: str = LAYOUT
+) -> dict[str, dict[int, list[float]]]:
+    """Table 11: the share of a selection (a [H_kv, P] mask: PN-Mix's prefill selection, or a control) that is
+    among the top 50% pairs of each decode range, per reference (the pair norm, |<q_i, k_i>|) and range, keys
+    restricted to decode-generated ones; a list over KV heads per range."""
+    total_len = k.shape[1]
+    bounds = torch.linspace(prompt_len, total_len, TABLE11_RANGES + 1).round().long().tolist()
+    n = selection.sum(-1).clamp(min=1).float()
+    out: dict[str, dict[int, list[float]]] = {"pair-norm": {}, "dot": {}}
+    for j, (t0, t1) in enumerate(itertools.pairwise(bounds)):
+        if t1 <= t0:
+            continue
+        for ref, scores in (
+            ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, layout, key_from=prompt_len)),
+            ("dot", dot_importance(q, k, t0, t1, prompt_len, layout)),
+        ):
+            out[ref][j] = ((selection & top(scores, 0.5)).sum(-1).float() / n).tolist()
+    return out
+
+
+#: Added to the random control's seed, so that its draws share no seed with any other seeded draw.
+CONTROL_STREAM = 0x7AB1E11
+#: The random control's seed is CONTROL_LAYERS * prompt + layer: one draw per (prompt, layer) below this many layers.
+CONTROL_LAYERS = 1024
+
+
+def random_selection(selection: torch.Tensor, seed: int) -> torch.Tensor:
+    """Table 11's control: as many pairs as `selection` picks in each row, drawn at random (seeded), so that the
+    same code measures the overlap chance gives (r = 50%: 0.5 on average)."""
+    g = torch.Generator().manual_seed(CONTROL_STREAM + seed)  # a stream of its own: no other draw's seed
+    ranks = torch.rand(selection.shape, generator=g).argsort(-1).argsort(-1)
+    return ranks < selection.sum(-1, keepdim=True)
 
 
 #: Below this share of generated tokens computed with quantized pages, an end-to-end result is flagged.
@@ -405,6 +441,10 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+#: Table 11's summaries by the analysis each averages: PN-Mix's prefill selection, and the random control.
+TABLE11_KEYS = {"table11_overlap_mean": "stability", "table11_random_overlap_mean": "stability_random"}
+
+
 def summarize(per_prompt: list[dict]) -> dict:
     """Medians (Fig. 5, as the paper) and means (Fig. 4, Table 9, Table 11) over layers, KV heads, prompts."""
 
@@ -427,12 +467,16 @@ def summarize(per_prompt: list[dict]) -> dict:
             name: {m: statistics.fmean(pool(lambda r, n=name, m=m: r["table9"][n][m])) for m in ("mse", "kl")}
             for name in first["table9"]
         },
-        "table11_overlap_mean": {
-            ref: {
-                j: statistics.fmean(pool(lambda r, ref=ref, j=j: r["stability"][ref].get(j, [])))
-                for j in sorted(first["stability"][ref])
+        **{
+            key: {
+                ref: {
+                    j: statistics.fmean(pool(lambda r, ref=ref, j=j, name=name: r[name][ref].get(j, [])))
+                    for j in sorted(first[name][ref])
+                }
+                for ref in ("pair-norm", "dot")
             }
-            for ref in ("pair-norm", "dot")
+            for key, name in TABLE11_KEYS.items()
+            if name in first
         },
     }
 
@@ -441,7 +485,8 @@ def prompt_summary(r: dict) -> dict:
     """One prompt's means and medians, as `summarize` gives them over every prompt (without the (t, s) counts):
     the unit a verdict across prompts tests."""
     s = summarize([r])
-    return {k: s[k] for k in ("fig4_jaccard_mean", "fig5_share_median", "table9_mean", "table11_overlap_mean")}
+    keys = ("fig4_jaccard_mean", "fig5_share_median", "table9_mean", *TABLE11_KEYS)
+    return {k: s[k] for k in keys if k in s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,10 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     if layout is None:
         parser.error(f"cannot tell the RoPE pair layout of {source.name}: pass --pair-layout split or adjacent")
     per_prompt, prompt_tokens = [], 0
-    for row in tqdm(prompts, desc="trace and analyse", unit="prompt"):
+    for i, row in enumerate(tqdm(prompts, desc="trace and analyse", unit="prompt")):
         traces, prompt_len, _ = collect(model, tokenizer, row["prompt"], new_tokens, fmt)
         prompt_tokens += prompt_len
-        per_prompt.append(analyse_prompt(traces, prompt_len, pages, layout))
+        per_prompt.append(analyse_prompt(traces, prompt_len, pages, layout, prompt=i))
     result = record(
         "fidelity",
         model.device,  # where the traces were taken and analysed
@@ -549,6 +594,9 @@ def canary() -> dict:
     q, k, _ = workloads.qkv(seed=7, tokens=workloads.PROMPT + workloads.APPENDS)
     traces = [(q[0], k[0])]  # one layer: q [H, T, d], k [H_kv, T, d]
     found = analyse_prompt(traces, workloads.PROMPT, {**workloads.PAGES, "n_sink": workloads.SINKS})
+    # the random control (a seeded chance level, by the same `stability` as the selection's overlap counted
+    # here) is left out: results written before it existed keep a canary that still reproduces
+    found.pop("stability_random")
     numbers = pipelines.numbers(found)
     return outcome({"analyses": sorted(numbers)}, numbers)
 
@@ -591,12 +639,15 @@ SCHEMA = {
             "*": _TABLE9,
         },
         "table11_overlap_mean": {"*": {"*": schema.FRACTION}},
+        "table11_random_overlap_mean?": {"*": {"*": schema.FRACTION}},
     },
     # each prompt's own means (results of older code lack them: their Fig. 4 and Table 11 cannot be decided)
     "per_prompt?": schema.ListOf(
         {
             "fig4_jaccard_mean": {"*": schema.FRACTION},
             "table11_overlap_mean": {"*": {"*": schema.FRACTION}},
+            # the random control of the same size through the same code (results of older code lack it)
+            "table11_random_overlap_mean?": {"*": {"*": schema.FRACTION}},
         },
         nonempty=True,
     ),

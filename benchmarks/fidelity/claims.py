@@ -187,17 +187,29 @@ def fig4_prefill(per_prompt: list[dict]) -> dict[str, tuple[str, float]]:
     return out
 
 
+def _ranges(by_range: dict) -> list[float]:
+    return [by_range[j] for j in sorted(by_range, key=int)]
+
+
 def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
     """Per reference, on the prompts' own overlaps: the mean overlap over the ranges minus TABLE11_CHANCE, and
-    the trend (each prompt's least-squares slope per range); each (mean, low, high), a 95% interval over prompts."""
+    the trend (each prompt's least-squares slope per range); where the prompts measured the random control of the
+    same size through the same code (`benchmarks.fidelity.analyses.random_selection`), also the mean overlap minus
+    the control's on the same prompt ("above_random"); each (mean, low, high), a 95% interval over prompts."""
     out = {}
+    control = all("table11_random_overlap_mean" in p for p in per_prompt)
     for ref in per_prompt[0]["table11_overlap_mean"]:
-        levels, slopes = [], []
+        levels, slopes, over_random = [], [], []
         for p in per_prompt:
-            ys = [p["table11_overlap_mean"][ref][j] for j in sorted(p["table11_overlap_mean"][ref], key=int)]
+            ys = _ranges(p["table11_overlap_mean"][ref])
             levels.append(statistics.fmean(ys) - TABLE11_CHANCE)
             slopes.append(statistics.linear_regression(range(len(ys)), ys).slope if len(ys) > 1 else 0.0)
+            if control:
+                chance = _ranges(p["table11_random_overlap_mean"][ref])
+                over_random.append(statistics.fmean(ys) - statistics.fmean(chance))
         out[ref] = {"above_chance": interval(levels), "slope": interval(slopes), "slope resolves": resolvable(slopes)}
+        if control:
+            out[ref]["above_random"] = interval(over_random)
     return out
 
 
@@ -220,8 +232,9 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
     result's): True, False, UNDECIDED where the prompts cannot tell (or the result keeps no per-prompt values),
     None where this model cannot test it (Fig. 5's shares are for 14B and 32B models; a Fig. 4 of the aggregated
     definition). Fig. 4: every link holds in every cell (True), one is reversed in one (False). Table 11: the
-    overlap above the chance overlap and its slope within +-TABLE11_SPREAD / 3 per range, for both references
-    (True); at or below chance, or a slope wholly beyond that, for one (False). Table 9 is judged on the means."""
+    overlap above the chance overlap (and above the random control's, where measured) and its slope within
+    +-TABLE11_SPREAD / 3 per range, for both references (True); at or below chance, or a slope wholly beyond
+    that, for one (False). Table 9 is judged on the means."""
     if tested(per_prompt):
         links = fig4_links(per_prompt)
         fig4 = (
@@ -235,7 +248,7 @@ def claim_holds(s: dict, per_prompt: list[dict] | None = None) -> dict[str, bool
         sides = {side for side, _ in fig4_prefill(per_prompt).values()}
         fig4_match = False if "outside" in sides else True if sides == {"within"} else UNDECIDED
         tests = table11_tests(per_prompt).values()
-        level = [_side(t["above_chance"][1], t["above_chance"][2]) for t in tests]
+        level = [_side(t[k][1], t[k][2]) for t in tests for k in ("above_chance", "above_random") if k in t]
         trend = [_side(t["slope"][1], t["slope"][2], step) for t in tests]
         flat = [-step < t["slope"][1] and t["slope"][2] < step for t in tests]
         table11 = (
@@ -361,6 +374,12 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
                 f"{ref}: {level:+.3f} above the chance overlap {TABLE11_CHANCE:g} (95% [{lo:+.3f}, {hi:+.3f}]), "
                 f"slope {slope:+.4f} per range (95% [{slo:+.4f}, {shi:+.4f}]; stable within "
                 f"+-{TABLE11_SPREAD / 3:.3f}; the prompts resolve a slope of {t['slope resolves']:.4f} at 80% power)"
+                + (
+                    f", {t['above_random'][0]:+.3f} above a random selection of the same size measured by the same "
+                    f"code on the same prompts (95% [{t['above_random'][1]:+.3f}, {t['above_random'][2]:+.3f}])"
+                    if "above_random" in t
+                    else ""
+                )
             )
         out["table11"] += (
             f"; tested over {len(per_prompt)} prompts: " + "; ".join(parts) + "; the ranges split each prompt's "
