@@ -163,6 +163,44 @@ def greedy_outputs(
     return result
 
 
+#: A greedy output loops from the first position whose next LOOP_SPAN tokens already occurred, in that order,
+#: earlier in the output: a model repeating itself there (its later positions measure drift on text it already
+#: wrote, where every cache predicts the copy alike).
+LOOP_SPAN = 32
+
+
+def loop_onset(output: list[int], span: int = LOOP_SPAN) -> int | None:
+    """The first output position from which the next `span` tokens repeat a run of the output before it (None:
+    the output never repeats `span` tokens)."""
+    seen: set[tuple[int, ...]] = set()
+    for p in range(len(output) - span + 1):
+        window = tuple(output[p : p + span])
+        if window in seen:
+            return p
+        seen.add(window)
+    return None
+
+
+def loop_note(result: dict) -> str:
+    """What a result's FP16 outputs say of looping ("" where it does not record it): how many prompts loop and
+    from which positions, against the positions measured."""
+    onsets = result.get("loop_onsets")
+    if onsets is None:
+        return ""
+    looping = sorted(o for o in onsets if o is not None and o < result["summary"]["positions"])
+    if not looping:
+        return (
+            f"; FP16's greedy text repeats no run of {LOOP_SPAN} tokens within the {result['summary']['positions']} "
+            "positions measured on any prompt"
+        )
+    return (
+        f"; FP16's greedy text loops (repeats a run of {LOOP_SPAN} tokens) from position "
+        + ", ".join(map(str, looping))
+        + f" on {len(looping)} of {len(onsets)} prompts: past that a cache's drift is measured on text the model "
+        "already wrote"
+    )
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far, MiB (Linux reports ru_maxrss in KiB, macOS in bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -261,7 +299,7 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
         f"; {prompts} prompts kept per prompt: a verdict over prompts needs at least {MIN_PROMPTS}"
         if prompts < MIN_PROMPTS
         else ""
-    )
+    ) + loop_note(result)
     quarters = {n: per_prompt_quarters(result, n) for n in kl}
     means = "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
     if not kl or any(q is None for q in quarters.values()):
@@ -327,7 +365,9 @@ def body(result: dict, level: int = 2) -> str:
         "",
         f"{result['prompts']} prompts, {s['positions']} generated positions each (FP16 greedy), teacher-forced "
         f"through each cache in chunks of {result['chunk']} with stepwise attention; means per span of output "
-        f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`.\n",
+        f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`"
+        + (loop_note(result).replace("; ", ". ", 1) if "loop_onsets" in result else "")
+        + ".\n",
     ]
     for metric, title in (
         ("kl", "KL(FP16 || method), nats"),
@@ -443,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_set="benchmarks/data/prompts.jsonl",
         prompts=len(prompts),
         generated_tokens=lengths,
+        loop_onsets=[loop_onset(ids[0, n:].tolist()) for ids, n in sequences],
         chunk=args.chunk,
         pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
         key_bits={n: round(bit_widths(c, head_dim(model.config)).key_total, 4) for n, c in configs.items()},
@@ -502,6 +543,8 @@ SCHEMA = {
     **schema.MEASUREMENT,
     "prompts": schema.POSITIVE_COUNT,
     "chunk": schema.POSITIVE_COUNT,
+    # each prompt's first looping output position (`loop_onset`; results of older code do not record it)
+    "loop_onsets?": schema.ListOf(schema.Maybe(schema.COUNT)),
     "key_bits?": {"*": schema.BITS},
     "summary": {
         "positions": schema.POSITIVE_COUNT,

@@ -127,3 +127,28 @@ def test_the_smoke_run_writes_what_it_measured(tmp_path):
         "FP16",
     }
     assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 0
+    assert len(result["loop_onsets"]) == 1  # the smoke run's one prompt, looping or not, is recorded
+
+
+def test_an_output_loops_from_the_first_position_that_repeats_a_run_of_it():
+    text = list(range(100))
+    assert long_output.loop_onset(text) is None  # no token twice
+    looped = text[:40] + text[10:40] * 3  # from position 40 it copies positions 10.. again
+    assert long_output.loop_onset(looped) == 40
+    assert long_output.loop_onset(looped, span=31) == 40 and long_output.loop_onset(text[:40] + text[:20]) is None
+    almost = text[:40] + text[9:40]  # 31 tokens repeated: below the span
+    assert long_output.loop_onset(almost, span=32) is None and long_output.loop_onset(almost, span=31) == 40
+
+
+def test_the_verdicts_say_where_fp16s_own_text_loops():
+    from reports.tests import synthetic
+
+    flat = {"kl": [0.1] * 8, "top1": [1.0] * 8, "nll": [0.1] * 8}
+    result = synthetic.long_output([{"FP16": {"nll": [0.1] * 8}, "PN-Mix": flat}], 8)
+    assert "loops" not in long_output.verdicts(result)["accumulates"][1]
+    result["loop_onsets"] = [5]
+    said = long_output.verdicts(result)["accumulates"][1]
+    assert "loops (repeats a run of 32 tokens) from position 5 on 1 of 1 prompts" in said
+    result["loop_onsets"] = [None]
+    assert "repeats no run of 32 tokens within the 8 positions" in long_output.verdicts(result)["accumulates"][1]
+    assert "repeats no run of 32 tokens" in long_output.markdown(result)
