@@ -1,10 +1,11 @@
 """Fidelity over long outputs: how far each method's next-token distribution drifts from FP16 as
 the output grows (the reason PN-Mix exists: errors that accumulate over 8K-32K generated tokens).
 
-    pnmix-long-output [--model M] [--tokens 8192] [--prompts 3] [--chunk 256] [--smoke]
+    pnmix-long-output [--model M] [--tokens 8192] [--prompts N] [--prompt-set FILE] [--chunk 256] [--smoke]
                                      [--chat-template FILE | --plain-prompts]
 
-For each prompt of benchmarks/data/prompts.jsonl the FP16 model generates `--tokens` tokens
+For each prompt of --prompt-set (default benchmarks/data/long_prompts.jsonl: 16 requests for long texts,
+stories, essays, guides, lessons; all of them unless --prompts) the FP16 model generates `--tokens` tokens
 greedily (up to its context); then every method reads that same sequence, teacher-forced, through
 its packed cache (`pnmix.hf.PNMixHFCache`, reference backend), and at every generated position:
 - KL(FP16 || method) of the next-token distributions (natural log),
@@ -48,9 +49,12 @@ from reference.channels.storage import bit_widths
 from reference.cli import positive_int
 from reference.methods import METHODS, names
 from reference.methods import config as method_config
-from reference.records import record
+from reference.records import code_key, record
 
 DATA = Path(__file__).parents[1] / "data"
+#: The default prompts: requests for long texts (a sign test over prompts decides on 13 of 16 agreeing, where 8
+#: prompts must all agree).
+PROMPT_SET = DATA / "long_prompts.jsonl"
 DEFAULT_METHODS = names(tag="fidelity")  # about 2.3 key bits each
 METRICS = ("kl", "top1", "nll")
 
@@ -201,6 +205,39 @@ def loop_note(result: dict) -> str:
     )
 
 
+def read_prompts(path: Path) -> list:
+    """The prompts of a JSONL file, each line an object whose "prompt" is a string (a one-turn chat) or a list of
+    chat messages ({"role", "content"}); ValueError in one line naming the file and line where one is not."""
+    import json
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read ({err})") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {n}: not JSON ({err.msg})") from None
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        chat = isinstance(prompt, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+        if not (isinstance(prompt, str) and prompt.strip()) and not (chat and prompt):
+            raise ValueError(
+                f'{path} line {n}: expected an object with a "prompt" (a non-empty string, or a list of chat messages '
+                '{"role", "content"})'
+            )
+        prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{path}: holds no prompt")
+    return prompts
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far, MiB (Linux reports ru_maxrss in KiB, macOS in bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -282,6 +319,28 @@ def _decide(tests: list[tuple[int, int, float]], prompts: int) -> str:
     return HOLDS if all(below > above and p < ALPHA for below, above, p in tests) else UNDECIDED
 
 
+def resolvable_share(prompts: int, power: float = 0.80) -> tuple[int, float] | None:
+    """What `prompts` prompts resolve by a two-sided sign test at ALPHA: (the fewest of them one side must win for
+    p < ALPHA, the share of prompts a side must win in truth for 80% power to show it); None where no count can."""
+    from scipy.stats import binom
+
+    need = next((k for k in range(prompts // 2 + 1, prompts + 1) if sign_test(k, prompts - k) < ALPHA), None)
+    if need is None:
+        return None
+    share = next(x / 1000 for x in range(500, 1001) if binom.sf(need - 1, prompts, x / 1000) >= power)
+    return need, share
+
+
+def _resolves(prompts: int) -> str:
+    r = resolvable_share(prompts)
+    if r is None:
+        return f"; {prompts} prompts cannot reach p < {ALPHA:g} in a sign test whatever they show"
+    return (
+        f"; {prompts} prompts decide where one side wins on {r[0]} or more, and resolve a side that wins on "
+        f"{r[1]:.0%} of prompts at 80% power"
+    )
+
+
 def verdicts(result: dict) -> dict[str, tuple[str, str]]:
     """The two long-output judgements the report states, each a sign test over prompts (`per_prompt`: a mean of
     few prompts can hide that they disagree), decided on MIN_PROMPTS prompts at least:
@@ -311,16 +370,18 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
         }
     else:
         tests = {n: _ordered([(q[0], q[-1]) for q in quarters[n]]) for n in kl}
+        decided = _decide(list(tests.values()), prompts)
         out = {
             "accumulates": (
-                _decide(list(tests.values()), prompts),
+                decided,
                 "KL first -> last quarter of the output, mean over prompts: "
                 + means
                 + f" (FP16's own NLL {fp16[0]:.3g} -> {fp16[-1]:.3g}); rising on "
                 + ", ".join(
                     f"{below} of {prompts} prompts for {n} (sign test p {p:.2g})" for n, (below, _, p) in tests.items()
                 )
-                + few,
+                + few
+                + (_resolves(prompts) if decided == UNDECIDED else ""),
             )
         }
     bits = result.get("key_bits", {})
@@ -343,9 +404,14 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
             below, above, p = _ordered([(a[i], b[i]) for a, b in zip(quarters["PN-Mix"], quarters[r], strict=True)])
             tests.append((below, above, p))
             said.append(f"Q{i + 1} vs {r}: {below} of {prompts} (p {p:.2g})")
+    decided = _decide(tests, prompts)
     out["pnmix_lowest"] = (
-        _decide(tests, prompts),
-        evidence + "; prompts where PN-Mix's KL is lower: " + ", ".join(said) + few,
+        decided,
+        evidence
+        + "; prompts where PN-Mix's KL is lower: "
+        + ", ".join(said)
+        + few
+        + (_resolves(prompts) if decided == UNDECIDED else ""),
     )
     return out
 
@@ -427,7 +493,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tokens", type=positive_int, default=8192, help="generated tokens per prompt (capped by the context)"
     )
-    parser.add_argument("--prompts", type=positive_int, default=3, help="prompts of benchmarks/data/prompts.jsonl")
+    parser.add_argument("--prompts", type=positive_int, default=None, help="the first N prompts of --prompt-set (all)")
+    parser.add_argument(
+        "--prompt-set",
+        type=Path,
+        default=PROMPT_SET,
+        help="a JSONL file of prompts, one object with a \"prompt\" per line (default: the repository's 16 requests "
+        "for long texts)",
+    )
     parser.add_argument("--chunk", type=positive_int, default=256, help="tokens per teacher-forced forward")
     parser.add_argument("--bins", type=positive_int, default=16, help="spans of output positions in the curves")
     parser.add_argument(
@@ -441,18 +514,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in METHODS or n == "FP16"]
     if unknown or not names:
         parser.error(f"--methods: unknown {unknown}; choose from {[n for n in METHODS if n != 'FP16']}")
+    try:
+        prompts = read_prompts(args.prompt_set)
+    except ValueError as err:
+        parser.error(f"--prompt-set: {err}")
     fmt = preflight.chat_format(parser, args)
     source = preflight.model(parser, args.model, preflight.CHAT, fmt)
     out_dir = preflight.output_folder(parser, args.out)
     tokens, prompts_n, pages = args.tokens, args.prompts, {}
     if args.smoke:
         tokens, prompts_n, pages = min(tokens, 64), 1, {"group_size": 16, "residual_length": 16, "n_sink": 4}
-    import datasets
-
+    prompts = prompts[: prompts_n or len(prompts)]
     from pnmix.hf import detect_pair_layout, head_dim  # deferred: transformers takes seconds to import
 
-    prompts = datasets.load_dataset("json", data_files=str(DATA / "prompts.jsonl"), split="train")
-    prompts = prompts.select(range(min(prompts_n, len(prompts))))
     model, tokenizer = source.load("sdpa")
     fmt.apply(tokenizer)
     layout = detect_pair_layout(model.config)
@@ -462,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     context = getattr(model.config, "max_position_embeddings", None) or math.inf
     started = time.monotonic()
     try:
-        sequences = greedy_outputs(model, tokenizer, [row["prompt"] for row in prompts], tokens, context, fmt)
+        sequences = greedy_outputs(model, tokenizer, prompts, tokens, context, fmt)
     except ValueError as err:  # the prompts fill the context: known once the tokenizer has counted them
         parser.error(str(err))
     per_prompt, lengths = [], []
@@ -470,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         lengths.append(ids.shape[1] - prompt_len)
         per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
     given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}
-    given["methods"] = args.methods
-    options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(parser.get_default(k)))
+    given |= {"methods": args.methods, "prompt-set": code_key(args.prompt_set.resolve())}
+    defaults = {**vars(parser.parse_args([])), "prompt-set": code_key(PROMPT_SET)}
+    options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(defaults.get(k)))
     result = record(
         "long-output",
         model.device,
@@ -480,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         model_fingerprint=source.fingerprint,
         chat_template=fmt.describe(),
         pair_layout=layout,
-        prompt_set="benchmarks/data/prompts.jsonl",
+        prompt_set=code_key(args.prompt_set.resolve()),
         prompts=len(prompts),
         generated_tokens=lengths,
         loop_onsets=[loop_onset(ids[0, n:].tolist()) for ids, n in sequences],
@@ -492,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         summary=summarize(per_prompt, args.bins),
         per_prompt=rounded(per_prompt),
         behaviour=canaries.record(
-            ["FP16", *names], PIPELINE, model_fingerprint=source.fingerprint, data=[DATA / "prompts.jsonl"]
+            ["FP16", *names], PIPELINE, model_fingerprint=source.fingerprint, data=[args.prompt_set]
         ),
     )
     # compact: 8K positions x metrics x methods

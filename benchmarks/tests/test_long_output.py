@@ -152,3 +152,32 @@ def test_the_verdicts_say_where_fp16s_own_text_loops():
     result["loop_onsets"] = [None]
     assert "repeats no run of 32 tokens within the 8 positions" in long_output.verdicts(result)["accumulates"][1]
     assert "repeats no run of 32 tokens" in long_output.markdown(result)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot be read"),
+        ("", "holds no prompt"),
+        ('{"prompt": "a"}\n{"prompt": \n', "line 2: not JSON"),
+        ('{"id": 1}\n', 'line 1: expected an object with a "prompt"'),
+        ('{"prompt": [{"role": "user"}]}\n', "line 1: expected"),
+    ],
+)
+def test_a_prompt_set_that_is_no_list_of_prompts_is_refused_naming_its_line(tmp_path, capsys, text, message):
+    path = tmp_path / "prompts.jsonl"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        long_output.main(["--prompt-set", str(path), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and f"--prompt-set: {path}" in (err := capsys.readouterr().err) and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_default_prompts_ask_for_long_texts_enough_for_a_sign_test_to_decide():
+    prompts = long_output.read_prompts(long_output.PROMPT_SET)
+    assert len(prompts) >= 16 and len(set(prompts)) == len(prompts)
+    need, share = long_output.resolvable_share(len(prompts))
+    assert need < len(prompts) and share < 0.9  # a verdict does not need every prompt to agree
+    assert long_output.resolvable_share(long_output.MIN_PROMPTS)[0] == long_output.MIN_PROMPTS
+    assert long_output.resolvable_share(3) is None
