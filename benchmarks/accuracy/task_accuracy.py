@@ -749,6 +749,12 @@ def layers_note(data: dict) -> str:
     )
 
 
+def extended_from(earlier: dict) -> str:
+    """What an --extend merged in, as a result's markdown and the report say it."""
+    runs, file = ", ".join(earlier["runs"]), earlier["file"]
+    return f"runs {runs} from `{file}` ({earlier['date_utc']}, `{earlier['command']}`); "
+
+
 def markdown(data: dict) -> str:
     from tabulate import tabulate
 
@@ -768,6 +774,7 @@ def markdown(data: dict) -> str:
         + f", {data['date_utc']}, `{data['command']}`; "
         f"{sum(t['items'] for t in data['tasks'])} documents; "
         + (f"{note}; " if (note := layers_note(data)) else "")
+        + "".join(map(extended_from, data.get("extends", [])))
         + "chance per task: "
         + ", ".join(f"{t['name']} {t['chance']:.2f}" for t in data["tasks"])
         + "\n\n"

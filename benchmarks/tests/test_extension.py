@@ -48,6 +48,8 @@ def test_an_extended_result_equals_one_sweep_over_all_its_runs(tiny, tmp_path, m
     (earlier,) = merged["extends"]
     assert earlier["file"] == first_path.name and earlier["runs"] == ["FP16", "PN-Mix @ 2.25"]
     assert earlier["command"] == first["command"]
+    said = f"runs FP16, PN-Mix @ 2.25 from `{first_path.name}` ({first['date_utc']}, `{first['command']}`)"
+    assert said in task_accuracy.markdown(merged)
     # nothing left to add: refused, saying so
     with pytest.raises(SystemExit):
         task_accuracy.main([*extend, "--runs", "PN-Mix @ 2.25"])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from benchmarks import tasks as tasks_suite
 from benchmarks.accuracy.stats import Accuracy, Margin, accuracy, items_to_resolve, margin_rule, paired, paired_interval
 from benchmarks.accuracy.sweep import NEAR_EXACT_KEY_BITS
-from benchmarks.accuracy.task_accuracy import layers_note
+from benchmarks.accuracy.task_accuracy import extended_from, layers_note
 from reference import methods, paper
 from reports import figures
 from reports.inputs import Source
@@ -221,8 +221,9 @@ def render_result(
     """One result's tables, claims and (where `drawn`) figure."""
     data = source.data
     cite = cites.cite(
-        f"measured on {data['device']}, {data['date_utc']}, command `{data['command']}`, model {data['model']} "
-        f"(fingerprint {data.get('model_fingerprint', 'not recorded')}), file `{source.name}`"
+        f"measured on {data['device']}, {data['date_utc']}, command `{data['command']}`, "
+        + "".join(map(extended_from, data.get("extends", [])))
+        + f"model {data['model']} (fingerprint {data.get('model_fingerprint', 'not recorded')}), file `{source.name}`"
     )
     base = fp16_run(data)
     names = [t["name"] for t in data["tasks"]]
