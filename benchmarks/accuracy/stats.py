@@ -50,6 +50,19 @@ def sign_test(wins: int, losses: int) -> float:
     return float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
 
 
+def resolvable_share(units: int, alpha: float = 0.05, power: float = 0.80) -> tuple[int, float] | None:
+    """What `units` paired units (prompts, conversations) resolve by the two-sided sign test at `alpha`: (the fewest
+    of them one side must win for p < alpha, the share of units a side must win in truth for `power` to show it);
+    None where no count can."""
+    from scipy.stats import binom
+
+    need = next((k for k in range(units // 2 + 1, units + 1) if sign_test(k, units - k) < alpha), None)
+    if need is None:
+        return None
+    share = next(x / 1000 for x in range(500, 1001) if binom.sf(need - 1, units, x / 1000) >= power)
+    return need, share
+
+
 def paired(method: Sequence[bool], baseline: Sequence[bool]) -> Paired:
     """How a method's answers differ from the baseline's on the same items."""
 

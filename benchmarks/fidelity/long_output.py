@@ -35,7 +35,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from benchmarks.accuracy.stats import sign_test
+from benchmarks.accuracy.stats import resolvable_share, sign_test
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.canaries import pipelines, workloads
 from benchmarks.canaries.outcome import outcome
@@ -224,8 +224,7 @@ def read_prompts(path: Path) -> list:
             raise ValueError(f"{path} line {n}: not JSON ({err.msg})") from None
         prompt = row.get("prompt") if isinstance(row, dict) else None
         chat = isinstance(prompt, list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in prompt
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
         )
         if not (isinstance(prompt, str) and prompt.strip()) and not (chat and prompt):
             raise ValueError(
@@ -319,20 +318,8 @@ def _decide(tests: list[tuple[int, int, float]], prompts: int) -> str:
     return HOLDS if all(below > above and p < ALPHA for below, above, p in tests) else UNDECIDED
 
 
-def resolvable_share(prompts: int, power: float = 0.80) -> tuple[int, float] | None:
-    """What `prompts` prompts resolve by a two-sided sign test at ALPHA: (the fewest of them one side must win for
-    p < ALPHA, the share of prompts a side must win in truth for 80% power to show it); None where no count can."""
-    from scipy.stats import binom
-
-    need = next((k for k in range(prompts // 2 + 1, prompts + 1) if sign_test(k, prompts - k) < ALPHA), None)
-    if need is None:
-        return None
-    share = next(x / 1000 for x in range(500, 1001) if binom.sf(need - 1, prompts, x / 1000) >= power)
-    return need, share
-
-
 def _resolves(prompts: int) -> str:
-    r = resolvable_share(prompts)
+    r = resolvable_share(prompts, ALPHA)
     if r is None:
         return f"; {prompts} prompts cannot reach p < {ALPHA:g} in a sign test whatever they show"
     return (
@@ -498,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prompt-set",
         type=Path,
         default=PROMPT_SET,
-        help="a JSONL file of prompts, one object with a \"prompt\" per line (default: the repository's 16 requests "
+        help='a JSONL file of prompts, one object with a "prompt" per line (default: the repository\'s 16 requests '
         "for long texts)",
     )
     parser.add_argument("--chunk", type=positive_int, default=256, help="tokens per teacher-forced forward")

@@ -63,7 +63,13 @@ def test_a_small_run_measures_every_method_at_each_budget_and_states_the_claims(
     tri, combo = r["methods"]["TriAxialKV"], r["methods"]["role-aware PN-Mix"]
     assert tri["bits"] <= 3.5 and tri["stored_bits"] == pytest.approx(combo["stored_bits"], abs=0.01)
     assert {m["method"] for m in r["memory"]} == set(equal_bits.METHODS)
-    assert all(isinstance(c["holds"], bool) for c in out["claims"])
+    assert all(c["holds"] in (True, False, equal_bits.UNDECIDED) for c in out["claims"])
+    # one evaluation conversation: a sign test over it decides nothing, and the row says so
+    beats = [c for c in out["claims"] if "beats both" in c["claim"]]
+    assert beats and all(c["holds"] == equal_bits.UNDECIDED for c in beats)
+    assert all("1 conversations cannot reach p < 0.05" in c["evidence"] for c in beats)
+    assert set(r["per_conversation"]) == set(equal_bits.METHODS) - {"FP16"}
+    assert all(len(v) == 1 for m in r["per_conversation"].values() for v in m.values())
     result = equal_bits.record("equal-bits", command="x", model="tiny", **out)
     assert json.loads(json.dumps(result, allow_nan=False))["results"][0]["budget"] == 3.5  # plain JSON
     text = equal_bits.markdown(result)
@@ -74,3 +80,29 @@ def test_budgets_below_the_int2_floor_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit) as exit_info:
         equal_bits.main(["--budgets", "2.5"])
     assert exit_info.value.code == 2 and "at least 3.0" in capsys.readouterr().err
+
+
+def per_conversation(combination: list[float], pnmix: list[float], triaxial: list[float]) -> dict:
+    return {
+        "role-aware PN-Mix": {"attention_kl": combination, "e2e_kl": combination},
+        "PN-Mix": {"attention_kl": pnmix, "e2e_kl": pnmix},
+        "TriAxialKV": {"attention_kl": triaxial, "e2e_kl": triaxial},
+    }
+
+
+def test_the_combination_beats_its_rivals_only_conversation_by_conversation():
+    """A lower mean is not a verdict: the combination must be below each rival on more conversations than chance
+    allows (a sign test per rival); a rival below it beyond chance refutes; anything else is undecided, saying
+    what the conversations resolve."""
+    low, high = [0.1] * 8, [0.2] * 8
+    assert equal_bits.beats(per_conversation(low, high, high), "attention_kl")[0] is True
+    assert equal_bits.beats(per_conversation(low, [*low[:7], 0.05], [0.05] * 8), "e2e_kl")[0] is False
+    # a far lower mean from one conversation, the others split: undecided
+    split = [0.001] + [0.15, 0.25] * 3 + [0.25]
+    holds, said = equal_bits.beats(per_conversation(split, [0.2] * 8, [0.2] * 8), "attention_kl")
+    assert sum(split) / 8 < 0.2 and holds == equal_bits.UNDECIDED
+    assert "below PN-Mix on 4 of 8 conversations" in said and "decide where one side wins on 8 or more" in said
+    assert equal_bits.beats(None, "attention_kl") == (
+        equal_bits.UNDECIDED,
+        "the result keeps no per-conversation values: the means alone decide nothing",
+    )

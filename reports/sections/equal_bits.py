@@ -12,6 +12,7 @@ from reports import figures
 from reports.inputs import Source
 from reports.markdown import (
     CONFIRMED,
+    INCONCLUSIVE,
     NOT_CONFIRMED,
     NOT_MEASURED,
     Citations,
@@ -77,15 +78,18 @@ def _draw(data: dict):
 
 
 def _claims(s: Source, only_combination: bool = False, suffix: str = "") -> list[Claim]:
+    """The result's claims by this tree's rules (`benchmarks.fidelity.equal_bits.claims` of its results: a result of
+    older code, decided on means, is inconclusive where the rule now tests conversation by conversation)."""
+    status = {True: CONFIRMED, False: NOT_CONFIRMED, equal_bits.UNDECIDED: INCONCLUSIVE}
     return [
         Claim(
             c["claim"] + suffix,
-            CONFIRMED if c["holds"] else NOT_CONFIRMED,
+            status[c["holds"]],
             c["source"],
             c["evidence"],
             CLAIMS_SOURCE if "computed" in c["source"] else _provenance(s),
         )
-        for c in s.data["claims"]
+        for c in equal_bits.claims(s.data["results"])
         if not only_combination or "combination" in c["claim"]
     ]
 
