@@ -57,6 +57,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type of a finite number >= 0 (a temperature: 0 is greedy)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _config_from_args(args: argparse.Namespace) -> PNMixConfig:
     return PNMixConfig(
         b_high=args.b_high,

@@ -46,7 +46,7 @@ from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_option
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
 from reference import schema
 from reference.channels.storage import bit_widths
-from reference.cli import positive_int
+from reference.cli import non_negative_float, positive_int
 from reference.methods import METHODS, names
 from reference.methods import config as method_config
 from reference.records import code_key, record
@@ -130,11 +130,19 @@ class _Progress:
 
 @torch.no_grad()
 def greedy_outputs(
-    model, tokenizer, prompts: list, tokens: int, context: float, fmt: ChatFormat = MODEL_TEMPLATE
+    model,
+    tokenizer,
+    prompts: list,
+    tokens: int,
+    context: float,
+    fmt: ChatFormat = MODEL_TEMPLATE,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> list[tuple[torch.Tensor, int]]:
     """The FP16 model's greedy continuation of each prompt (a string: a one-turn chat; or a list of chat
     messages, formatted by `fmt`), `tokens` long or up to the context: (ids [1, prompt + output], prompt
-    length) per prompt. All prompts decode as one
+    length) per prompt; with a `temperature` above 0, sampled at it instead (seeded by `seed`: a small model's
+    greedy text repeats itself, a sampled one reads on). All prompts decode as one
     left-padded batch: on a CPU a decode step reads every weight whatever the batch, so this costs
     about one prompt's time. Padding can flip a near-tie of the greedy choice; that changes which
     sequence is teacher-forced, not the comparison, which reads every method on the same tokens."""
@@ -156,9 +164,11 @@ def greedy_outputs(
     if n < 1:
         raise ValueError(f"--tokens: the prompts ({width} tokens) leave no room in the context ({context})")
     model.set_attn_implementation("sdpa")
-    with tqdm(total=n, desc="FP16 greedy outputs", unit="token") as bar:
+    how = {"do_sample": False} if temperature <= 0 else {"do_sample": True, "temperature": temperature, "top_k": 0}
+    with tqdm(total=n, desc="FP16 outputs", unit="token") as bar, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         out = model.generate(
-            **inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad, streamer=_Progress(bar)
+            **inputs, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad, streamer=_Progress(bar), **how
         )
     result = []
     for row, mask in zip(out, inputs["attention_mask"], strict=True):
@@ -185,6 +195,14 @@ def loop_onset(output: list[int], span: int = LOOP_SPAN) -> int | None:
     return None
 
 
+def _how(result: dict) -> str:
+    """How FP16's outputs were made: greedy, or sampled at a temperature with a seed."""
+    sampled = result.get("sampling")
+    if not sampled:
+        return "FP16 greedy"
+    return f"FP16 sampled at temperature {sampled['temperature']:g}, seed {sampled['seed']}"
+
+
 def loop_note(result: dict) -> str:
     """What a result's FP16 outputs say of looping ("" where it does not record it): how many prompts loop and
     from which positions, against the positions measured."""
@@ -194,11 +212,11 @@ def loop_note(result: dict) -> str:
     looping = sorted(o for o in onsets if o is not None and o < result["summary"]["positions"])
     if not looping:
         return (
-            f"; FP16's greedy text repeats no run of {LOOP_SPAN} tokens within the {result['summary']['positions']} "
+            f"; FP16's text repeats no run of {LOOP_SPAN} tokens within the {result['summary']['positions']} "
             "positions measured on any prompt"
         )
     return (
-        f"; FP16's greedy text loops (repeats a run of {LOOP_SPAN} tokens) from position "
+        f"; FP16's text loops (repeats a run of {LOOP_SPAN} tokens) from position "
         + ", ".join(map(str, looping))
         + f" on {len(looping)} of {len(onsets)} prompts: past that a cache's drift is measured on text the model "
         "already wrote"
@@ -416,7 +434,7 @@ def body(result: dict, level: int = 2) -> str:
     heads = ["method", *(f"{a}-{b}" for a, b in itertools.pairwise(edges))]
     lines = [
         "",
-        f"{result['prompts']} prompts, {s['positions']} generated positions each (FP16 greedy), teacher-forced "
+        f"{result['prompts']} prompts, {s['positions']} generated positions each ({_how(result)}), teacher-forced "
         f"through each cache in chunks of {result['chunk']} with stepwise attention; means per span of output "
         f"positions. Measured on {result['device']}, {result['date_utc']}, `{result['command']}`"
         + (loop_note(result).replace("; ", ". ", 1) if "loop_onsets" in result else "")
@@ -493,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS), help="comma-separated names of reference.methods"
     )
+    parser.add_argument(
+        "--temperature",
+        type=non_negative_float,
+        default=0.0,
+        help="FP16's outputs sampled at this temperature (seeded by --seed) instead of greedy (0, the default)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed (with --temperature)")
     parser.add_argument("--smoke", action="store_true", help="64 tokens, one prompt, small pages: checks the harness")
     parser.add_argument("--out", default="benchmarks/results")
     add_options(parser)
@@ -523,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     context = getattr(model.config, "max_position_embeddings", None) or math.inf
     started = time.monotonic()
     try:
-        sequences = greedy_outputs(model, tokenizer, prompts, tokens, context, fmt)
+        sequences = greedy_outputs(model, tokenizer, prompts, tokens, context, fmt, args.temperature, args.seed)
     except ValueError as err:  # the prompts fill the context: known once the tokenizer has counted them
         parser.error(str(err))
     per_prompt, lengths = [], []
@@ -532,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         per_prompt.append(measure_sequence(model, ids, prompt_len, configs, args.chunk))
     given = {"model": args.model, "tokens": args.tokens, "prompts": args.prompts, "chunk": args.chunk}
     given |= {"methods": args.methods, "prompt-set": code_key(args.prompt_set.resolve())}
+    given |= {"temperature": args.temperature, "seed": args.seed}
     defaults = {**vars(parser.parse_args([])), "prompt-set": code_key(PROMPT_SET)}
     options = "".join(f" --{k} {v}" for k, v in given.items() if str(v) != str(defaults.get(k)))
     result = record(
@@ -545,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_set=code_key(args.prompt_set.resolve()),
         prompts=len(prompts),
         generated_tokens=lengths,
+        sampling={"temperature": args.temperature, "seed": args.seed} if args.temperature > 0 else None,
         loop_onsets=[loop_onset(ids[0, n:].tolist()) for ids, n in sequences],
         chunk=args.chunk,
         pages=pages or {"group_size": 128, "residual_length": 128, "n_sink": 32},
@@ -607,6 +634,8 @@ SCHEMA = {
     "chunk": schema.POSITIVE_COUNT,
     # each prompt's first looping output position (`loop_onset`; results of older code do not record it)
     "loop_onsets?": schema.ListOf(schema.Maybe(schema.COUNT)),
+    # FP16's outputs sampled, not greedy (results of older code, and greedy runs, have none)
+    "sampling?": schema.Maybe({"temperature": schema.Range(0, 100, above=True), "seed": int}),
     "key_bits?": {"*": schema.BITS},
     "summary": {
         "positions": schema.POSITIVE_COUNT,

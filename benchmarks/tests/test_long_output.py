@@ -95,6 +95,25 @@ def test_batched_greedy_outputs_are_each_prompts_own_greedy_output():
         long_output.greedy_outputs(model, tokenizer, prompts, 9, context=len(prompts[0]) + 12)
 
 
+def test_sampled_outputs_are_the_seeds_and_leave_the_callers_random_state_alone():
+    """--temperature: FP16's outputs sampled, the same for the same seed, another for another seed (or greedy),
+    and the process's random stream as it was (the methods' own draws do not depend on it)."""
+    model, tokenizer = tiny_llama(), ByteTokenizer()
+    prompts = ["a long question about trains", "short"]
+
+    def outputs(**kwargs):
+        return [ids for ids, _ in long_output.greedy_outputs(model, tokenizer, prompts, 24, 128, **kwargs)]
+
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    first = outputs(temperature=1.0, seed=1)
+    assert torch.equal(torch.rand(1), before)  # the stream is the caller's again
+    assert all(map(torch.equal, first, outputs(temperature=1.0, seed=1)))
+    assert not all(map(torch.equal, first, outputs(temperature=1.0, seed=2)))
+    assert not all(map(torch.equal, first, outputs()))
+
+
 def test_bins_are_means_of_equal_spans():
     assert long_output.binned([1, 1, 3, 3, 5, 5], 3) == [1, 3, 5]
     assert long_output.binned(list(range(10)), 2) == [2, 7]
