@@ -44,7 +44,7 @@ from benchmarks.commands.heap import trimmed
 from benchmarks.commands.saving import write_result
 from benchmarks.models.chat_format import MODEL_TEMPLATE, ChatFormat, add_options
 from benchmarks.models.source import DEFAULT as DEFAULT_MODEL
-from reference import schema
+from reference import PNMixConfig, schema, token_layout
 from reference.channels.storage import bit_widths
 from reference.cli import non_negative_float, positive_int
 from reference.methods import METHODS, names
@@ -203,6 +203,16 @@ def _how(result: dict) -> str:
     return f"FP16 sampled at temperature {sampled['temperature']:g}, seed {sampled['seed']}"
 
 
+def _span_note(result: dict) -> str:
+    starts = quantized_from(result)
+    if starts is None:
+        return "; quarters of every output position (the result does not record its prompts' lengths)"
+    return (
+        f"; quarters of each prompt's output from its first position that reads a quantized page (positions "
+        f"{min(starts)}-{max(starts)}: before them every cache is exact)"
+    )
+
+
 def loop_note(result: dict) -> str:
     """What a result's FP16 outputs say of looping ("" where it does not record it): how many prompts loop and
     from which positions, against the positions measured."""
@@ -309,14 +319,34 @@ ALPHA = 0.05
 HOLDS, FAILS, UNDECIDED, NOT_MEASURED = "holds", "fails", "undecided", "not measured"
 
 
+def first_quantized(prompt_len: int, pages: dict) -> int:
+    """The first output position whose prediction reads a quantized page, with the caches' `pages` (group_size,
+    residual_length, n_sink): before it every cache is exact and every method's KL is 0."""
+    config = PNMixConfig(**pages)
+    p = 0
+    while token_layout(config, prompt_len + p + 1).n_quantized == 0:
+        p += 1
+    return p
+
+
+def quantized_from(result: dict) -> list[int] | None:
+    """Each prompt's `first_quantized` position; None where the result does not record its prompts' lengths or
+    pages (results of older code)."""
+    if not result.get("prompt_lengths") or not result.get("pages"):
+        return None
+    return [first_quantized(n, result["pages"]) for n in result["prompt_lengths"]]
+
+
 def per_prompt_quarters(result: dict, name: str) -> list[list[float]] | None:
-    """Each prompt's mean KL(FP16 || `name`) per quarter of its output (cut to the shortest prompt's positions,
-    as the summary is); None where the result keeps no per-prompt series of the method."""
+    """Each prompt's mean KL(FP16 || `name`) per quarter of its output from its first position that reads a
+    quantized page (`first_quantized`, where the result records its prompts' lengths) to the shortest prompt's
+    last (as the summary is cut); None where the result keeps no per-prompt series of the method."""
     series = result.get("per_prompt")
     if not series or any("kl" not in p.get(name, {}) for p in series):
         return None
     n = min(len(p["FP16"]["nll"]) for p in series)
-    return [quarter_means(p[name]["kl"][:n]) for p in series]
+    starts = quantized_from(result) or [0] * len(series)
+    return [quarter_means(p[name]["kl"][min(a, n - 1) : n]) for p, a in zip(series, starts, strict=True)]
 
 
 def _ordered(pairs: list[tuple[float, float]]) -> tuple[int, int, float]:
@@ -360,10 +390,14 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
     fp16 = quarter_means(methods["FP16"]["nll"])
     prompts = len(result.get("per_prompt") or [])
     few = (
-        f"; {prompts} prompts kept per prompt: a verdict over prompts needs at least {MIN_PROMPTS}"
-        if prompts < MIN_PROMPTS
-        else ""
-    ) + loop_note(result)
+        (
+            f"; {prompts} prompts kept per prompt: a verdict over prompts needs at least {MIN_PROMPTS}"
+            if prompts < MIN_PROMPTS
+            else ""
+        )
+        + loop_note(result)
+        + _span_note(result)
+    )
     quarters = {n: per_prompt_quarters(result, n) for n in kl}
     means = "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
     if not kl or any(q is None for q in quarters.values()):
@@ -571,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_set=code_key(args.prompt_set.resolve()),
         prompts=len(prompts),
         generated_tokens=lengths,
+        prompt_lengths=[n for _, n in sequences],
         sampling={"temperature": args.temperature, "seed": args.seed} if args.temperature > 0 else None,
         loop_onsets=[loop_onset(ids[0, n:].tolist()) for ids, n in sequences],
         chunk=args.chunk,
@@ -634,6 +669,8 @@ SCHEMA = {
     "chunk": schema.POSITIVE_COUNT,
     # each prompt's first looping output position (`loop_onset`; results of older code do not record it)
     "loop_onsets?": schema.ListOf(schema.Maybe(schema.COUNT)),
+    # each prompt's tokens (results of older code lack them: their quarters start at the first output position)
+    "prompt_lengths?": schema.ListOf(schema.POSITIVE_COUNT),
     # FP16's outputs sampled, not greedy (results of older code, and greedy runs, have none)
     "sampling?": schema.Maybe({"temperature": schema.Range(0, 100, above=True), "seed": int}),
     "key_bits?": {"*": schema.BITS},

@@ -200,3 +200,25 @@ def test_the_default_prompts_ask_for_long_texts_enough_for_a_sign_test_to_decide
     assert need < len(prompts) and share < 0.9  # a verdict does not need every prompt to agree
     assert long_output.resolvable_share(long_output.MIN_PROMPTS)[0] == long_output.MIN_PROMPTS
     assert long_output.resolvable_share(3) is None
+
+
+def test_quarters_start_where_a_prompts_caches_first_read_a_quantized_page():
+    """Before the first flush every cache is exact (KL 0): a rise from the first quarter to the last would only
+    say that the flush came. With 2 sinks and pages of 8, a 3-token prompt's cache first holds a quantized page
+    when it holds 10 tokens, at output position 6 (a 5-token prompt's at 4); results that do not record their
+    prompts' lengths keep every position."""
+    from reports.tests import synthetic
+
+    pages = {"group_size": 8, "residual_length": 8, "n_sink": 2}
+    assert long_output.first_quantized(3, pages) == 6 and long_output.first_quantized(5, pages) == 4
+    assert long_output.first_quantized(50, {"group_size": 128, "residual_length": 128, "n_sink": 32}) == 109
+    kl = [0.0] * 6 + [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    series = {"FP16": {"nll": [0.1] * len(kl)}, "PN-Mix": {"kl": kl, "top1": [1.0] * len(kl), "nll": [0.1] * len(kl)}}
+    result = synthetic.long_output([series], len(kl))
+    assert long_output.per_prompt_quarters(result, "PN-Mix") == [long_output.quarter_means(kl)]
+    result |= {"pages": pages, "prompt_lengths": [3]}
+    assert long_output.per_prompt_quarters(result, "PN-Mix") == [[1.0, 2.0, 3.0, 4.0]]
+    assert (
+        "from its first position that reads a quantized page (positions 6-6"
+        in long_output.verdicts(result)["accumulates"][1]
+    )
