@@ -27,6 +27,7 @@ import argparse
 import itertools
 import math
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -399,6 +400,8 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
         + _span_note(result)
     )
     quarters = {n: per_prompt_quarters(result, n) for n in kl}
+    # the means the tests are made on: over prompts, of each prompt's quarters (where the result keeps them)
+    kl |= {n: [statistics.fmean(col) for col in zip(*q, strict=True)] for n, q in quarters.items() if q}
     means = "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
     if not kl or any(q is None for q in quarters.values()):
         out = {
