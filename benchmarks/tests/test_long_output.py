@@ -159,11 +159,23 @@ def test_an_output_loops_from_the_first_position_that_repeats_a_run_of_it():
     assert long_output.loop_onset(almost, span=32) is None and long_output.loop_onset(almost, span=31) == 40
 
 
-def test_the_verdicts_say_where_fp16s_own_text_loops():
-    from reports.tests import synthetic
+def result_of(per_prompt: list[dict], bins: int) -> dict:
+    """A long-output result as the tool records it, from each prompt's per-method series."""
+    return long_output.record(
+        "long-output",
+        "cpu",
+        command="x",
+        model="M (x)",
+        prompts=len(per_prompt),
+        chunk=1,
+        summary=long_output.summarize(per_prompt, bins),
+        per_prompt=per_prompt,
+    )
 
+
+def test_the_verdicts_say_where_fp16s_own_text_loops():
     flat = {"kl": [0.1] * 8, "top1": [1.0] * 8, "nll": [0.1] * 8}
-    result = synthetic.long_output([{"FP16": {"nll": [0.1] * 8}, "PN-Mix": flat}], 8)
+    result = result_of([{"FP16": {"nll": [0.1] * 8}, "PN-Mix": flat}], 8)
     assert "loops" not in long_output.verdicts(result)["accumulates"][1]
     result["loop_onsets"] = [5]
     said = long_output.verdicts(result)["accumulates"][1]
@@ -207,14 +219,12 @@ def test_quarters_start_where_a_prompts_caches_first_read_a_quantized_page():
     say that the flush came. With 2 sinks and pages of 8, a 3-token prompt's cache first holds a quantized page
     when it holds 10 tokens, at output position 6 (a 5-token prompt's at 4); results that do not record their
     prompts' lengths keep every position."""
-    from reports.tests import synthetic
-
     pages = {"group_size": 8, "residual_length": 8, "n_sink": 2}
     assert long_output.first_quantized(3, pages) == 6 and long_output.first_quantized(5, pages) == 4
     assert long_output.first_quantized(50, {"group_size": 128, "residual_length": 128, "n_sink": 32}) == 109
     kl = [0.0] * 6 + [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
     series = {"FP16": {"nll": [0.1] * len(kl)}, "PN-Mix": {"kl": kl, "top1": [1.0] * len(kl), "nll": [0.1] * len(kl)}}
-    result = synthetic.long_output([series], len(kl))
+    result = result_of([series], len(kl))
     assert long_output.per_prompt_quarters(result, "PN-Mix") == [long_output.quarter_means(kl)]
     result |= {"pages": pages, "prompt_lengths": [3]}
     assert long_output.per_prompt_quarters(result, "PN-Mix") == [[1.0, 2.0, 3.0, 4.0]]
