@@ -63,6 +63,18 @@ def resolvable_share(units: int, alpha: float = 0.05, power: float = 0.80) -> tu
     return need, share
 
 
+def resolution(units: int, noun: str, alpha: float = 0.05) -> str:
+    """What `units` paired units (named `noun`) decide and resolve by the sign test (`resolvable_share`), as an
+    undecided verdict says it."""
+    r = resolvable_share(units, alpha)
+    if r is None:
+        return f"; {units} {noun} cannot reach p < {alpha:g} in a sign test whatever they show"
+    return (
+        f"; {units} {noun} decide where one side wins on {r[0]} or more, and resolve a side that wins on "
+        f"{r[1]:.0%} of {noun} at 80% power"
+    )
+
+
 def paired(method: Sequence[bool], baseline: Sequence[bool]) -> Paired:
     """How a method's answers differ from the baseline's on the same items."""
 

@@ -295,8 +295,9 @@ def analyse_prompt(traces, prompt_len: int, pages: dict, layout: str = LAYOUT, p
             entry["kl"].append(attention_kl(q, k, k_hat, prompt_len))
         prefill_sel = prefill_pair_mask(q[None, :, :prompt_len], k[None, :, :prompt_len], base)[0]  # PN-Mix's
         control = random_selection(prefill_sel, seed=CONTROL_LAYERS * prompt + len(r["fig4_pairs"]))
+        tops = decode_tops(q, k, prompt_len, layout)  # once: the same references for both selections
         for name, selection in (("stability", prefill_sel), ("stability_random", control)):
-            for ref, by_range in stability(q, k, prompt_len, selection, layout).items():
+            for ref, by_range in overlaps(tops, selection).items():
                 for j, overlap in by_range.items():
                     r[name][ref].setdefault(j, []).extend(overlap)
     return r
@@ -312,19 +313,28 @@ def stability(
     """Table 11: the share of a selection (a [H_kv, P] mask: PN-Mix's prefill selection, or a control) that is
     among the top 50% pairs of each decode range, per reference (the pair norm, |<q_i, k_i>|) and range, keys
     restricted to decode-generated ones; a list over KV heads per range."""
-    total_len = k.shape[1]
-    bounds = torch.linspace(prompt_len, total_len, TABLE11_RANGES + 1).round().long().tolist()
-    n = selection.sum(-1).clamp(min=1).float()
-    out: dict[str, dict[int, list[float]]] = {"pair-norm": {}, "dot": {}}
+    return overlaps(decode_tops(q, k, prompt_len, layout), selection)
+
+
+def decode_tops(q: torch.Tensor, k: torch.Tensor, prompt_len: int, layout: str = LAYOUT) -> dict:
+    """Table 11's references: the top 50% pairs of each decode range ([H_kv, P] masks), by reference and range."""
+    bounds = torch.linspace(prompt_len, k.shape[1], TABLE11_RANGES + 1).round().long().tolist()
+    out: dict[str, dict[int, torch.Tensor]] = {"pair-norm": {}, "dot": {}}
     for j, (t0, t1) in enumerate(itertools.pairwise(bounds)):
         if t1 <= t0:
             continue
-        for ref, scores in (
-            ("pair-norm", decode_importance(q[:, :t1], k[:, :t1], t0, layout, key_from=prompt_len)),
-            ("dot", dot_importance(q, k, t0, t1, prompt_len, layout)),
-        ):
-            out[ref][j] = ((selection & top(scores, 0.5)).sum(-1).float() / n).tolist()
+        out["pair-norm"][j] = top(decode_importance(q[:, :t1], k[:, :t1], t0, layout, key_from=prompt_len), 0.5)
+        out["dot"][j] = top(dot_importance(q, k, t0, t1, prompt_len, layout), 0.5)
     return out
+
+
+def overlaps(tops: dict, selection: torch.Tensor) -> dict[str, dict[int, list[float]]]:
+    """The share of `selection` among each of `decode_tops`' masks: a list over KV heads per reference and range."""
+    n = selection.sum(-1).clamp(min=1).float()
+    return {
+        ref: {j: ((selection & mask).sum(-1).float() / n).tolist() for j, mask in by_range.items()}
+        for ref, by_range in tops.items()
+    }
 
 
 #: Added to the random control's seed, so that its draws share no seed with any other seeded draw.

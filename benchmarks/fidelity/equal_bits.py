@@ -47,7 +47,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from benchmarks.accuracy.stats import resolvable_share, sign_test
+from benchmarks.accuracy.stats import resolution, sign_test
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.canaries import workloads
 from benchmarks.canaries.outcome import outcome
@@ -415,7 +415,7 @@ def claims(results: list[dict]) -> list[dict]:
                 ),
             }
         )
-    for metric, label in (("attention_kl", "attention KL"), ("e2e_kl", "next-token KL (end to end)")):
+    for metric, label in COMBINATION_METRICS:
         for r in results:
             m = r["methods"]
             if metric not in m["PN-Mix"]:
@@ -426,7 +426,7 @@ def claims(results: list[dict]) -> list[dict]:
             holds, tested = beats(r.get("per_conversation"), metric)
             out.append(
                 {
-                    "claim": f"at {r['budget']} bits, the combination beats both PN-Mix and TriAxialKV in {label}",
+                    "claim": combination_claim(r["budget"], label),
                     "holds": holds,
                     "source": "measured here",
                     "evidence": f"{evidence}; lowest mean: {best}; {tested}",
@@ -435,17 +435,25 @@ def claims(results: list[dict]) -> list[dict]:
     return out
 
 
+#: The metrics the combination is compared on, as its claims name them.
+COMBINATION_METRICS = (("attention_kl", "attention KL"), ("e2e_kl", "next-token KL (end to end)"))
+
+
+def combination_claim(budget: float, label: str) -> str:
+    return f"at {budget} bits, the combination beats both PN-Mix and TriAxialKV in {label}"
+
+
 def written_on_means(results: list[dict]) -> dict[str, bool]:
     """The combination claims as results written before per-conversation values decided them, on the means (the
     combination's mean below both rivals'): what such a file says, checked as it was written; the report judges
     them inconclusive (`beats`)."""
     out = {}
-    for metric, label in (("attention_kl", "attention KL"), ("e2e_kl", "next-token KL (end to end)")):
+    for metric, label in COMBINATION_METRICS:
         for r in results:
             m = r["methods"]
             if "per_conversation" not in r and metric in m["PN-Mix"]:
-                claim = f"at {r['budget']} bits, the combination beats both PN-Mix and TriAxialKV in {label}"
-                out[claim] = all(m[COMBINATION][metric] < m[rival][metric] for rival in RIVALS)
+                combination = m[COMBINATION][metric]
+                out[combination_claim(r["budget"], label)] = all(combination < m[rival][metric] for rival in RIVALS)
     return out
 
 
@@ -478,13 +486,7 @@ def beats(per_conversation: dict | None, metric: str) -> tuple[bool | str, str]:
         return False, said
     if all(below > above and p < ALPHA for _, below, above, p in tests):
         return True, said
-    decides = resolvable_share(len(mine), ALPHA)
-    return UNDECIDED, said + (
-        f"; {len(mine)} conversations cannot reach p < {ALPHA:g} whatever they show"
-        if decides is None
-        else f"; {len(mine)} conversations decide where one side wins on {decides[0]} or more, and resolve a side "
-        f"that wins on {decides[1]:.0%} of them at 80% power"
-    )
+    return UNDECIDED, said + resolution(len(mine), "conversations", ALPHA)
 
 
 def _long_kl(r: dict, method: str) -> float | None:

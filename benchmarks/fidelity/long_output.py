@@ -36,7 +36,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from benchmarks.accuracy.stats import resolvable_share, sign_test
+from benchmarks.accuracy.stats import resolution, sign_test
 from benchmarks.canaries import behaviour as canaries
 from benchmarks.canaries import pipelines, workloads
 from benchmarks.canaries.outcome import outcome
@@ -367,16 +367,6 @@ def _decide(tests: list[tuple[int, int, float]], prompts: int) -> str:
     return HOLDS if all(below > above and p < ALPHA for below, above, p in tests) else UNDECIDED
 
 
-def _resolves(prompts: int) -> str:
-    r = resolvable_share(prompts, ALPHA)
-    if r is None:
-        return f"; {prompts} prompts cannot reach p < {ALPHA:g} in a sign test whatever they show"
-    return (
-        f"; {prompts} prompts decide where one side wins on {r[0]} or more, and resolve a side that wins on "
-        f"{r[1]:.0%} of prompts at 80% power"
-    )
-
-
 def verdicts(result: dict) -> dict[str, tuple[str, str]]:
     """The two long-output judgements the report states, each a sign test over prompts (`per_prompt`: a mean of
     few prompts can hide that they disagree), decided on MIN_PROMPTS prompts at least:
@@ -423,7 +413,7 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
                     f"{below} of {prompts} prompts for {n} (sign test p {p:.2g})" for n, (below, _, p) in tests.items()
                 )
                 + few
-                + (_resolves(prompts) if decided == UNDECIDED else ""),
+                + (resolution(prompts, "prompts", ALPHA) if decided == UNDECIDED else ""),
             )
         }
     bits = result.get("key_bits", {})
@@ -453,7 +443,7 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
         + "; prompts where PN-Mix's KL is lower: "
         + ", ".join(said)
         + few
-        + (_resolves(prompts) if decided == UNDECIDED else ""),
+        + (resolution(prompts, "prompts", ALPHA) if decided == UNDECIDED else ""),
     )
     return out
 

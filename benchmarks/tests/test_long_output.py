@@ -7,6 +7,7 @@ import weakref
 import pytest
 import torch
 
+from benchmarks.accuracy import stats
 from benchmarks.fidelity import long_output
 from reference.methods import METHODS
 
@@ -208,10 +209,10 @@ def test_a_prompt_set_that_is_no_list_of_prompts_is_refused_naming_its_line(tmp_
 def test_the_default_prompts_ask_for_long_texts_enough_for_a_sign_test_to_decide():
     prompts = long_output.read_prompts(long_output.PROMPT_SET)
     assert len(prompts) >= 16 and len(set(prompts)) == len(prompts)
-    need, share = long_output.resolvable_share(len(prompts))
+    need, share = stats.resolvable_share(len(prompts))
     assert need < len(prompts) and share < 0.9  # a verdict does not need every prompt to agree
-    assert long_output.resolvable_share(long_output.MIN_PROMPTS)[0] == long_output.MIN_PROMPTS
-    assert long_output.resolvable_share(3) is None
+    assert stats.resolvable_share(long_output.MIN_PROMPTS)[0] == long_output.MIN_PROMPTS
+    assert stats.resolvable_share(3) is None
 
 
 def test_quarters_start_where_a_prompts_caches_first_read_a_quantized_page():
