@@ -12,6 +12,7 @@ Per-token precision (TriAxialKV, role-aware PN-Mix): `TokenPrecisionConfig` (its
 `reference.tokens.distortion`, allocation `reference.tokens.allocation`.
 """
 
+from reference import moved as _moved
 from reference.channels.cache import ReferenceCache
 from reference.channels.config import PNMixConfig
 from reference.channels.layout import (
@@ -62,6 +63,8 @@ from reference.tokens.cache import TokenPrecisionCache
 from reference.tokens.config import TokenPrecisionConfig
 
 __version__ = "0.1.0"
+
+_moved.install()  # the modules' names before they moved keep importing, for a release
 
 __all__ = [
     "COMPONENTS",

@@ -101,14 +101,17 @@ def fp16(**overrides) -> PNMixConfig:
 
 
 def kivi_preset(config: PNMixConfig) -> PNMixConfig:
+    """KIVI's version of a configuration: uniform keys at b_low, Eq. 2's 1-bit ends, a sliding value residual."""
     return dataclasses.replace(config, b_high=config.b_low, value_residual="sliding", **KIVI_KEYS)
 
 
 def kitty_preset(config: PNMixConfig) -> PNMixConfig:
+    """Kitty's version of a configuration: high-bit channels chosen per page of G keys, Eq. 7 midpoints."""
     return dataclasses.replace(config, **KITTY_KEYS)
 
 
 def fp16_preset(config: PNMixConfig) -> PNMixConfig:
+    """The FP16 cache, whatever the configuration: nothing quantized."""
     return fp16()
 
 

@@ -16,12 +16,19 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reference import PNMixConfig, StorageReport
-from reference.channels import validation
-from reference.channels.layout import exact_tail
-from reference.contract import Capabilities
-from reference.equations.attention import attention_ref
-from reference.methods import kivi_preset
+from reference.adapter import (
+    Capabilities,
+    PNMixConfig,
+    StorageReport,
+    attention_ref,
+    check_kv,
+    check_matches_cache,
+    check_prefill,
+    check_query,
+    check_tensor,
+    exact_tail,
+    kivi_preset,
+)
 
 __version__ = "1.0"
 
@@ -78,7 +85,7 @@ class TemplateCache:
     def prefill(self, q, k, v) -> None:
         if self._state is not None:
             raise RuntimeError("prefill was already called on this cache")
-        validation.check_prefill(q, k, v, self.config)
+        check_prefill(q, k, v, self.config)
         n_sink = min(k.shape[2], self.config.n_sink)
         state = _State((k[:, :, :n_sink].clone(), v[:, :, :n_sink].clone()), k=k[:, :, n_sink:], v=v[:, :, n_sink:])
         state = self._flushed(state, k.shape[-1])
@@ -88,9 +95,9 @@ class TemplateCache:
     def append(self, k, v) -> None:
         self._require_prefill()
         for name, t in (("k", k), ("v", v)):
-            validation.check_tensor(name, t)
-            validation.check_matches_cache(name, t, self._shape, self._dtype, self._device)
-        validation.check_kv(k, v, self.config)
+            check_tensor(name, t)
+            check_matches_cache(name, t, self._shape, self._dtype, self._device)
+        check_kv(k, v, self.config)
         state = self._state
         room = self.config.n_sink - state.sink[0].shape[2]  # a short prompt leaves sink slots to fill
         if room > 0:
@@ -127,7 +134,7 @@ class TemplateCache:
         """Causal attention of the newest q.shape[2] positions, in float32 over the dequantized cache."""
         self._require_prefill()
         b, h_kv, _, d = self._shape
-        validation.check_query(q, b, h_kv, d, self._dtype, self._device, self.length)
+        check_query(q, b, h_kv, d, self._dtype, self._device, self.length)
         k, v = self.dequantize()
         return attention_ref(q, k, v, causal=True, upcast=True)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import typing
 
 import torch
 
-from reference import contract
+from reference import adapter, contract
 from reference.channels.config import PNMixConfig
 from reference.channels.layout import CacheLayout
 from reference.channels.storage import StorageReport
@@ -28,6 +29,16 @@ def _line(obj: object) -> str:
     """A docstring on one line (a list item's text), after ': '; nothing without one."""
     text = " ".join(_doc(obj).split())
     return f": {text}" if text else ""
+
+
+def _summary(obj: object) -> str:
+    """A name's first sentence (a constant: its type and where it is defined in full)."""
+    if isinstance(obj, dict):
+        return "keys " + ", ".join(f"`{key}`" for key in obj)
+    if not callable(obj):
+        return f"`{obj!r}`"
+    first = " ".join(_doc(obj).split("\n\n")[0].split())
+    return re.split(r"\.\s+(?=[A-Z`])", first)[0].rstrip(".") + "." if first else "(no docstring)"
 
 
 def _default(value: object) -> str:
@@ -116,7 +127,14 @@ def render() -> str:
         "do not edit (a test compares it with the code). How to plug in, step by step: the README's \"Plug in",
         'your implementation"; how the suite judges: docs/conformance.md.',
         "",
-        "## The module: `reference.contract`",
+        "## What an adapter imports: `reference.adapter`",
+        "",
+        *_block(_doc(adapter)),
+        "Its names:",
+        "",
+        *(f"- `{name}`: {_summary(getattr(adapter, name))}" for name in adapter.__all__),
+        "",
+        "## The protocol: `reference.contract`",
         "",
         *_block(_doc(contract)),
         f"Implementations register under the entry-point group `{contract.ENTRY_POINT_GROUP}` (name = factory), or",
