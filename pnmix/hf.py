@@ -342,7 +342,45 @@ class PNMixLayer(CacheLayerMixin):
         return -1 if self.max_cache_len is None else self.max_cache_len
 
     def get_max_length(self) -> int:
-        return self.get_max_cache_shape()
+        """As `DynamicCache`'s layers: a windowed layer's window, else the capacity (-1: none)."""
+        return self.window if self.window is not None else self.get_max_cache_shape()
+
+    # transformers' layers hold `keys` and `values` tensors (None before the first update) that tools read (kvpress,
+    # offloading); a PN-Mix layer holds packed pages, so these are what it holds, dequantized, built on each read: the
+    # sinks, the quantized region read back and the exact residual, [B, H_kv, T, d] in the model's dtype; a windowed
+    # layer's are its exact last window - 1 tokens, as `DynamicSlidingWindowLayer`'s.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        held = self._held()
+        return None if held is None else held[0]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        self._refuse_assignment("keys", value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        held = self._held()
+        return None if held is None else held[1]
+
+    @values.setter
+    def values(self, value) -> None:
+        self._refuse_assignment("values", value)
+
+    def _held(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._exact is not None:
+            return self._exact
+        if self.cache is not None:
+            k, v = self.cache.dequantize()
+            return k.to(self.dtype), v.to(self.dtype)
+        return self._pending
+
+    @staticmethod
+    def _refuse_assignment(name: str, value) -> None:
+        if value is not None:  # transformers' layer constructor sets both to None; nothing else may write them
+            raise AttributeError(
+                f"a PN-Mix layer's {name} are read from its packed cache; write through update() instead"
+            )
 
     def reset(self) -> None:
         """Back to a layer that has seen nothing: no tensor of the last sequence is kept."""
