@@ -46,13 +46,22 @@ def _model(s: Source) -> str:
 
 
 def primaries(sources: Sequence[Source]) -> list[Source]:
-    """Of each model, the full (non-smoke) result with the longest outputs, the newest of those: the claims' basis
-    (each model's rows its own)."""
+    """Of each model, the claims' basis (each model's rows its own): of its full (non-smoke) results, one that can
+    decide (`long_output.MIN_PROMPTS` prompts or more, kept per prompt) before one that cannot, then the longest
+    outputs, then the one whose FP16 text loops on the fewest prompts (past a loop a cache's drift is measured on
+    text the model already wrote; a result that did not look counts every prompt), then the newest."""
     full = [s for s in sources if "--smoke" not in s.data.get("command", "")]
     best: dict[str, Source] = {}
-    for s in sorted(full, key=lambda s: (s.data["summary"]["positions"], s.data.get("date_utc", "")), reverse=True):
+    for s in sorted(full, key=_basis_rank, reverse=True):
         best.setdefault(_model(s), s)
     return list(best.values())
+
+
+def _basis_rank(s: Source) -> tuple:
+    prompts = len(s.data.get("per_prompt") or ())
+    onsets = s.data.get("loop_onsets")
+    looping = prompts if onsets is None else sum(onset is not None for onset in onsets)
+    return prompts >= long_output.MIN_PROMPTS, s.data["summary"]["positions"], -looping, s.data.get("date_utc", "")
 
 
 def primary(sources: Sequence[Source]) -> Source | None:
@@ -125,7 +134,8 @@ def render(sources: Sequence[Source], cite: Citations) -> tuple[list[str], dict[
         return [], {}
     parts = [
         "### Fidelity over long outputs\n",
-        "Each method reads the FP16 model's own greedy output teacher-forced through its packed cache, with "
+        "Each method reads the FP16 model's own output (greedy, or sampled at the temperature and seed its run "
+        "states) teacher-forced through its packed cache, with "
         "each position attending as in token-by-token decoding (`benchmarks.fidelity.long_output`); curves are "
         "means over "
         "spans of output positions, one figure per run.\n",

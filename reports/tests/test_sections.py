@@ -250,6 +250,29 @@ def test_long_output_claims_need_eight_prompts(tmp_path):
     assert all("3 prompts kept per prompt: a verdict over prompts needs at least 8" in c.evidence for c in claims)
 
 
+def test_long_output_claims_rest_on_a_run_that_can_decide_before_a_longer_one_that_cannot(tmp_path):
+    """Three prompts of long outputs and twelve of shorter ones: the claims rest on the twelve (three prompts
+    decide nothing), and on the longer run again once it too has enough prompts."""
+    from reports.sections import long_output as long_section
+
+    grows = ([0.1] * 4 + [0.2] * 4, [0.3] * 4 + [0.5] * 4, [1.0] * 8)
+    short = _long_result(*grows, prompts=12)
+    long_few = _long_result(*grows, prompts=3)
+    long_few["summary"] = {**long_few["summary"], "positions": 4 * short["summary"]["positions"]}
+    sources = [load(tmp_path, "short.json", short), load(tmp_path, "long.json", long_few)]
+    assert [Path(s.name).name for s in long_section.primaries(sources)] == ["short.json"]
+    assert [c.status for c in long_section.claims(sources)] == [CONFIRMED, CONFIRMED]
+    long_many = _long_result(*grows, prompts=8)
+    long_many["summary"] = {**long_many["summary"], "positions": 4 * short["summary"]["positions"]}
+    sources.append(load(tmp_path, "long8.json", long_many))
+    assert [Path(s.name).name for s in long_section.primaries(sources)] == ["long8.json"]
+    # as long and as many prompts: the one whose FP16 text loops on fewer prompts, whatever its date
+    looping = {**long_many, "loop_onsets": [40] * 3 + [None] * 5, "date_utc": "2099-01-01T00:00:00+00:00"}
+    calm = {**long_many, "loop_onsets": [None] * 7 + [50], "date_utc": "2000-01-01T00:00:00+00:00"}
+    sources += [load(tmp_path, "looping.json", looping), load(tmp_path, "calm.json", calm)]
+    assert [Path(s.name).name for s in long_section.primaries(sources)] == ["calm.json"]
+
+
 def test_long_output_claims_are_decided_prompt_by_prompt_not_on_the_mean(tmp_path):
     """PN-Mix far lower on half the prompts and a little higher on the other half has the lower mean, but the
     prompts disagree: no ordering beyond chance."""
