@@ -1,13 +1,15 @@
 """Property 12 (optional methods): where an implementation's caches have the evaluation path's optional
-methods (`reference.contract.Cache`: `checkpoint` / `roll_back` / `release`, `attend_stepwise`), they do
-what `pnmix.hf.PNMixHFCache` relies on: a checkpoint is returned to, bit for bit, any number of times;
-stepwise attention over a chunk appended at once gives each token what it would have read appended
-alone, within property 7's rule. Caches without them are skipped, saying so (the evaluation path then
-runs the context again for each continuation, and one token a forward)."""
+methods (`reference.contract.Cache`: `checkpoint` / `roll_back` / `release`, `attend_stepwise`,
+`select_rows`), they do what `pnmix.hf.PNMixHFCache` relies on: a checkpoint is returned to, bit for bit,
+any number of times; stepwise attention over a chunk appended at once gives each token what it would have
+read appended alone, within property 7's rule; selected batch rows hold, bit for bit, what a cache of
+those rows alone holds (beam search). Caches without them are skipped, saying so (the evaluation path then
+runs the context again for each continuation, and one token a forward; beam search is refused)."""
 
 import pytest
 import torch
 from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 
 from conformance import strategies as cs
 from conformance.harness import assert_unchanged, changed, fitted, observe
@@ -80,3 +82,26 @@ def test_stepwise_attention_is_what_each_token_would_have_read(impl, device, cas
         err = (got[..., j : j + 1, :].cpu().double() - oracle).abs().max().item()
         bound = attention_bound(oracle, spec[..., j : j + 1, :], q_j.dtype)
         assert err <= bound, f"token {j + 1} of {n}: error {err:.3g} against what it would have read, bound {bound:.3g}"
+
+
+@settings(max_examples=max(2, settings().max_examples // 2))
+@given(case=cs.cases(max_appends=2), drawn=st.lists(st.integers(0, 63), min_size=1, max_size=4))
+@example(case=cs.Case(CFG, 3, 2, 2, 16, torch.float16, 20, (9,), 8), drawn=[2, 0, 2]).via("beam search's reorder")
+def test_selected_rows_hold_what_a_cache_of_those_rows_alone_holds(impl, device, case, drawn):
+    case = fitted(impl, case, device)
+    selected = impl.create(case.config)
+    if missing := _lacks(selected, ("select_rows",)):
+        pytest.skip(f"{impl.name} does not claim the optional {', '.join(missing)} (its caches have none)")
+    rows = [r % case.batch for r in drawn]  # rows may repeat (beams of one sequence)
+    index = torch.tensor(rows, device=device)
+    q, k, v = cs.prefill_tensors(case, device)
+    selected.prefill(q, k, v)
+    alone = impl.create(case.config)
+    alone.prefill(q[index], k[index], v[index])
+    for i in range(len(case.appends)):
+        new_k, new_v = cs.append_tensors(case, i, device)
+        selected.append(new_k, new_v)
+        alone.append(new_k[index], new_v[index])
+    selected.select_rows(index)
+    differ = changed(observe(alone, impl), observe(selected, impl))
+    assert not differ, f"rows {rows} selected differ from a cache of those rows alone in its {differ[0]}"

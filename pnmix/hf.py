@@ -387,8 +387,54 @@ class PNMixLayer(CacheLayerMixin):
         self.cache, self._pending, self.is_initialized, self.stale = None, None, False, None
         self._exact, self._tail, self._values, self._seen, self.attended = None, None, None, 0, False
 
+    def unselectable(self) -> str | None:
+        """Why this layer cannot keep a subset of its batch rows (None: it can)."""
+        if self.cache is None or callable(getattr(self.cache, "select_rows", None)):
+            return None
+        return (
+            f"the caches of impl={_name(self.impl)} have no select_rows (the protocol's optional batch-row selection, "
+            "which beam search and a batch's expansion need)"
+        )
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index`, in that order, of everything this layer holds (`PNMixHFCache.select_rows`)."""
+        if why := self.unselectable():
+            raise UnsupportedOperation(f"PN-Mix: {why}")
+        if self.cache is not None:
+            self.cache.select_rows(index)
+        if not self.is_initialized:
+            return
+        index = index.to(self.device)
+
+        def rows(held):
+            if held is None:
+                return None
+            if isinstance(held, tuple):
+                return tuple(rows(x) for x in held)
+            return held.index_select(0, index)
+
+        self._pending, self._exact, self._tail, self._values = (
+            rows(self._pending),
+            rows(self._exact),
+            rows(self._tail),
+            rows(self._values),
+        )
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise UnsupportedOperation("PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling")
+        self.select_rows(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if batch := self._batch():
+            self.select_rows(torch.arange(batch).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(indices.nonzero().flatten() if indices.dtype == torch.bool else indices)
+
+    def _batch(self) -> int:
+        for held in (self._exact, self._pending):
+            if held is not None:
+                return held[0].shape[0]
+        return self.cache.dequantize()[0].shape[0] if self.cache is not None else 0
 
     def crop(self, max_length: int) -> None:
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
@@ -626,12 +672,34 @@ class PNMixHFCache(Cache):
         self._forward.clear()
         super().reset()
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` ([B'] integers, rows may repeat), in that order, in every layer: beam search's
+        reorder (`reorder_cache`), a batch's expansion (`batch_repeat_interleave`) and selection
+        (`batch_select_indices`). Every row's cache is its own, so each kept row holds what that row held (the
+        reference backend and any implementation whose caches have `select_rows`); all or nothing: a refusal
+        (a cache without it, rows out of range) or a failure leaves every layer as it was."""
+        if whys := {why for layer in self.layers if (why := layer.unselectable())}:
+            raise UnsupportedOperation("PN-Mix: " + "; ".join(sorted(whys)) + ": use greedy or sampling")
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(f"index must be a torch.Tensor of batch rows, got {type(index).__name__}")
+        saved = self.checkpoint()
+        try:
+            for layer in self.layers:
+                layer.select_rows(index)
+        except BaseException:
+            self.roll_back(saved)
+            raise
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.reset()  # what beam search stored (its prompt, once per beam) is not kept
-        raise UnsupportedOperation(
-            "PN-Mix caches do not support beam search (reorder_cache); use greedy or sampling (the cache was "
-            "emptied of what the beam search stored)"
-        )
+        self.select_rows(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        batch = next((b for layer in self.layers if (b := layer._batch())), 0)
+        if batch:
+            self.select_rows(torch.arange(batch).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(indices.nonzero().flatten() if indices.dtype == torch.bool else indices)
 
     def crop(self, max_length: int) -> None:
         raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")

@@ -29,6 +29,7 @@ OPT_IN = {
     # the evaluation path's optional methods (property 12): the template keeps to the required protocol
     "test_a_checkpoint_is_returned_to_any_number_of_times": "the optional checkpoint",
     "test_stepwise_attention_is_what_each_token_would_have_read": "the optional attend_stepwise",
+    "test_selected_rows_hold_what_a_cache_of_those_rows_alone_holds": "the optional select_rows",
     **dict.fromkeys(
         (
             "test_every_token_is_held_at_its_precision",

@@ -67,9 +67,9 @@ def small_model(model_type: str, **extra):
     return model
 
 
-def generate(model, ids, cache=None):
+def generate(model, ids, cache=None, **generation):
     kwargs = {} if cache is None else {hf.cache_argument(model): cache}
-    return model.generate(input_ids=ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, **kwargs)
+    return model.generate(input_ids=ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, **kwargs, **generation)
 
 
 @pytest.mark.parametrize("window", [None, WINDOW], ids=["global", f"window-{WINDOW}"])

@@ -10,22 +10,27 @@ from transformers import DynamicCache
 
 import pnmix.hf as hf
 from pnmix.tests.test_hf_families import generate, small_model
+from reference.contract.implementation import ReferenceImplementation
 from reference.methods import METHODS
 
 FAMILIES = [("llama", {}), ("gemma2", {"sliding_window": 8})]
 
 
-def _run(model_type: str, extra: dict, method: str):
-    model = small_model(model_type, **extra)
-    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(1))
-    dynamic = DynamicCache(config=model.config)
-    expected = generate(model, ids, dynamic)
-    model.set_attn_implementation("pnmix")
+def _config(model, method: str):
     config = dataclasses.replace(METHODS[method](), pair_layout=hf.detect_pair_layout(model.config))
     if method != "FP16":  # small pages, so that 20 + 11 tokens fill some
         config = dataclasses.replace(config, group_size=8, residual_length=8, n_sink=4)
-    cache = hf.PNMixHFCache(model.config, config, backend="reference")
-    got = generate(model, ids, cache)
+    return config
+
+
+def _run(model_type: str, extra: dict, method: str, **generation):
+    model = small_model(model_type, **extra)
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(1))
+    dynamic = DynamicCache(config=model.config)
+    expected = generate(model, ids, dynamic, **generation)
+    model.set_attn_implementation("pnmix")
+    cache = hf.PNMixHFCache(model.config, _config(model, method), backend="reference")
+    got = generate(model, ids, cache, **generation)
     return expected, dynamic, got, cache
 
 
@@ -61,3 +66,89 @@ def test_a_layer_holds_nothing_before_its_first_update():
     layer = hf.PNMixLayer(METHODS["FP16"](), "reference")
     assert layer.keys is None and layer.values is None and layer.get_max_length() == -1
     assert hf.PNMixLayer(METHODS["FP16"](), "reference", window=16).get_max_length() == 16
+
+
+BEAMS = {"num_beams": 3, "num_return_sequences": 2}
+
+
+@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_fp16_beam_search_is_dynamic_caches(model_type, extra):
+    """Beam search reorders every layer's rows (`reorder_cache`): FP16 through the cache returns the beams
+    `DynamicCache` returns, token for token; PN-Mix runs it to the end."""
+    expected, _, got, _ = _run(model_type, extra, "FP16", **BEAMS)
+    assert got.shape[0] == BEAMS["num_return_sequences"] and torch.equal(got, expected)
+    _, _, got, cache = _run(model_type, extra, "PN-Mix", **BEAMS)
+    assert got.shape == expected.shape and cache.get_seq_length() == expected.shape[1] - 1
+
+
+def _batch_forward(model, cache, ids):
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, :3], past_key_values=cache, use_cache=True)
+
+
+@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2", "Kitty", "FP16"])
+def test_selected_rows_hold_what_those_rows_hold_alone(method):
+    model = small_model("llama")
+    model.set_attn_implementation("pnmix")
+    config = _config(model, method)
+    ids = torch.randint(3, 128, (3, 21), generator=torch.Generator().manual_seed(2))
+    rows = torch.tensor([2, 0, 2, 1])
+    selected, alone = (hf.PNMixHFCache(model.config, config, backend="reference") for _ in range(2))
+    _batch_forward(model, selected, ids)
+    selected.select_rows(rows)
+    _batch_forward(model, alone, ids[rows])
+    for i, (mine, theirs) in enumerate(zip(selected.layers, alone.layers, strict=True)):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values), f"layer {i}"
+    q = torch.randn(4, 4, 1, 16)
+    torch.testing.assert_close(selected.layers[1].cache.attend(q), alone.layers[1].cache.attend(q), rtol=0, atol=0)
+
+
+def _held(cache) -> list:
+    return [(layer.keys.clone(), layer.values.clone(), layer.get_seq_length()) for layer in cache.layers]
+
+
+def _same(a: list, b: list) -> bool:
+    return all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True))
+
+
+class _WithoutSelection:
+    """The spec's cache without the optional select_rows (as a plug-in's caches may be)."""
+
+    def __init__(self, cache) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str):
+        if name == "select_rows":
+            raise AttributeError(name)
+        return getattr(self._cache, name)
+
+
+class _SpecWithoutSelection(ReferenceImplementation):
+    name = "spec-without-select-rows"
+
+    def create(self, config):
+        return _WithoutSelection(super().create(config))
+
+
+def test_a_refused_or_failed_selection_leaves_every_layer_as_it_was(monkeypatch):
+    model = small_model("llama")
+    model.set_attn_implementation("pnmix")
+    ids = torch.randint(3, 128, (2, 21), generator=torch.Generator().manual_seed(2))
+    # an implementation whose caches cannot select rows: refused, naming what is missing, before any layer changes
+    lacking = hf.PNMixHFCache(model.config, _config(model, "PN-Mix"), impl=_SpecWithoutSelection())
+    _batch_forward(model, lacking, ids)
+    before = _held(lacking)
+    with pytest.raises(hf.UnsupportedOperation, match="have no select_rows"):
+        lacking.reorder_cache(torch.tensor([1, 0]))
+    assert _same(before, _held(lacking))
+    # rows out of range, and a failure in the last layer after the first has selected: every layer as it was
+    cache = hf.PNMixHFCache(model.config, _config(model, "PN-Mix"), backend="reference")
+    _batch_forward(model, cache, ids)
+    before = _held(cache)
+    with pytest.raises(ValueError, match=r"rows 0\.\.1"):
+        cache.reorder_cache(torch.tensor([0, 2]))
+    monkeypatch.setattr(cache.layers[-1].cache, "select_rows", lambda index: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(MemoryError):
+        cache.reorder_cache(torch.tensor([1, 1]))
+    assert _same(before, _held(cache))

@@ -9,6 +9,7 @@ the values' boundary lies earlier with a sliding value residual (`PNMixConfig.va
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -118,6 +119,17 @@ class ReferenceCache:
 
     def release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint is references only (the same calls as `pnmix.PNMixCache`)."""
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` ([B'] integers in [0, B), rows may repeat), in that order: beam search's
+        reorder, and a batch's expansion or selection. Every row's cache is its own (selection, groups and
+        scales are per row), so each kept row is what that row's cache was; all or nothing."""
+        self._require_prefill()
+        index = validation.check_rows("index", index, self.cache_layout.batch).to(self._device)
+        t = {name: x.index_select(0, index) for name, x in self._t.items()}
+        read_back = Derived({name: x.index_select(0, index) for name, x in self._read_back.items()})
+        layout = dataclasses.replace(self.cache_layout, batch=index.numel())
+        self.cache_layout, self._t, self._read_back = layout, t, read_back
 
     def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Carry out the layout's plan for k, v: sinks, then whole residual key pages flushed in

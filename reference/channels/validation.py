@@ -22,6 +22,21 @@ def check_tensor(name: str, t: object, ndim: int = 4) -> torch.Tensor:
     return t
 
 
+def check_rows(name: str, index: object, batch: int) -> torch.Tensor:
+    """Batch rows to keep: a 1-D integer tensor of at least one row, each in [0, batch) (rows may repeat)."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of batch rows, got {type(index).__name__}")
+    if index.dim() != 1 or index.numel() == 0 or index.dtype.is_floating_point or index.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must be a non-empty 1-D integer tensor of batch rows, got shape {tuple(index.shape)} "
+            f"and dtype {index.dtype}"
+        )
+    low, high = int(index.min()), int(index.max())
+    if low < 0 or high >= batch:
+        raise ValueError(f"{name} holds rows {low}..{high}; this cache's batch has rows 0..{batch - 1}")
+    return index.long()
+
+
 def check_finite(name: str, t: torch.Tensor) -> None:
     """No NaN or Inf in t (reads the answer back: one device->host sync)."""
     if not bool(torch.isfinite(t).all()):

@@ -200,7 +200,9 @@ class Cache(Protocol):
     #   T_new tokens, appended at once, attended as had they been appended one at a time
     #   (`reference.channels.stepwise`);
     # - checkpoint() -> state, roll_back(state), release(state): back to a state any number of times
-    #   until it is released (the continuations of one context share one pass over it).
+    #   until it is released (the continuations of one context share one pass over it);
+    # - select_rows(index): keep the batch rows `index` (integers in [0, B), rows may repeat), in that
+    #   order, each holding what it held, all or nothing (beam search's reorder, a batch's expansion).
 
 
 @runtime_checkable

@@ -200,3 +200,21 @@ def test_stepwise_attention_is_token_by_token_decoding(config):
     ulp = 2.0**-9 * expected.abs() + 2.0**-18
     assert bool(((got - expected).abs() <= ulp).all()), float((got - expected).abs().max())
     assert float((plain - expected).abs().max()) > 10 * float(ulp.max())  # reading groups as formed would differ
+
+
+@pytest.mark.parametrize("config", [TRIAXIAL, ROLE_AWARE], ids=["triaxialkv", "role-aware"])
+def test_selected_rows_hold_what_a_cache_of_those_rows_alone_holds(config):
+    q, k, v = (torch.cat([x, x.flip(0) * 0.5 + 0.1]) for x in qkv(length=70))  # two rows that differ
+    bits = pattern(70, 40)
+    rows = torch.tensor([1, 0, 1])
+    selected, alone = TokenPrecisionCache(config), TokenPrecisionCache(config)
+    selected.prefill(q, k, v, bits)
+    selected.append(k[..., :5, :], v[..., :5, :], bits[:5])
+    selected.select_rows(rows)
+    alone.prefill(q[rows], k[rows], v[rows], bits)
+    alone.append(k[rows][..., :5, :], v[rows][..., :5, :], bits[:5])
+    for got, expected in zip(selected.dequantize(), alone.dequantize(), strict=True):
+        assert torch.equal(got, expected)
+    assert selected.storage() == alone.storage() and torch.equal(selected.token_bits(), alone.token_bits())
+    with pytest.raises(ValueError, match=r"rows 0\.\.2"):
+        selected.select_rows(torch.tensor([0, 3]))

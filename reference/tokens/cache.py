@@ -105,6 +105,16 @@ class TokenPrecisionCache:
     def release(self, saved: tuple) -> None:
         """Nothing to drop: a checkpoint holds references (updates replace tensors, never write into them)."""
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` ([B'] integers in [0, B), rows may repeat), in that order (as
+        `reference.ReferenceCache.select_rows`); the token bits are the batch's, shared, and stay; all or nothing."""
+        if self._shape is None:
+            raise RuntimeError("call prefill(q, k, v, token_bits) first")
+        index = validation.check_rows("index", index, self._shape[0]).to(self._device)
+        t = {name: x if name == CLASS_MAP else x.index_select(0, index) for name, x in self._t.items()}
+        read_back = Derived({name: x.index_select(0, index) for name, x in self._read_back.items()})
+        self._t, self._read_back, self._shape = t, read_back, (index.numel(), *self._shape[1:])
+
     def _store(self, k: torch.Tensor, v: torch.Tensor, bits: torch.Tensor) -> None:
         """The prompt's low keys form whole groups from their exact values; every later low key goes to
         the leftover first (high bits, per token), and each time the leftover reaches G its G keys
