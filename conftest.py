@@ -54,11 +54,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-benchmark would replace an existing file at the end of the run: refuse up front.
+    # pytest-benchmark replaces an existing --benchmark-json file at the end of the run, as its users expect; said
+    # up front, never silently.
     path = config.getoption("benchmark_json", None)
     # pytest-benchmark < 5.3 opens the file itself while parsing (argparse.FileType): nothing to check then.
     if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
-        raise pytest.UsageError(f"--benchmark-json {path} exists; results are never overwritten, choose a new path")
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(
+                f"--benchmark-json {path} exists: pytest-benchmark replaces it at the end of this run"
+            ),
+            stacklevel=2,
+        )
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker (-n): tests that start pytest themselves (the benchmark suites, gpu_check, the
         # report) must not hand xdist's variables on, or pytest-benchmark there takes itself for a worker and turns off

@@ -345,21 +345,27 @@ def test_a_result_file_left_empty_or_unwritten_summarizes_to_nothing(tmp_path):
     assert gpu_check.summarize(tmp_path / "missing.json") == []
 
 
-def test_benchmark_json_given_as_an_open_file_is_accepted_and_a_path_is_never_overwritten(tmp_path):
+def test_benchmark_json_given_as_an_open_file_is_accepted_and_an_existing_path_is_replaced_with_a_warning(tmp_path):
     root_conftest = importlib.import_module("conftest")
 
     class Config:
         def __init__(self, value):
-            self.value = value
+            self.value, self.warned = value, []
 
         def getoption(self, name, default=None):
             return self.value if name == "benchmark_json" else default
 
+        def issue_config_time_warning(self, warning, stacklevel):
+            self.warned.append(str(warning))
+
     with open(tmp_path / "opened.json", "wb") as opened:  # what pytest-benchmark < 5.3 hands over
-        root_conftest.pytest_configure(Config(opened))
+        config = Config(opened)
+        root_conftest.pytest_configure(config)
+        assert config.warned == []
     (tmp_path / "kept.json").write_text("{}")
-    with pytest.raises(pytest.UsageError, match="never overwritten"):
-        root_conftest.pytest_configure(Config(str(tmp_path / "kept.json")))
+    config = Config(str(tmp_path / "kept.json"))
+    root_conftest.pytest_configure(config)  # as pytest-benchmark: the run goes on and replaces it, said up front
+    assert len(config.warned) == 1 and "kept.json exists: pytest-benchmark replaces it" in config.warned[0]
 
 
 def test_a_failed_step_says_why_in_the_property_own_words(tmp_path, capsys):
