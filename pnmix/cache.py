@@ -10,7 +10,6 @@ selection when a page is flushed, never stored.
 from __future__ import annotations
 
 import dataclasses
-import math
 import struct
 
 import torch
@@ -28,8 +27,9 @@ from pnmix.kernels import (
 )
 from pnmix.kernels.attention import PackedRegion
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, token_layout
-from reference.channels import validation
+from reference.channels import deferred, validation
 from reference.channels.cache import all_or_nothing
+from reference.channels.deferred import FLAG_BYTES, WATCHED  # noqa: F401 (part of this module's interface)
 from reference.channels.stepwise import stepwise_attention
 from reference.equations import packing as spec_packing
 from reference.equations import saliency
@@ -44,12 +44,9 @@ def _capturing(t: torch.Tensor) -> bool:
 #: kernel's arrivals.
 COUNTS = 5
 LAYOUT_COUNTS = 4
-#: Bytes a cache holds beyond its layout's components (the counts), whatever its size.
+#: Bytes a cache holds beyond its layout's components (the counts), whatever its size; the deferred checks'
+#: flags (check_finite=True) hold FLAG_BYTES more (`reference.channels.deferred`).
 BOOKKEEPING_BYTES = COUNTS * 4
-#: The inputs the deferred checks watch, in the order they are reported.
-WATCHED = ("k", "v", "q")
-#: Bytes of the deferred checks' flags (check_finite=True): float32 [2, len(WATCHED)], on top of BOOKKEEPING_BYTES.
-FLAG_BYTES = 2 * len(WATCHED) * 4
 #: How a cache may order the codes of its quantized region (`PNMixCache`'s code_order).
 CODE_ORDERS = ("auto", "spec", "fragment")
 #: The quantized components whose codes fragment order reorders (scales and zeros keep the spec's order).
@@ -326,7 +323,7 @@ class PNMixCache:
             self._choose_code_order(k.device)
             self._counts = torch.zeros(COUNTS, dtype=torch.int32, device=k.device)
             if self.check_finite is True:
-                self._flags = torch.zeros(2, len(WATCHED), dtype=torch.float32, device=k.device)
+                self._flags = deferred.new_flags(k.device)
             self._store(k, v)
             if capturable_pages := (room.n_quantized // n if self.capturable else 0):
                 self._page = self._page_work(capturable_pages)
@@ -411,30 +408,16 @@ class PNMixCache:
     # -- deferred input checks (check_finite=True) --------------------------------------
 
     def _watch(self, **inputs: torch.Tensor) -> None:
-        """Fold max |x| of each input (NaN and Inf carry through) into the flags: device work only,
-        one reduction per input and one maximum, on fixed buffers (a CUDA graph replays them)."""
-        if self._flags is None:
-            return
-        last, worst = self._flags
-        with torch.no_grad():  # out= takes no autograd inputs; a check needs no graph
-            for name, t in inputs.items():
-                if t.numel():
-                    torch.linalg.vector_norm(t, math.inf, dtype=torch.float32, out=last[WATCHED.index(name)])
-            torch.maximum(worst, last, out=worst)
+        """The deferred checks of these inputs (`reference.channels.deferred.watch`), where check_finite is True."""
+        if self._flags is not None:
+            deferred.watch(self._flags, **inputs)
 
     def _judge(self, worst: list[float], where: str) -> None:
-        """Raise the first problem the flags read back show (`reference.channels.validation.value_problem`)."""
-        cfg = self.config
-        bits = {"k": cfg.b_low, "v": cfg.value_bits if cfg.values_quantized else None, "q": None}
-        for name, top in zip(WATCHED, worst, strict=True):
-            problem = validation.value_problem(name, top, cfg, bits[name])
-            if problem is not None:
-                self._failure = (
-                    f"{problem} (given to {'attend' if name == 'q' else 'append'} since prefill, checked on the "
-                    f"device and read back by {where}); this cache went on with it and refuses further use: build a "
-                    "new one (check_finite='eager' rejects bad input before it is used)"
-                )
-                raise ValueError(self._failure)
+        """Raise the first problem the flags read back show (`reference.channels.deferred.problem`)."""
+        found = deferred.problem(worst, self.config, where)
+        if found is not None:
+            self._failure = f"{found} (check_finite='eager' rejects bad input before it is used)"
+            raise ValueError(self._failure)
 
     def _refuse_if_failed(self) -> None:
         if self._failure is not None:

@@ -458,7 +458,8 @@ class PNMixHFCache(Cache):
     layer cache's `sync_length()`; the error names the argument (k, v or q) and the cache
     refuses further use. "eager": every call checks before it stores (a few syncs per layer
     and step). False (Triton backend): no checks, as the benchmarks run. The reference backend
-    and `impl=` check every call as they store it, whether True or "eager".
+    and `impl=` check every call as they store it, whether True or "eager", except calls torch.compile
+    traces, whose checks the reference backend runs on the device and `check()` reads (no graph break).
     capturable: every layer's one-token decode step launches the same work whatever the length,
     a residual page's completion included (`pnmix.PNMixCache`'s capturable): with max_cache_len,
     Triton backend, a selection fixed at prefill and values flushed with their keys.
@@ -604,15 +605,26 @@ class PNMixHFCache(Cache):
             raise
 
     def check(self) -> None:
-        """Report the deferred input checks of every layer's Triton cache (`pnmix.PNMixCache.check`)
-        with one device->host read: ValueError naming the layer and the first bad argument given
-        since its prefill. Layers not started yet, and other backends (which check eagerly), pass."""
+        """Report the deferred input checks of every layer: the Triton caches' (`pnmix.PNMixCache.check`) with one
+        device->host read, and those of any other cache with a `check()` (the spec's defers the checks of calls
+        torch.compile traced, `reference.ReferenceCache.check`): ValueError naming the layer and the first bad
+        argument given since its prefill. Layers not started yet, and caches that check eagerly, pass."""
         started = [(i, layer.cache) for i, layer in enumerate(self.layers) if isinstance(layer.cache, PNMixCache)]
         try:
             check_caches([cache for _, cache in started], "PNMixHFCache.check()")
         except ValueError as error:
             bad = next(i for i, cache in started if cache._failure is not None)
             raise ValueError(f"layer {bad}: {error}") from None
+        for i, layer in enumerate(self.layers):
+            if (
+                layer.cache is not None
+                and not isinstance(layer.cache, PNMixCache)
+                and callable(check := getattr(layer.cache, "check", None))
+            ):
+                try:
+                    check()
+                except ValueError as error:
+                    raise ValueError(f"layer {i}: {error}") from None
 
     def attended(self) -> None:
         """A layer's attention ran: once every layer's has, the forward is kept (checkpoints dropped)."""

@@ -152,3 +152,31 @@ def test_a_refused_or_failed_selection_leaves_every_layer_as_it_was(monkeypatch)
     with pytest.raises(MemoryError):
         cache.reorder_cache(torch.tensor([1, 1]))
     assert _same(before, _held(cache))
+
+
+@pytest.mark.slow  # torch.compile traces each step (about 6 s a method on two CPU cores)
+@pytest.mark.parametrize("method", ["FP16", "PN-Mix"])
+def test_a_compiled_decode_step_has_no_graph_break_and_decodes_as_eager(method):
+    """fullgraph=True refuses any graph break: the cache's value checks, which read inputs back, are deferred while
+    torch.compile traces (`reference.ReferenceCache.check`), and read by `PNMixHFCache.check()`."""
+    model = small_model("llama")
+    model.set_attn_implementation("pnmix")
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(0))
+    tokens = []
+    for compiled in (False, True):
+        cache = hf.PNMixHFCache(model.config, _config(model, method), backend="reference")
+
+        def step(token, cache=cache):
+            return model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1]
+
+        torch._dynamo.reset()
+        run = torch.compile(step, fullgraph=True, backend="eager") if compiled else step
+        with torch.no_grad():
+            token = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            made = []
+            for _ in range(4):  # none flushes a page (PN-Mix: pages of 8, 4 sinks, the prompt's 16 others flushed)
+                token = run(token).argmax(-1, keepdim=True)
+                made.append(token.item())
+        cache.check()
+        tokens.append(made)
+    assert tokens[0] == tokens[1]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from reference.channels import validation
+from reference.channels import deferred, validation
 from reference.channels.config import PNMixConfig
 from reference.channels.derived import Derived
 from reference.channels.layout import CacheLayout, TokenLayout, token_layout
@@ -69,6 +69,11 @@ class ReferenceCache:
         # costs what an exact cache's does plus the new tokens' work. 8 bytes per cached element more than
         # the packed region, derived state (`Derived`): `storage()` and the conformance suite judge the packed ones.
         self._read_back = Derived()
+        # Where torch.compile traces a call, reading an input back to judge it would break the graph: the value
+        # checks of such calls run on the device into these flags (`reference.channels.deferred`) and are read
+        # by `check()`, which every call made outside compiled code runs first.
+        self._flags: torch.Tensor | None = None
+        self._failure: str | None = None
 
     @classmethod
     def from_prefill(
@@ -101,12 +106,38 @@ class ReferenceCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add new tokens k, v [B, H_kv, T_new, d]; the saliency selection is not touched."""
         self._require_prefill()
+        traced = self._checked()
         for name, t in (("k", k), ("v", v)):
             validation.check_tensor(name, t)
             validation.check_matches_cache(name, t, self._shape, self.cache_layout.dtype, self._device)
-        validation.check_kv(k, v, self.config)
+        validation.check_kv(k, v, self.config, values=not traced)
+        if traced:
+            self._defer(k=k, v=v)
         with all_or_nothing(self):
             self._store(k, v)
+
+    def _checked(self) -> bool:
+        """True where torch.compile traces this call (its value checks are then deferred); otherwise the checks
+        deferred so far are read first (`check`)."""
+        if torch.compiler.is_compiling():
+            return True
+        self.check()
+        return False
+
+    def _defer(self, **inputs: torch.Tensor) -> None:
+        if self._flags is None:
+            self._flags = deferred.new_flags(self._device)
+        deferred.watch(self._flags, **inputs)
+
+    def check(self) -> None:
+        """Read the value checks deferred while torch.compile traced this cache's calls (one device->host read;
+        nothing to read otherwise): ValueError naming the first bad argument, after which the cache, which
+        stored it, refuses further use. Every call made outside compiled code runs it first."""
+        if self._failure is not None:
+            raise ValueError(self._failure)
+        if self._flags is not None and (found := deferred.problem(self._flags[1].tolist(), self.config, "check()")):
+            self._failure = found
+            raise ValueError(found)
 
     def checkpoint(self) -> tuple:
         """The state now, to return to with `roll_back`. Updates replace tensors and never write into
@@ -273,7 +304,10 @@ class ReferenceCache:
         """
         self._require_prefill()
         b, h, _, d = self._shape
-        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length)
+        traced = self._checked()
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length, values=not traced)
+        if traced:
+            self._defer(q=q)
         k, v = self.dequantize()
         for name, x in (("scale", scale), ("softcap", softcap)):
             if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf):
@@ -305,7 +339,10 @@ class ReferenceCache:
         """
         self._require_prefill()
         b, h, t_all, d = self._shape
-        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all)
+        traced = self._checked()
+        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all, values=not traced)
+        if traced:
+            self._defer(q=q)
         k_hat, v_hat = self.dequantize()
         return stepwise_attention(self.config, q, k_hat, v_hat, exact_keys, exact_values, scale=scale, softcap=softcap)
 

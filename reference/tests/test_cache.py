@@ -206,3 +206,31 @@ def test_stepwise_attention_over_chunks_equals_token_by_token_decoding(cfg):
     assert not torch.equal(got, chunked.attend(q[..., -40:, :]).float()), "plain chunked attention is not stepwise"
     with pytest.raises(ValueError, match="does not reach back to position"):
         chunked.attend_stepwise(q[..., -8:, :], k[..., -1:, :], v[..., -1:, :])
+
+
+def test_the_value_checks_of_a_call_torch_compile_traces_are_deferred_to_check():
+    """A traced call cannot read its inputs back without breaking the graph: their checks run on the device, and
+    check() (which every call outside compiled code runs first) names the bad argument; the cache, which stored
+    it, then refuses further use."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=gen) for _ in range(3))
+    cache = ReferenceCache.from_prefill(q, k, v, PNMixConfig(group_size=8, residual_length=8, n_sink=2))
+    fine, bad = torch.randn(1, 2, 1, 16, generator=gen), torch.randn(1, 2, 1, 16, generator=gen)
+    bad[0, 1, 0, 3] = float("nan")
+    torch._dynamo.reset()
+    append = torch.compile(cache.append, fullgraph=True, backend="eager")
+    append(fine, fine)  # 7 of the residual's 8: no page flushes in these calls (a flush breaks the graph, once a page)
+    cache.check()  # nothing wrong so far
+    cache = ReferenceCache.from_prefill(q, k, v, PNMixConfig(group_size=8, residual_length=8, n_sink=2))
+    torch._dynamo.reset()
+    append = torch.compile(cache.append, fullgraph=True, backend="eager")
+    append(fine, bad)
+    assert cache.length == 17  # stored: the check was deferred
+    with pytest.raises(ValueError, match=r"^v contains NaN or Inf \(given to append since prefill"):
+        cache.check()
+    with pytest.raises(ValueError, match="refuses further use"):
+        cache.attend(q[..., -1:, :])
+    eager = ReferenceCache.from_prefill(q, k, v, PNMixConfig(group_size=8, residual_length=8, n_sink=2))
+    with pytest.raises(ValueError, match="v contains NaN or Inf"):  # outside compiled code: refused before storing
+        eager.append(fine, bad)
+    assert eager.length == 16
