@@ -11,7 +11,6 @@ compiled).
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from contextlib import contextmanager
@@ -19,10 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from pnmix._interpret import INTERPRETED  # decided when pnmix was imported, before triton
 
 
 def _late_interpreter() -> str | None:

@@ -29,7 +29,7 @@ from pnmix.kernels.attention import PackedRegion
 from reference import CacheLayout, PNMixConfig, StorageReport, TokenLayout, measure, token_layout
 from reference.channels import deferred, validation
 from reference.channels.cache import all_or_nothing
-from reference.channels.deferred import FLAG_BYTES, WATCHED  # noqa: F401 (part of this module's interface)
+from reference.channels.deferred import FLAG_BYTES, WATCHED, check_finite_mode  # noqa: F401 (this module's interface)
 from reference.channels.stepwise import stepwise_attention
 from reference.equations import packing as spec_packing
 from reference.equations import saliency
@@ -51,13 +51,6 @@ BOOKKEEPING_BYTES = COUNTS * 4
 CODE_ORDERS = ("auto", "spec", "fragment")
 #: The quantized components whose codes fragment order reorders (scales and zeros keep the spec's order).
 REORDERED = ("key_low", "key_high", "value_payload")
-
-
-def check_finite_mode(value: object) -> bool | str:
-    """`check_finite` as given, checked: True (on the device, reported later), "eager" or False."""
-    if isinstance(value, bool) or (isinstance(value, str) and value == "eager"):
-        return value
-    raise TypeError(f"check_finite must be True, False or 'eager', got {value!r}")
 
 
 def check_caches(caches: list[PNMixCache], where: str) -> None:

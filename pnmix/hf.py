@@ -30,15 +30,15 @@ import dataclasses
 import importlib
 import inspect
 import math
+import sys
 
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
-from pnmix.cache import PNMixCache, check_caches, check_finite_mode
-from pnmix.protocol import TritonImplementation
 from reference import PNMixConfig, attention_ref
+from reference.channels.deferred import check_finite_mode
 from reference.contract.implementation import ReferenceImplementation
 from reference.tokens.config import TokenPrecisionConfig
 
@@ -559,6 +559,8 @@ class PNMixHFCache(Cache):
         if capturable is not False and backend != "triton":
             raise ValueError(f"capturable needs backend='triton', got backend={backend!r}")
         if capturable is not False:
+            from pnmix.cache import PNMixCache
+
             PNMixCache(config, max_cache_len=max_cache_len, capturable=capturable)  # refuses what it cannot serve
         self.config = config
         self.check_finite = check_finite
@@ -609,16 +611,19 @@ class PNMixHFCache(Cache):
         device->host read, and those of any other cache with a `check()` (the spec's defers the checks of calls
         torch.compile traced, `reference.ReferenceCache.check`): ValueError naming the layer and the first bad
         argument given since its prefill. Layers not started yet, and caches that check eagerly, pass."""
-        started = [(i, layer.cache) for i, layer in enumerate(self.layers) if isinstance(layer.cache, PNMixCache)]
-        try:
-            check_caches([cache for _, cache in started], "PNMixHFCache.check()")
-        except ValueError as error:
-            bad = next(i for i, cache in started if cache._failure is not None)
-            raise ValueError(f"layer {bad}: {error}") from None
+        started = [(i, layer.cache) for i, layer in enumerate(self.layers) if _is_triton(layer.cache)]
+        if started:
+            from pnmix.cache import check_caches
+
+            try:
+                check_caches([cache for _, cache in started], "PNMixHFCache.check()")
+            except ValueError as error:
+                bad = next(i for i, cache in started if cache._failure is not None)
+                raise ValueError(f"layer {bad}: {error}") from None
         for i, layer in enumerate(self.layers):
             if (
                 layer.cache is not None
-                and not isinstance(layer.cache, PNMixCache)
+                and not _is_triton(layer.cache)
                 and callable(check := getattr(layer.cache, "check", None))
             ):
                 try:
@@ -725,8 +730,16 @@ def builtin(backend: str, max_cache_len: int | None = None, check_finite: bool |
     """The built-in implementation a backend name stands for, holding the cache's options: one road from
     the Hugging Face cache to a cache, `create(config)` of an implementation of `reference.contract`."""
     if backend == "triton":
+        from pnmix.protocol import TritonImplementation  # triton is imported here, where it is asked for
+
         return TritonImplementation(max_cache_len=max_cache_len, check_finite=check_finite, capturable=capturable)
     return ReferenceImplementation()
+
+
+def _is_triton(cache) -> bool:
+    """A cache of the Triton backend (which exists only once its module, and triton, were imported)."""
+    module = sys.modules.get("pnmix.cache")
+    return module is not None and isinstance(cache, module.PNMixCache)
 
 
 def _implementation_backend(

@@ -367,6 +367,17 @@ def _decide(tests: list[tuple[int, int, float]], prompts: int) -> str:
     return HOLDS if all(below > above and p < ALPHA for below, above, p in tests) else UNDECIDED
 
 
+def quarter_kl(result: dict) -> dict[str, list[float]]:
+    """Each quantized method's mean KL per quarter of the output, as the verdicts test it: over prompts, of each
+    prompt's quarters from its first quantized position (`per_prompt_quarters`), where the result keeps them;
+    otherwise of the pooled curve."""
+    kl = {n: quarter_means(m["kl"]) for n, m in result["summary"]["methods"].items() if "kl" in m}
+    for name in kl:
+        if quarters := per_prompt_quarters(result, name):
+            kl[name] = [statistics.fmean(col) for col in zip(*quarters, strict=True)]
+    return kl
+
+
 def verdicts(result: dict) -> dict[str, tuple[str, str]]:
     """The two long-output judgements the report states, each a sign test over prompts (`per_prompt`: a mean of
     few prompts can hide that they disagree), decided on MIN_PROMPTS prompts at least:
@@ -377,7 +388,7 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
       quarter of the output, prompt by prompt; NOT_MEASURED where the result has no PN-Mix or no equal-bit rival.
     Each as (HOLDS, FAILS, UNDECIDED or NOT_MEASURED, the numbers it was judged on)."""
     methods = result["summary"]["methods"]
-    kl = {n: quarter_means(m["kl"]) for n, m in methods.items() if "kl" in m}
+    kl = quarter_kl(result)
     fp16 = quarter_means(methods["FP16"]["nll"])
     prompts = len(result.get("per_prompt") or [])
     few = (
@@ -390,8 +401,6 @@ def verdicts(result: dict) -> dict[str, tuple[str, str]]:
         + _span_note(result)
     )
     quarters = {n: per_prompt_quarters(result, n) for n in kl}
-    # the means the tests are made on: over prompts, of each prompt's quarters (where the result keeps them)
-    kl |= {n: [statistics.fmean(col) for col in zip(*q, strict=True)] for n, q in quarters.items() if q}
     means = "; ".join(f"{n} {q[0]:.3g} -> {q[-1]:.3g}" for n, q in kl.items())
     if not kl or any(q is None for q in quarters.values()):
         out = {

@@ -399,17 +399,6 @@ def test_a_refused_prefill_can_be_retried(monkeypatch):
         assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
 
 
-def test_beam_search_is_refused_and_leaves_the_cache_empty():
-    model, config = _pnmix_llama()
-    cache = hf.PNMixHFCache(model.config, config, backend="reference")
-    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
-    with pytest.raises(Exception, match="beam search"):
-        model.generate(
-            input_ids=ids, max_new_tokens=3, num_beams=2, do_sample=False, **{hf.cache_argument(model): cache}
-        )
-    assert cache.get_seq_length() == 0 and all(not lay.started for lay in cache.layers)
-
-
 def test_a_model_whose_attention_bypasses_the_interface_is_refused_by_name():
     """A model that attends on its own (here: eager attention instead of "pnmix") would read only
     the new tokens the update returns; the next layer's update says so and nothing is kept."""

@@ -75,3 +75,23 @@ def test_triton_imported_before_pnmix_is_named_not_a_failure_inside_a_kernel():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", LATE], env=env, capture_output=True, text=True, timeout=300)
     assert "refused: triton was imported before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout + done.stderr
+
+
+LAZY = (
+    "import os, sys, pnmix.hf\n"
+    "loaded = sorted(m for m in sys.modules if m in ('pnmix.cache', 'pnmix._runtime', 'pnmix.protocol')"
+    " or m.startswith('pnmix.kernels'))\n"
+    "print(os.environ.get('TRITON_INTERPRET'), loaded)\n"
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without CUDA only")
+def test_pnmix_hf_loads_no_triton_code_until_a_triton_backend_is_asked_for():
+    """`import pnmix.hf` (the transformers cache, reference backend) loads none of pnmix's Triton modules, and
+    still decides TRITON_INTERPRET first; `pnmix.PNMixCache` loads them when asked for."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", LAZY], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split(maxsplit=1) == ["1", "[]\n"], done.stdout + done.stderr[-2000:]
+    asked = LAZY.replace("import os, sys, pnmix.hf\n", "import os, sys, pnmix.hf, pnmix\npnmix.PNMixCache\n")
+    done = subprocess.run([sys.executable, "-c", asked], env=env, capture_output=True, text=True, timeout=300)
+    assert "'pnmix.cache'" in done.stdout and "'pnmix.kernels'" in done.stdout, done.stdout + done.stderr[-2000:]

@@ -23,6 +23,13 @@ WATCHED = ("k", "v", "q")
 FLAG_BYTES = 2 * len(WATCHED) * 4
 
 
+def check_finite_mode(value: object) -> bool | str:
+    """`check_finite` as given, checked: True (on the device, reported later), "eager" or False."""
+    if isinstance(value, bool) or (isinstance(value, str) and value == "eager"):
+        return value
+    raise TypeError(f"check_finite must be True, False or 'eager', got {value!r}")
+
+
 def new_flags(device) -> torch.Tensor:
     return torch.zeros(2, len(WATCHED), dtype=torch.float32, device=device)
 
@@ -52,4 +59,4 @@ def problem(worst: list[float], config: PNMixConfig, where: str) -> str | None:
     return None
 
 
-__all__ = ["FLAG_BYTES", "WATCHED", "new_flags", "problem", "watch"]
+__all__ = ["FLAG_BYTES", "WATCHED", "check_finite_mode", "new_flags", "problem", "watch"]

@@ -118,7 +118,7 @@ def _claims(s: Source, model: str) -> list[Claim]:
 def _rests_on(s: Source, key: str) -> str:
     """The KL a long-output claim rests on: PN-Mix's first and last quarter ("accumulates"), or every quantized
     method's last quarter ("pnmix_lowest"), with the model."""
-    kl = {n: long_output.quarter_means(m["kl"]) for n, m in s.data["summary"]["methods"].items() if m.get("kl")}
+    kl = long_output.quarter_kl(s.data)  # the means the verdicts were judged on
     model = model_label(str(s.data.get("model", "?")))
     if key == "accumulates" and "PN-Mix" in kl:
         return f"{model}: PN-Mix KL {kl['PN-Mix'][0]:.3g} -> {kl['PN-Mix'][-1]:.3g}"
