@@ -213,13 +213,19 @@ def table11_tests(per_prompt: list[dict]) -> dict[str, dict]:
     return out
 
 
-def table9_match(per_prompt: list[dict]) -> tuple[float, float, float] | None:
-    """The relative difference of QK pair norm's attention KL, prefill-only over full-sequence selection, minus 1:
-    (mean, low, high), a 95% interval over prompts; None where the prompts' values lack either selection."""
+def table9_ratios(per_prompt: list[dict]) -> list[float] | None:
+    """Per prompt, QK pair norm's attention KL with the prefill-only selection over the full-sequence one, minus 1;
+    None where the prompts' values lack either selection."""
     prefill, full = TABLE9_SCOPES
     if any(n not in p.get("table9_mean", {}) for p in per_prompt for n in TABLE9_SCOPES):
         return None
-    return interval([p["table9_mean"][prefill]["kl"] / p["table9_mean"][full]["kl"] - 1 for p in per_prompt])
+    return [p["table9_mean"][prefill]["kl"] / p["table9_mean"][full]["kl"] - 1 for p in per_prompt]
+
+
+def table9_match(per_prompt: list[dict]) -> tuple[float, float, float] | None:
+    """`table9_ratios` as (mean, low, high), a 95% interval over prompts; None where they cannot be had."""
+    ratios = table9_ratios(per_prompt)
+    return None if ratios is None else interval(ratios)
 
 
 def tested(per_prompt: list[dict] | None) -> bool:
@@ -341,7 +347,8 @@ def verdicts(s: dict, model: str | None = None, per_prompt: list[dict] | None = 
     else:
         out["table9_prefill"] += (
             f"; prefill / full - 1 over {len(per_prompt)} prompts {match[0]:+.3f} (95% [{match[1]:+.3f}, "
-            f"{match[2]:+.3f}]; close within +-{TABLE9_MATCH:g})"
+            f"{match[2]:+.3f}]; close within +-{TABLE9_MATCH:g}; the prompts resolve "
+            f"{resolvable(table9_ratios(per_prompt)):.3f} at 80% power)"
         )
     shares = {str(k): x for k, x in s["fig5_share_median"].items()}  # int keys, or str after JSON
     out["fig5"] = (

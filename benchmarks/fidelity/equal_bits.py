@@ -388,8 +388,9 @@ def run(
 # -- what it shows --------------------------------------------------------------------------------
 
 
-def claims(results: list[dict]) -> list[dict]:
-    """TriAxialKV's stated trade-offs and the question of the comparison, judged on these numbers."""
+def claims(results: list[dict], conversations: int | None = None) -> list[dict]:
+    """TriAxialKV's stated trade-offs and the question of the comparison, judged on these numbers (`conversations`:
+    how many evaluation conversations they came from, said where a result keeps no per-conversation values)."""
     out = []
     floor = TokenPrecisionConfig()
     lowest = floor.low_bits + 2 * 16 / floor.group_size
@@ -423,7 +424,7 @@ def claims(results: list[dict]) -> list[dict]:
             vals = {n: m[n][metric] for n in METHODS if n != "FP16" and metric in m[n]}
             best = min(vals, key=vals.get)
             evidence = "mean over conversations: " + ", ".join(f"{n} {v:.4g}" for n, v in vals.items())
-            holds, tested = beats(r.get("per_conversation"), metric)
+            holds, tested = beats(r.get("per_conversation"), metric, conversations)
             out.append(
                 {
                     "claim": combination_claim(r["budget"], label),
@@ -467,13 +468,15 @@ UNDECIDED = "undecided"
 VERDICT = {True: "holds", False: "does not hold", UNDECIDED: "undecided"}
 
 
-def beats(per_conversation: dict | None, metric: str) -> tuple[bool | str, str]:
+def beats(per_conversation: dict | None, metric: str, conversations: int | None = None) -> tuple[bool | str, str]:
     """Whether the combination's `metric` is below each rival's, conversation by conversation (a mean over a few
     conversations can hide that they disagree): a two-sided sign test per rival; True where both favour the
     combination at p < ALPHA, False where one favours the rival, UNDECIDED otherwise, and what was tested. A
-    result of older code keeps no per-conversation values: UNDECIDED, said so."""
+    result of older code keeps no per-conversation values: UNDECIDED, said so, with what its `conversations`
+    could have decided."""
     if not per_conversation:
-        return UNDECIDED, "the result keeps no per-conversation values: the means alone decide nothing"
+        said = "the result keeps no per-conversation values: the means alone decide nothing"
+        return UNDECIDED, said + (resolution(conversations, "conversations", ALPHA) if conversations else "")
     mine = per_conversation[COMBINATION][metric]
     tests = []
     for rival in RIVALS:
@@ -595,7 +598,10 @@ def markdown(result: dict) -> str:
     lines += [
         "## Claims\n",
         tabulate(
-            [[c["claim"], VERDICT[c["holds"]], c["source"], c["evidence"]] for c in claims(result["results"])],
+            [
+                [c["claim"], VERDICT[c["holds"]], c["source"], c["evidence"]]
+                for c in claims(result["results"], len(result["conversations"]["evaluation"]))
+            ],
             ["claim", "verdict", "source", "evidence"],
             tablefmt="github",
         ),

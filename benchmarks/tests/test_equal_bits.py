@@ -109,3 +109,7 @@ def test_the_combination_beats_its_rivals_only_conversation_by_conversation():
         equal_bits.UNDECIDED,
         "the result keeps no per-conversation values: the means alone decide nothing",
     )
+    # what its conversations could have decided, where the result says how many there were
+    assert equal_bits.beats(None, "attention_kl", 4)[1].endswith(
+        "; 4 conversations cannot reach p < 0.05 in a sign test whatever they show"
+    )

@@ -217,3 +217,13 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_table9s_prefill_match_says_what_its_prompts_resolve():
+    """The match's evidence gives its interval and the difference its prompts resolve at 80% power (their spread),
+    so that an interval straddling the margin says how far the sample could see."""
+    prompts = prompts_where_every_claim_holds()
+    evidence = fidelity.verdicts(summary_where_every_claim_holds(), per_prompt=prompts)["table9_prefill"]
+    resolves = fidelity.resolvable(fidelity.table9_ratios(prompts))
+    assert 0 < resolves < fidelity.TABLE9_MATCH
+    assert evidence.endswith(f"the prompts resolve {resolves:.3f} at 80% power)")

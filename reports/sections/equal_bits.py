@@ -81,6 +81,7 @@ def _claims(s: Source, only_combination: bool = False, suffix: str = "") -> list
     """The result's claims by this tree's rules (`benchmarks.fidelity.equal_bits.claims` of its results: a result of
     older code, decided on means, is inconclusive where the rule now tests conversation by conversation)."""
     status = {True: CONFIRMED, False: NOT_CONFIRMED, equal_bits.UNDECIDED: INCONCLUSIVE}
+    conversations = len(s.data.get("conversations", {}).get("evaluation", ())) or None
     return [
         Claim(
             c["claim"] + suffix,
@@ -89,7 +90,7 @@ def _claims(s: Source, only_combination: bool = False, suffix: str = "") -> list
             c["evidence"],
             CLAIMS_SOURCE if "computed" in c["source"] else _provenance(s),
         )
-        for c in equal_bits.claims(s.data["results"])
+        for c in equal_bits.claims(s.data["results"], conversations)
         if not only_combination or "combination" in c["claim"]
     ]
 
