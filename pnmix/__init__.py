@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     if name == "PNMixCache":  # the Triton cache, and triton with it, only when asked for
-        from pnmix.cache import PNMixCache
+        from pnmix.cache import PNMixCache  # deferred: it imports triton
 
         return PNMixCache
     raise AttributeError(f"module 'pnmix' has no attribute {name!r}")

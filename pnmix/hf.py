@@ -559,7 +559,7 @@ class PNMixHFCache(Cache):
         if capturable is not False and backend != "triton":
             raise ValueError(f"capturable needs backend='triton', got backend={backend!r}")
         if capturable is not False:
-            from pnmix.cache import PNMixCache
+            from pnmix.cache import PNMixCache  # deferred: it imports triton
 
             PNMixCache(config, max_cache_len=max_cache_len, capturable=capturable)  # refuses what it cannot serve
         self.config = config
@@ -613,7 +613,7 @@ class PNMixHFCache(Cache):
         argument given since its prefill. Layers not started yet, and caches that check eagerly, pass."""
         started = [(i, layer.cache) for i, layer in enumerate(self.layers) if _is_triton(layer.cache)]
         if started:
-            from pnmix.cache import check_caches
+            from pnmix.cache import check_caches  # deferred: it imports triton
 
             try:
                 check_caches([cache for _, cache in started], "PNMixHFCache.check()")
@@ -730,7 +730,7 @@ def builtin(backend: str, max_cache_len: int | None = None, check_finite: bool |
     """The built-in implementation a backend name stands for, holding the cache's options: one road from
     the Hugging Face cache to a cache, `create(config)` of an implementation of `reference.contract`."""
     if backend == "triton":
-        from pnmix.protocol import TritonImplementation  # triton is imported here, where it is asked for
+        from pnmix.protocol import TritonImplementation  # deferred: it imports triton, here where it is asked for
 
         return TritonImplementation(max_cache_len=max_cache_len, check_finite=check_finite, capturable=capturable)
     return ReferenceImplementation()

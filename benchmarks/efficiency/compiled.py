@@ -18,10 +18,10 @@ import json
 
 import torch
 
+from pnmix import sass
+
 
 def _digests_by_name(ran) -> dict[str, list[str]]:
-    from pnmix import sass  # deferred: pnmix imports triton, which the report need not load
-
     out: dict[str, set[str]] = {}
     for name, compiled in ran:
         out.setdefault(name, set()).add(sass.digest_of(compiled))
@@ -31,8 +31,8 @@ def _digests_by_name(ran) -> dict[str, list[str]]:
 def record(method: str, layer, dtype: torch.dtype, ran, device: torch.device) -> dict:
     """The machine code a timed call ran (ran: `pnmix._runtime.observing`'s list for one call) for a built-in
     method's point of `layer` (KV heads, query heads per KV head, head_dim); "why" when there is none to record."""
-    from pnmix import _runtime, aot  # deferred: pnmix imports triton, which the report need not load
-    from pnmix.kernels import ptx_unpack  # deferred: pnmix imports triton, which the report need not load
+    from pnmix import _runtime, aot  # deferred: these import triton, which the report need not load
+    from pnmix.kernels import ptx_unpack  # deferred: these import triton, which the report need not load
 
     if device.type != "cuda" or not ran or any(compiled is None for _, compiled in ran):
         return {"why": "no compiled kernel ran (the interpreter, or not a Triton path)"}
@@ -50,7 +50,7 @@ def record_of(case, target, ptx: bool, ran) -> dict:
     kernels that ran."""
     import triton
 
-    from pnmix import aot  # deferred: pnmix imports triton, which the report need not load
+    from pnmix import aot  # deferred: these import triton, which the report need not load
 
     ran_digests = _digests_by_name(ran)
     try:
@@ -82,10 +82,9 @@ def faithful(rec: object) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _here(spec: str) -> dict[str, list[str]] | str:
-    from pnmix import _runtime, aot  # deferred: pnmix imports triton, which the report need not load
-    from pnmix.sass import toolchain  # deferred: pnmix imports triton, which the report need not load
+    from pnmix import _runtime, aot  # deferred: these import triton, which the report need not load
 
-    tools = toolchain()
+    tools = sass.toolchain()
     if isinstance(tools, str):
         return tools
     given = json.loads(spec)

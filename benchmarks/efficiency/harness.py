@@ -588,7 +588,7 @@ class LatencyWalk:
     """
 
     def __init__(self, model, method: str, prompt: int, capacity: int, plugin=None) -> None:
-        from pnmix.cache import why_not_capturable  # deferred: pnmix imports triton, as pnmix.hf does
+        from pnmix.cache import why_not_capturable  # deferred: pnmix.cache imports triton
 
         self.eager = Generation(model, method, 1, prompt, capacity, plugin=plugin)
         self.not_capturable = None if method == FP16 or plugin is not None else why_not_capturable(self.eager.config)
@@ -653,7 +653,7 @@ def build_decode_cache(
     decode query: the kernel microbenchmark's input (layer = (KV heads, query heads per KV head,
     head_dim)). plugin: a `benchmarks.efficiency.plugins.Plugin` whose `create(config)` makes the cache instead
     (not preallocated, its input checks its own)."""
-    from pnmix import PNMixCache  # deferred: triton compiles kernels as they are imported
+    from pnmix.cache import PNMixCache  # deferred: triton compiles kernels as they are imported
 
     kv_heads, n_rep, head_dim = layer
     gen = torch.Generator(device=device).manual_seed(batch * 7919 + context)
