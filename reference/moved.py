@@ -48,10 +48,15 @@ class _Alias(importlib.abc.Loader):
         self.new = new
 
     def create_module(self, spec):
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self.own_spec = module.__spec__
+        return module
 
     def exec_module(self, module) -> None:
-        """Nothing to run: the module was imported under its own name."""
+        """Nothing to run: the module was imported under its own name. The import machinery has just set its
+        `__spec__` to the old name's; put back its own, or `importlib.util.find_spec(new)` would answer with an
+        alias spec that has no file (and every tool that finds code by module name would lose the module)."""
+        module.__spec__ = self.own_spec
 
 
 class MovedModules(importlib.abc.MetaPathFinder):

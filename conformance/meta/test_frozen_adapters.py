@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from conformance.impls import template
 from conformance.meta.test_mutants import run_suite
 from reference import PNMixConfig
 from reference.moved import MOVED
+from reference.records import code_files
 
 ROOT = Path(__file__).resolve().parents[2]
 FROZEN = "conformance.meta.frozen"
@@ -56,6 +58,9 @@ def test_a_moved_module_imports_under_its_old_name_as_itself_with_a_warning(old,
     with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}.*reference\.adapter"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)  # one module object: classes keep their identity
+    # ... that keeps its own name and spec: tools that find code by module name (fingerprints) still find it
+    assert module.__name__ == new and importlib.util.find_spec(new).name == new
+    assert code_files(new), f"{new} has no source file after its old name was imported"
 
 
 def test_last_weeks_template_warns_at_its_own_import_lines():
