@@ -290,17 +290,33 @@ def of_kind(sources: Iterable[Source], kind: str) -> list[Source]:
     return [s for s in sources if s.kind == kind]
 
 
+#: How pytest-benchmark's JSON names the timer of the suites whose statistics are the figure's calls.
+STEP_CLOCK = "CLOCK"
+
+
 def usable(source: Source) -> list[dict]:
     """The benchmarks of a pytest-benchmark source that the report can use, each as its extra_info
     plus `name`, pytest-benchmark's own host-clock statistics over its rounds (`wall_median_s`,
-    `wall_min_s`, `wall_max_s`, `rounds`; None where the file has none) and `source`."""
+    `wall_min_s`, `wall_max_s`, `rounds`; None where the file has none), `timed` (what those rounds timed:
+    "steps" where the suite's own clock timed the figure's calls, `benchmarks.efficiency.harness.CLOCK`, else
+    "point", the whole point) and `source`."""
     out = []
     for b in source.data["benchmarks"]:
         if _suite_of(b) is None:
             continue
         stats = b.get("stats") or {}
         wall = {f"wall_{k}_s": stats.get(k) for k in ("median", "min", "max")}
-        out.append({**b["extra_info"], "name": b["name"], **wall, "rounds": stats.get("rounds"), "source": source})
+        timed = "steps" if (b.get("options") or {}).get("timer") == STEP_CLOCK else "point"
+        out.append(
+            {
+                **b["extra_info"],
+                "name": b["name"],
+                **wall,
+                "rounds": stats.get("rounds"),
+                "timed": timed,
+                "source": source,
+            }
+        )
     return out
 
 

@@ -22,6 +22,7 @@ kept out by enqueueing every call while the GPU is held busy); `graph_ms` and
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -73,15 +74,124 @@ def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float
     return result, (time.perf_counter() - t0) * 1e3, start.elapsed_time(end)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1) -> dict:
-    """Median wall and GPU milliseconds of fn over reps calls, after warmup calls (see `timed`);
-    "ms" is the GPU time on CUDA and the wall time on the CPU."""
+def time_ms(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1, setup=None) -> dict:
+    """Median wall and GPU milliseconds of fn over reps calls, after warmup calls (see `timed`), setup (if given)
+    run before each, untimed; "ms" is the GPU time on CUDA and the wall time on the CPU; "rounds_ms" every timed
+    call's ("wall_rounds_ms" their wall times), in order."""
+    prepare = setup or (lambda: None)
     for _ in range(warmup):
+        prepare()
         fn()
-    runs = [timed(fn, device)[1:] for _ in range(reps)]
-    wall = statistics.median(w for w, _ in runs)
-    gpu = statistics.median(g for _, g in runs) if device.type == "cuda" else None
-    return {"ms": wall if gpu is None else gpu, "wall_ms": wall, "gpu_ms": gpu}
+    runs = []
+    for _ in range(reps):
+        prepare()
+        runs.append(timed(fn, device)[1:])
+    return _figures([w for w, _ in runs], [g for _, g in runs] if device.type == "cuda" else None)
+
+
+class DeviceClock:
+    """pytest-benchmark's timer for the suites that time model steps (`@pytest.mark.benchmark(timer=harness.CLOCK)`),
+    so that its statistics are the figure: on CUDA, seconds of device time between two readings (a CUDA event
+    recorded and waited for at each, as `timed` brackets a call: launch gaps included, the host's clock not), summed
+    in float64 from short spans (an event's elapsed time is float32 milliseconds); on the CPU, the host clock. Each
+    reading also keeps the host clock (after the event completed), for the synchronized wall time of the same calls."""
+
+    def __init__(self) -> None:
+        self.readings: list[tuple[float, float]] = []  # (host seconds, clock seconds) of each reading
+        self._total, self._last = 0.0, None
+        self.void = False  # readings are NaN: a point that ran out of memory before its calls has no time
+        self.__name__ = "CLOCK"  # how pytest-benchmark names the timer in its JSON: benchmarks.efficiency.harness.CLOCK
+
+    def __call__(self) -> float:
+        if self.void:
+            self.readings.append((math.nan, math.nan))
+            return math.nan
+        if not torch.cuda.is_available():
+            now = time.perf_counter()
+            self.readings.append((now, now))
+            return now
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        if self._last is not None:
+            self._total += self._last.elapsed_time(event) / 1e3
+        self._last = event
+        self.readings.append((time.perf_counter(), self._total))
+        return self._total
+
+
+#: The suites' pytest-benchmark timer (`DeviceClock`); `benchmarked_ms` reads its host readings.
+CLOCK = DeviceClock()
+
+
+def benchmarked_ms(benchmark, fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1, setup=None):
+    """`time_ms`'s figures of fn, with pytest-benchmark timing exactly these calls: `benchmark.pedantic` runs
+    `warmup` untimed rounds, then `reps` rounds of one fn() call each, with `CLOCK` as its timer, so the benchmark's
+    statistics (seconds) are the "ms" returned (the device time on CUDA, the wall time on the CPU) and
+    `pytest-benchmark compare` compares the figure. setup: run before each round, untimed (pytest-benchmark's). Under
+    --benchmark-disable, or without a benchmark fixture, `time_ms` times the same calls with setup before each.
+    Also returns "rounds_ms" and "wall_rounds_ms": every timed call's, in order."""
+    if benchmark is None or benchmark.disabled:
+        return time_ms(fn, device, reps, warmup, setup)
+    first = len(CLOCK.readings)
+
+    def call() -> None:
+        try:
+            fn()
+        except Exception as error:
+            if _oom_of(error) is None:
+                raise
+            raise _Stopped(error) from error
+
+    try:
+        benchmark.pedantic(call, setup=setup, rounds=reps, warmup_rounds=warmup, iterations=1)
+    except _Stopped as stop:
+        raise stop.error from None
+    readings = CLOCK.readings[first:]
+    if len(readings) != 2 * (warmup + reps):
+        raise RuntimeError(
+            "benchmarked_ms: the benchmark's timer is not harness.CLOCK; mark the test "
+            "@pytest.mark.benchmark(timer=harness.CLOCK) so that its statistics are the device time"
+        )
+    timed_pairs = readings[2 * warmup :]
+    walls = [(timed_pairs[i + 1][0] - timed_pairs[i][0]) * 1e3 for i in range(0, len(timed_pairs), 2)]
+    clock = [seconds * 1e3 for seconds in benchmark.stats.stats.data]
+    return _figures(walls, clock if device.type == "cuda" else None)
+
+
+class _Stopped(BaseException):
+    """Out of memory in a timed call, carried past pytest-benchmark's `except Exception` (which would drop the
+    benchmark, and with it the point's record): its statistics keep the calls that completed."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def untimed(benchmark) -> None:
+    """Put a point whose calls were never timed (out of memory before them) into pytest-benchmark's JSON, where the
+    report reads its record: one round of NaN seconds (no time), never a made-up figure. Nothing when the benchmark
+    is disabled or has its statistics already."""
+    if benchmark is None or benchmark.disabled or benchmark.stats is not None:
+        return
+    CLOCK.void = True
+    try:
+        benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    finally:
+        CLOCK.void = False
+
+
+def _figures(walls: list[float], gpus: list[float] | None) -> dict:
+    wall = statistics.median(walls)
+    gpu = statistics.median(gpus) if gpus is not None else None
+    rounds = walls if gpus is None else gpus
+    return {
+        "ms": wall if gpu is None else gpu,
+        "wall_ms": wall,
+        "gpu_ms": gpu,
+        "rounds_ms": list(rounds),
+        "wall_rounds_ms": list(walls),
+    }
 
 
 #: Bytes zeroed between timed kernel calls so that each one starts with a cold L2 (as
@@ -327,11 +437,12 @@ def out_of_memory(error: BaseException) -> bool:
     return _oom_of(error) is not None
 
 
-def unless_oom(measure: Callable[[], dict], device: torch.device, **oom_figures) -> dict:
+def unless_oom(measure: Callable[[], dict], device: torch.device, benchmark=None, **oom_figures) -> dict:
     """measure() with {"oom": False} added, or {"oom": True, **oom_figures, "oom_error": message}
     when the device runs out of memory anywhere in it (building, warm-up, timing, graph capture):
     out of memory is a data point of a sweep, not a crash. Memory held by the measurement is
-    released either way, before the next point."""
+    released either way, before the next point. benchmark: the fixture whose statistics measure()
+    fills (`benchmarked_ms`); a point that ran out of memory before them still has a record (`untimed`)."""
     release(device)
     try:
         return {"oom": False, **measure()}
@@ -339,6 +450,7 @@ def unless_oom(measure: Callable[[], dict], device: torch.device, **oom_figures)
         oom = _oom_of(error)
         if oom is None:
             raise
+        untimed(benchmark)
         return {"oom": True, **oom_figures, "oom_error": (str(oom).splitlines() or [""])[0][:200]}
     finally:
         release(device)

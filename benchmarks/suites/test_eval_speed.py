@@ -109,11 +109,11 @@ def test_evaluation_speed(method, work, length, smollm2, benchmark):
     fp16_first = (RUNS.index(method) + WORK.index(work) + LENGTHS.index(length)) % 2 == 0
     fp16 = [_run(methods.FP16, work, length, ids, model, hf)] if fp16_first and method != methods.FP16 else []
     seconds = []
+    benchmark.group = f"eval-speed {work} {length}"  # before timing: the statistics take the group then
     benchmark.pedantic(lambda: seconds.append(_run(method, work, length, ids, model, hf)), rounds=1, iterations=1)
     if not fp16_first and method != methods.FP16:
         fp16.append(_run(methods.FP16, work, length, ids, model, hf))
     fp16_seconds = seconds[0] if method == methods.FP16 else fp16[0]
-    benchmark.group = f"eval-speed {work} {length}"
     benchmark.extra_info.update(
         {
             "suite": "eval-speed",

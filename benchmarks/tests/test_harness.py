@@ -3,6 +3,12 @@ device clocks time device work only, graphs replay the captured step, out of mem
 point is a data point, and each process takes its own GPU and memory cap."""
 
 import contextlib
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -336,3 +342,95 @@ def test_the_kernel_benchmark_call_reads_nothing_back_to_the_host():
     with HostReads() as reads:
         cache.attend(q)
     assert reads.seen == []
+
+
+# -- pytest-benchmark's statistics are the calls timed -------------------------------------------
+
+BENCHMARKED = """
+import pytest, torch
+from benchmarks.efficiency import harness
+
+CPU = torch.device("cpu")
+
+
+def oom():
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.benchmark(timer=harness.CLOCK)
+def test_timed(benchmark):
+    calls = []
+    t = harness.benchmarked_ms(benchmark, lambda: calls.append(sum(range(20000))), CPU, reps=5, warmup=2)
+    assert len(calls) == 7
+    benchmark.extra_info.update(t)
+
+
+@pytest.mark.benchmark(timer=harness.CLOCK)
+def test_oom_at_the_second_timed_call(benchmark):
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 3:
+            oom()
+
+    result = harness.unless_oom(lambda: harness.benchmarked_ms(benchmark, step, CPU, reps=4, warmup=1), CPU, benchmark)
+    assert len(calls) == 3
+    benchmark.extra_info.update(result)
+
+
+@pytest.mark.benchmark(timer=harness.CLOCK)
+def test_oom_before_any_call(benchmark):
+    benchmark.extra_info.update(harness.unless_oom(oom, CPU, benchmark))
+
+
+def test_another_timer_is_refused(benchmark):
+    with pytest.raises(RuntimeError, match="harness.CLOCK"):
+        harness.benchmarked_ms(benchmark, lambda: None, CPU, reps=2, warmup=0)
+"""
+
+
+def test_the_benchmark_statistics_are_the_timed_calls_and_a_point_out_of_memory_keeps_its_record(tmp_path):
+    (tmp_path / "test_benchmarked.py").write_text(BENCHMARKED)
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "pytest", str(tmp_path), "-q", "-p", "no:cacheprovider", "--benchmark-json", str(out)]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}
+    timed = rows["test_timed"]
+    # warm-up untimed, every timed call a round, and the figure is the statistics' median
+    assert timed["stats"]["rounds"] == 5 and timed["options"]["timer"] == "CLOCK"
+    assert [s * 1e3 for s in timed["stats"]["data"]] == pytest.approx(timed["extra_info"]["rounds_ms"], rel=1e-9)
+    assert timed["stats"]["median"] * 1e3 == pytest.approx(timed["extra_info"]["ms"], rel=1e-9)
+    # out of memory: the record stays, with the calls that completed, or no time (NaN) at all: never a made-up one
+    cut = rows["test_oom_at_the_second_timed_call"]
+    assert cut["extra_info"]["oom"] is True and cut["stats"]["rounds"] == 1 and cut["stats"]["data"][0] > 0
+    before = rows["test_oom_before_any_call"]
+    assert before["extra_info"]["oom"] is True and before["stats"]["rounds"] == 1
+    assert math.isnan(before["stats"]["median"])
+
+
+def test_pytest_benchmark_compare_on_two_runs_of_fig7_prints_their_decode_step_times(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    runs = [tmp_path / "first.json", tmp_path / "second.json"]
+    suite = [sys.executable, "-m", "pytest", "benchmarks/suites/test_fig7_latency.py", "--bench-scale", "tiny"]
+    for out in runs:
+        argv = [*suite, "-k", "FP16", "-q", "-p", "no:cacheprovider", "--benchmark-json", str(out)]
+        proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    command = Path(sys.executable).with_name("pytest-benchmark")  # the console script pytest-benchmark installs
+    compare = [str(command), "compare", *map(str, runs), "--group-by=group"]
+    proc = subprocess.run([*compare, "--columns=median", "--time-unit=ms"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "benchmark 'fig7-latency (tiny)'" in proc.stdout
+    printed = {
+        (m["name"], m["run"]): float(m["ms"])
+        for m in re.finditer(r"^(?P<name>test_\S+) \(\d+/(?P<run>first|second)\)\s+(?P<ms>[\d.]+)", proc.stdout, re.M)
+    }
+    expected = {
+        (b["name"], out.stem): b["extra_info"]["step_ms"]
+        for out in runs
+        for b in json.loads(out.read_text())["benchmarks"]
+    }
+    assert len(expected) == 4 and printed.keys() == expected.keys(), proc.stdout
+    assert all(printed[k] == pytest.approx(expected[k], abs=5e-5) for k in expected), (printed, expected)

@@ -422,6 +422,8 @@ RENDERERS: dict[str, tuple[str, Callable]] = {
     "kernel-fragment": ("kernel-fragment", _fragment),
     "eval-speed": ("eval-speed", _eval_speed),
 }
+#: What a pytest-benchmark round timed (`reports.inputs.usable`'s "timed").
+TIMED = {"steps": "a step", "point": "the point"}
 TINY_FIGURE = {
     "fig6-memory": ("model peak GiB", "model_peak_gib"),
     "fig6c-throughput": ("tok/s", "tokens_per_s"),
@@ -482,6 +484,7 @@ def _tiny(entries: list[dict]) -> str:
             TINY_FIGURE[e["suite"]][0],
             fmt(e.get(TINY_FIGURE[e["suite"]][1]), ".4g"),
             _ms(e.get("wall_median_s")),
+            TIMED[e.get("timed", "point")],
             _rounds(e),
             _varied(across.get((e["suite"], e["method"], _point(e)))),
         ]
@@ -501,10 +504,11 @@ def _tiny(entries: list[dict]) -> str:
         f"shared with other work, where a point's time can vary several-fold between runs; {one} of "
         f"{len(entries)} points ran one round (no spread measured within the run)." + spread + " wall ms: "
         "pytest-benchmark's median "
-        "over the point's rounds; rounds: its min-max over them; across runs: the slowest over the fastest "
-        "median of the same point in the runs given.\n"
+        "over the point's rounds; timed: what a round timed (one decode step, where the suite times the figure's "
+        "calls; else the whole point: building, filling and every timed call); rounds: its min-max over them; "
+        "across runs: the slowest over the fastest median of the same point in the runs given.\n"
     )
-    heads = ["suite", "method", "point", "figure", "value", "wall ms", "rounds", "across runs"]
+    heads = ["suite", "method", "point", "figure", "value", "wall ms", "timed", "rounds", "across runs"]
     return note + "\n" + table(rows, heads, src)
 
 

@@ -105,12 +105,14 @@ def test_tiny_harness_timings_show_their_spread_and_rank_nothing(tmp_path):
     first["benchmarks"][0]["stats"] = {"median": 0.5, "min": 0.4, "max": 0.9, "rounds": 5}  # FP16
     first["benchmarks"][1]["stats"] = {"median": 0.25, "min": 0.25, "max": 0.25, "rounds": 1}  # PN-Mix
     second["benchmarks"][0]["stats"] = {"median": 1.65, "min": 1.65, "max": 1.65, "rounds": 1}
+    second["benchmarks"][0]["options"] = {"timer": "CLOCK"}  # the suite's clock: its rounds are the decode steps
     for b in second["benchmarks"][:2]:
         b["extra_info"]["date_utc"] = "2026-12-02T10:00:00+00:00"
     s = performance.render([load(tmp_path, "a.json", first), load(tmp_path, "b.json", second)])
     rows = table_after(s.body, "### CPU tiny harness")
     fp16 = [r for r in rows if r["method"] == "FP16"]
     assert {r["rounds"] for r in fp16} == {"400-900 (5 rounds)", "none measured (1 round)"}
+    assert sorted(r["timed"] for r in rows) == ["a step", "the point", "the point", "the point"]
     assert {r["across runs"] for r in fp16} == {"3.30x over 2 runs"}
     assert {r["across runs"] for r in rows if r["method"] == "PN-Mix"} == {"2.00x over 2 runs"}
     assert "No method is ranked on these timings" in s.body
