@@ -10,7 +10,9 @@ which selects its channels once (Eq. 6); every decode step appends the new key/v
 the packed cache through the implementation's decode attention (the reference on the CPU,
 the Triton kernels on CUDA), without a dense dequantized cache in the model's hands. Sequences
 in a batch must have equal lengths: a padding mask is rejected, since padding would enter the
-saliency and the sinks. Beam search and cropping are not supported and raise.
+saliency and the sinks. Beam search reorders rows where the caches can select them (`select_rows`);
+cropping (assisted and prompt-lookup decoding) needs `PNMixHFCache(..., croppable=True)` and goes back
+into the last forward only (`PNMixHFCache.crop`).
 
 Layers with an attention window (those transformers' own cache makes sliding-window layers:
 Mistral, Qwen2 with use_sliding_window, the local layers of Gemma 2/3) are not quantized: each
@@ -88,7 +90,7 @@ def cache_argument(model) -> str:
 
 
 class UnsupportedOperation(RuntimeError):
-    """An operation a PN-Mix cache cannot perform (beam reordering, cropping)."""
+    """An operation a PN-Mix cache cannot perform (row selection without `select_rows`, a crop it cannot undo)."""
 
 
 def head_dim(model_config) -> int:
@@ -222,6 +224,8 @@ class PNMixLayer(CacheLayerMixin):
         self._seen = 0
         self.attended = False  # this layer's attention ran after its last update
         self.owner: PNMixHFCache | None = None  # the Cache this layer belongs to, which rolls forwards back
+        # [queries (a prefill's), keys, values] of the last forward, where the owner can crop into it
+        self.kept: list | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -262,6 +266,8 @@ class PNMixLayer(CacheLayerMixin):
         if self.stale is not None:
             raise RuntimeError(self.stale)
         self.attended = False
+        if self.owner is not None and self.owner.croppable:
+            self.kept = [None, key_states, value_states]
         if not self.is_initialized:
             if key_states.shape != value_states.shape:
                 raise ValueError(
@@ -437,7 +443,31 @@ class PNMixLayer(CacheLayerMixin):
         return self.cache.dequantize()[0].shape[0] if self.cache is not None else 0
 
     def crop(self, max_length: int) -> None:
-        raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
+        raise UnsupportedOperation(
+            "PN-Mix: a layer is cropped through its PNMixHFCache (croppable=True), which rolls every layer back "
+            "together"
+        )
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether `crop` can put this layer back as it was (transformers asks before assisted decoding): its
+        PNMixHFCache was built with croppable=True and its cache rolls back (the protocol's optional checkpoints)."""
+        return self.owner is not None and self.owner.croppable and (self.cache is None or rewindable(self.cache))
+
+    def replay(self, n: int) -> None:
+        """After a roll back to the state before the last forward: store its first n tokens again, as a forward of
+        those tokens alone would (a prefill is built again from their queries: Eq. 6 sees none of the tokens
+        dropped). What is kept shrinks to them, so a later crop can go back into them again."""
+        q, k, v = self.kept
+        k, v, q = k[:, :, :n], v[:, :, :n], None if q is None else q[:, :, :n]
+        if n == 0:
+            self.kept = [q, k, v]
+            return
+        self.update(k, v)
+        if not self.started:
+            self.start(q)
+        self.kept[0] = q
+        self.attended = True
 
 
 class PNMixHFCache(Cache):
@@ -475,6 +505,10 @@ class PNMixHFCache(Cache):
     positions (the prompt's, from its role tags: `reference.tokens.roles`, `reference.tokens.allocation`) and
     generated_bits those of every later token (default: config.high_bits).
 
+    croppable: keep every layer's state before the last forward and that forward's inputs until the next one
+    completes, so that `crop` can drop tokens of it (assisted and prompt-lookup decoding): one forward's queries,
+    keys and values (a prompt's, until the first decode step ends) held on top of the cache.
+
     impl: instead of a backend, an implementation of `reference.contract` (anything with
     `create(config)`, such as a plug-in the conformance suite loads): each quantized layer's cache
     is then `impl.create(config)`, filled by `prefill(q, k, v)` and `append(k, v)` and read by
@@ -503,6 +537,7 @@ class PNMixHFCache(Cache):
         token_bits=None,
         generated_bits: int | None = None,
         impl=None,
+        croppable: bool = False,
     ) -> None:
         config = PNMixConfig() if config is None else config
         if not isinstance(config, (PNMixConfig, TokenPrecisionConfig)):
@@ -562,9 +597,12 @@ class PNMixHFCache(Cache):
             from pnmix.cache import PNMixCache  # deferred: it imports triton
 
             PNMixCache(config, max_cache_len=max_cache_len, capturable=capturable)  # refuses what it cannot serve
+        if not isinstance(croppable, bool):
+            raise TypeError(f"croppable must be a bool, got {type(croppable).__name__}")
         self.config = config
         self.check_finite = check_finite
         self.impl = impl
+        self.croppable = croppable
         schedule = TokenBitsSchedule(config, token_bits, generated_bits) if per_token else None
         builds = impl if impl is not None else builtin(backend, max_cache_len, check_finite, capturable)
         layers = [
@@ -575,6 +613,9 @@ class PNMixHFCache(Cache):
         for layer in layers:
             layer.owner = self
         self._forward: dict[int, tuple] = {}  # layer index -> its checkpoint, for the running forward
+        # croppable: every layer's checkpoint before the last complete forward, and the length it started from
+        self._last: tuple[dict[int, tuple], int] | None = None
+        self._start = 0  # the length the running forward started from
         self.model_checked = False  # the model running the cache has its layers (`_check_model`, once)
         self.prefill: list | None = None  # (q, k, v) per layer of the prefill, once `record_prefill` asked
 
@@ -599,6 +640,8 @@ class PNMixHFCache(Cache):
             )
         if not self._forward and key_states.shape[2] > 1:  # the forward's mask check waited already
             self.check()
+        if not self._forward:
+            self._start = self.get_seq_length()
         self._forward[layer_idx] = self.layers[layer_idx].checkpoint()
         try:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -634,9 +677,20 @@ class PNMixHFCache(Cache):
     def attended(self) -> None:
         """A layer's attention ran: once every layer's has, the forward is kept (checkpoints dropped)."""
         if len(self._forward) == len(self.layers) and all(self.layers[i].attended for i in self._forward):
-            for i, saved in self._forward.items():
-                self.layers[i].release(saved)
+            if self.croppable:  # kept until the next forward completes: `crop` can go back into this one
+                self._drop_last()
+                self._last = dict(self._forward), self._start
+            else:
+                for i, saved in self._forward.items():
+                    self.layers[i].release(saved)
             self._forward.clear()
+
+    def _drop_last(self) -> None:
+        """The checkpoints of the last forward are not needed any more (a later forward, a reset, a selection)."""
+        if self._last is not None:
+            for i, saved in self._last[0].items():
+                self.layers[i].release(saved)
+            self._last = None
 
     def roll_back_forward(self) -> None:
         """Every layer back to its state before the forward in progress (or the last one, if it
@@ -673,6 +727,7 @@ class PNMixHFCache(Cache):
     def roll_back(self, saved: list) -> None:
         """Every layer back to `saved` (it holds references to tensors that updates replace, never
         write into)."""
+        self._drop_last()  # the last forward is not the one that led here
         for layer, state in zip(self.layers, saved, strict=True):
             layer.roll_back(state)
 
@@ -686,6 +741,7 @@ class PNMixHFCache(Cache):
         return self.get_seq_length() + n, 0
 
     def reset(self) -> None:
+        self._drop_last()
         self._forward.clear()
         super().reset()
 
@@ -706,6 +762,7 @@ class PNMixHFCache(Cache):
         except BaseException:
             self.roll_back(saved)
             raise
+        self._drop_last()  # its checkpoints hold the rows before the selection
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.select_rows(beam_idx)
@@ -718,8 +775,43 @@ class PNMixHFCache(Cache):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.select_rows(indices.nonzero().flatten() if indices.dtype == torch.bool else indices)
 
-    def crop(self, max_length: int) -> None:
-        raise UnsupportedOperation("PN-Mix caches cannot be cropped: quantized pages are not rewound")
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens (0: none), as `DynamicCache.crop` in transformers 5.24 (a positive
+        value is the length to keep, as in the transformers releases before it): how assisted and prompt-lookup
+        decoding drop the candidate tokens the model rejected. A packed page is not rewound token by token: with
+        croppable=True every layer keeps its state before the last forward and that forward's inputs, rolls back to
+        it and stores the kept tokens again, so each layer holds what a cache that never saw the dropped tokens
+        holds (a prefill is built again from the kept tokens' queries). Only tokens of the last forward can be
+        dropped (UnsupportedOperation otherwise, nothing changed)."""
+        if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int):
+            raise TypeError(f"tokens_to_remove must be an int, got {type(tokens_to_remove).__name__}")
+        length = self.get_seq_length()
+        max_length = length + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
+        if max_length >= length:
+            return
+        if not self.croppable:
+            raise UnsupportedOperation(
+                "PN-Mix: this cache cannot be cropped (quantized pages are not rewound token by token): build it "
+                "with PNMixHFCache(..., croppable=True), which keeps the last forward's inputs and state to go back "
+                "into (assisted and prompt-lookup decoding need it)"
+            )
+        if self._forward:  # a forward stopped part-way: back to where it began
+            self.roll_back_forward()
+        start = self._last[1] if self._last is not None else length
+        if max_length < start:
+            raise UnsupportedOperation(
+                f"PN-Mix: crop to {max_length} tokens: a croppable cache goes back into its last forward only "
+                f"(tokens {start} to {length}), not past it"
+            )
+        saved = self._last[0]
+        if any(isinstance(saved[i][1], _Unrewindable) for i in saved):
+            raise UnsupportedOperation(
+                f"PN-Mix: the caches of impl={_name(self.impl)} have no checkpoints (the protocol's optional "
+                "checkpoint/roll_back/release), which crop needs to go back into a forward"
+            )
+        for i, layer in enumerate(self.layers):
+            layer.roll_back(saved[i])
+            layer.replay(max_length - start)
 
 
 #: The backend of layers whose caches an implementation object builds (`PNMixHFCache(impl=)`).
@@ -864,6 +956,8 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
         out = exact_attention(query, key, value, scaling, window, softcap)
         if not layer.started:
+            if layer.kept is not None:  # a croppable cache builds a cropped prefill again from its queries
+                layer.kept[0] = query
             layer.start(query)
     elif layer.stepwise:
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)

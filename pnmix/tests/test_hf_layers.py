@@ -2,6 +2,7 @@
 `values` (here what the layer holds, dequantized) and `get_max_length` (a windowed layer's window), on a
 global-attention family and on one that alternates sliding-window and global layers."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -180,3 +181,135 @@ def test_a_compiled_decode_step_has_no_graph_break_and_decodes_as_eager(method):
         cache.check()
         tokens.append(made)
     assert tokens[0] == tokens[1]
+
+
+# -- crop: assisted and prompt-lookup decoding ---------------------------------------------------
+
+SPECULATION = {
+    "assisted": lambda model: {"assistant_model": _assistant(model)},
+    "prompt-lookup": lambda model: {"prompt_lookup_num_tokens": 4},
+}
+
+
+def _assistant(model):
+    """A draft model that disagrees with `model` often: the same shape, other weights."""
+    torch.manual_seed(7)
+    return type(model)(copy.deepcopy(model.config)).eval()  # its own config: it keeps its own attention
+
+
+def _speculative(model_type: str, extra: dict, method: str, how: str, croppable: bool = True):
+    model = small_model(model_type, **extra)
+    # a prompt that repeats itself, so that prompt lookup finds candidates (and the model rejects some)
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(3)).repeat(1, 3)
+    kwargs = SPECULATION[how](model)
+    expected = generate(model, ids, DynamicCache(config=model.config), **kwargs)
+    model.set_attn_implementation("pnmix")
+    cache = hf.PNMixHFCache(model.config, _config(model, method), backend="reference", croppable=croppable)
+    crops = []
+    crop = cache.crop
+    cache.crop = lambda n: (crops.append((cache.get_seq_length(), n)), crop(n))[1]
+    got = generate(model, ids, cache, **kwargs)
+    return expected, got, cache, crops
+
+
+@pytest.mark.parametrize("how", sorted(SPECULATION))
+@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_fp16_speculative_decoding_is_dynamic_caches(model_type, extra, how):
+    """Assisted and prompt-lookup decoding crop the candidates the model rejected: FP16 through the cache returns
+    what `DynamicCache` returns, token for token, with crops that dropped tokens; PN-Mix runs it to the end."""
+    expected, got, _, crops = _speculative(model_type, extra, "FP16", how)
+    assert torch.equal(got, expected)
+    assert any(n < length for length, n in crops), f"no crop dropped a token: {crops}"
+    expected_shape = expected.shape
+    _, got, cache, crops = _speculative(model_type, extra, "PN-Mix", how)
+    assert got.shape == expected_shape and any(n < length for length, n in crops)
+    assert cache.get_seq_length() == got.shape[1] - 1
+
+
+def _feed(model, cache, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+
+def _forward(cache, qkv, window: int | None = None) -> list:
+    """One forward through every layer of `cache` as the model runs it (update, then its attention), every layer
+    given the same queries, keys and values: what a layer holds then depends on the cache alone."""
+    q, k, v = qkv
+    outs = []
+    for i, layer in enumerate(cache.layers):
+        key, value = cache.update(k, v, i)
+        mask = hf.LayerMask(layer.window)
+        outs.append(hf.pnmix_attention(None, q, key, value, mask, scaling=q.shape[-1] ** -0.5)[0])
+    return outs
+
+
+def _tokens(config, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    d, heads, kv = hf.head_dim(config), config.num_attention_heads, config.num_key_value_heads
+    return (
+        torch.randn(1, heads, n, d, generator=g),
+        torch.randn(1, kv, n, d, generator=g),
+        torch.randn(1, kv, n, d, generator=g),
+    )
+
+
+def _part(qkv, a: int, b: int):
+    return tuple(x[:, :, a:b] for x in qkv)
+
+
+CROPPED = [(m, "reference") for m in ("PN-Mix", "KIVI-2", "Kitty", "FP16")] + [("PN-Mix", "triton")]
+
+
+@pytest.mark.parametrize(("method", "backend"), CROPPED, ids=[f"{m}-{b}" for m, b in CROPPED])
+@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_a_cropped_cache_holds_what_a_cache_that_never_saw_the_dropped_tokens_holds(model_type, extra, method, backend):
+    model = small_model(model_type, **extra)
+    config = _config(model, method)
+    dtype = torch.float16 if backend == "triton" else torch.float32  # what each backend's caches take
+    qkv = tuple(x.to(dtype) for x in _tokens(model.config, 40, seed=4))
+    # into a decode forward (a page flushes inside it), into the prefill, twice into one forward
+    for prompt, fed, crops in ((20, 14, [-9]), (26, 0, [-3]), (20, 9, [-2, -4]), (20, 6, [0])):
+        cropped = hf.PNMixHFCache(model.config, config, backend=backend, croppable=True)
+        alone = hf.PNMixHFCache(model.config, config, backend=backend)
+        _forward(cropped, _part(qkv, 0, prompt))
+        if fed:
+            _forward(cropped, _part(qkv, prompt, prompt + fed))
+        kept = prompt + fed
+        for n in crops:
+            cropped.crop(n)
+            kept += n
+            assert cropped.get_seq_length() == kept
+        _forward(alone, _part(qkv, 0, min(prompt, kept)))
+        if kept > prompt:
+            _forward(alone, _part(qkv, prompt, kept))
+        for i, (mine, theirs) in enumerate(zip(cropped.layers, alone.layers, strict=True)):
+            where = f"layer {i}, {prompt} + {fed} cropped by {crops}"
+            assert mine.get_seq_length() == theirs.get_seq_length(), where
+            assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values), where
+        # and they decode alike from there
+        nxt = _part(qkv, kept, kept + 2)
+        for mine, theirs in zip(_forward(cropped, nxt), _forward(alone, nxt), strict=True):
+            assert torch.equal(mine, theirs)
+
+
+def test_crop_past_the_last_forward_or_without_croppable_is_refused_and_changes_nothing():
+    model = small_model("llama")
+    model.set_attn_implementation("pnmix")
+    ids = torch.randint(3, 128, (1, 30), generator=torch.Generator().manual_seed(5))
+    plain = hf.PNMixHFCache(model.config, _config(model, "PN-Mix"), backend="reference")
+    _feed(model, plain, ids[:, :20])
+    before = _held(plain)
+    with pytest.raises(hf.UnsupportedOperation, match=r"croppable=True"):
+        plain.crop(10)
+    assert _same(before, _held(plain))
+    plain.crop(25)  # past its length: nothing to drop, as DynamicCache
+    assert _same(before, _held(plain))
+    cache = hf.PNMixHFCache(model.config, _config(model, "PN-Mix"), backend="reference", croppable=True)
+    _feed(model, cache, ids[:, :20])
+    _feed(model, cache, ids[:, 20:25])
+    before = _held(cache)
+    with pytest.raises(hf.UnsupportedOperation, match=r"last forward only \(tokens 20 to 25\)"):
+        cache.crop(19)
+    assert _same(before, _held(cache))
+    with pytest.raises(TypeError, match="tokens_to_remove must be an int"):
+        cache.crop(2.5)
