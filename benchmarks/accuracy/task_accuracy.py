@@ -28,8 +28,8 @@ same dtype on the same kind of device (float32 on the CPU, bfloat16 on CUDA by d
 by code whose canaries still reproduce; any other piece, and a kept line edited, swapped or out of range, is
 refused in one line naming its file (and line). A sweep holds a lock on its --out (`sweep_lock`): a second one
 there is refused, naming the holder. Data-parallel under lm-eval's own multi-process launch: `torchrun
---standalone --nproc_per_node N -m benchmarks.accuracy.task_accuracy ...` gives each process its share of the documents (its
-own model copy, one GPU each where there are GPUs) and rank 0 gathers them and writes the one result.
+--standalone --nproc_per_node N -m benchmarks.accuracy.task_accuracy ...` gives each process its share of the
+documents (its own model copy, one GPU each where there are GPUs) and rank 0 gathers them and writes the one result.
 
 The result (JSON, kind "task-accuracy", and a markdown summary, in benchmarks/results/ or --out) holds
 every document's outcome per run and task, so that the report pairs each method with FP16 on the same

@@ -349,7 +349,14 @@ def test_the_command_runs_a_task_and_records_the_method(tiny, tmp_path):
     assert result["config"]["pnmix"]["method"] == "FP16" and result["config"]["pnmix"]["decode_mark"] == DECODE_MARK
     # lm-eval's results table keeps its column names (pytablewriter before 1.0 printed them as A, B, C, ...)
     header = next(line for line in run.stdout.splitlines() if line.startswith("|") and "pnmix_tiny_mc" not in line)
-    assert [cell.strip() for cell in header.strip("|").split("|")][:6] == ["Tasks", "Version", "Filter", "n-shot", "Metric", ""]
+    assert [cell.strip() for cell in header.strip("|").split("|")][:6] == [
+        "Tasks",
+        "Version",
+        "Filter",
+        "n-shot",
+        "Metric",
+        "",
+    ]
 
 
 SHARED_RUNS = [

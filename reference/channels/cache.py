@@ -302,12 +302,7 @@ class ReferenceCache:
         scaling 1/sqrt(d) unless `scale` is given, float32 softmax, GQA head h reads KV head
         h // (H / H_kv); softcap: logits softcapped as a model asks (`attention_ref`).
         """
-        self._require_prefill()
-        b, h, _, d = self._shape
-        traced = self._checked()
-        validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, self.length, values=not traced)
-        if traced:
-            self._defer(q=q)
+        self._check_query(q)
         k, v = self.dequantize()
         for name, x in (("scale", scale), ("softcap", softcap)):
             if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf):
@@ -337,14 +332,19 @@ class ReferenceCache:
         enough to reach back to the first position some query still sees exact (the residual
         before the chunk and the chunk itself do).
         """
+        self._check_query(q)
+        k_hat, v_hat = self.dequantize()
+        return stepwise_attention(self.config, q, k_hat, v_hat, exact_keys, exact_values, scale=scale, softcap=softcap)
+
+    def _check_query(self, q: torch.Tensor) -> None:
+        """The queries of `attend` / `attend_stepwise` against the cache (shape, dtype, device, at most as many as
+        it holds); their values now, or, in a call torch.compile traces, on the device until `check()`."""
         self._require_prefill()
         b, h, t_all, d = self._shape
         traced = self._checked()
         validation.check_query(q, b, h, d, self.cache_layout.dtype, self._device, t_all, values=not traced)
         if traced:
             self._defer(q=q)
-        k_hat, v_hat = self.dequantize()
-        return stepwise_attention(self.config, q, k_hat, v_hat, exact_keys, exact_values, scale=scale, softcap=softcap)
 
     def storage(self) -> StorageReport:
         """Bytes of every tensor this cache persists, by component (measured, not modelled)."""
