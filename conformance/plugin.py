@@ -1,4 +1,14 @@
-"""pytest plug-in of the conformance suite (loaded by the root conftest.py).
+"""pytest plug-in of the conformance suite: registered as the `pytest11` entry point named `conformance.plugin`
+(`conformance.entry`, which loads this module where the `test` extra is installed), so that an installed package
+runs it (`pytest --pyargs conformance --impl fp16`), and named by the repository's root conftest.py for a checkout
+that is not installed (pytest registers it once, under that name).
+
+Installed, it is loaded by every pytest run of the environment, so it stays inert unless the run is the suite's:
+implementations named (--impl, PNMIX_IMPL), or a path or --pyargs name of the run inside the `conformance`
+package (or above it, as the repository's own `pytest`). Inert, it adds its options (none that another plug-in
+is likely to take: --impl, --xfails, --conformance-json, --no-conformance-json, --pnmix-device), its hypothesis
+profiles where no profile of that name exists, and nothing else: no implementation is loaded, no test is
+parametrized or skipped, no result is written.
 
 --impl NAME (repeatable, or PNMIX_IMPL=a,b) picks the implementations; every test that takes
 the `impl` fixture runs once per implementation, with its name in the test id. Known failures
@@ -24,7 +34,7 @@ import pytest
 import torch
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
-from conformance import harness, loader, strategies
+from conformance import harness, loader, profiles, strategies
 from reference import schema
 from reference.contract import Capabilities
 from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
@@ -79,6 +89,67 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--xfails", action="append", default=[], help="extra known-failure file of node ids")
     group.addoption("--conformance-json", default=None, help="where to write the JSON result of this run")
     group.addoption("--no-conformance-json", action="store_true", help="write no JSON result")
+    group.addoption(
+        "--pnmix-device",
+        dest=DEVICE_DEST,
+        default=os.environ.get("PNMIX_DEVICE", "auto"),
+        choices=("auto", "cpu", "cuda"),
+        help="device of the properties (the `device` fixture; auto: cuda when available); env PNMIX_DEVICE; "
+        "the repository's conftest also takes it as --device",
+    )
+
+
+#: The markers the suite's properties use, registered for a run outside the repository (its pyproject has them).
+MARKERS = (
+    "measurement: a conformance test that records what an implementation holds and asserts nothing; recorded as "
+    "measured, never as a verdict",
+    "token_precision: a conformance property of per-token precision caches (property 11)",
+    "requires(capability, what): a conformance property that needs a capability the implementation may not claim",
+    "slow: takes more than a few seconds on two CPU cores",
+)
+#: Where the device option lands (--pnmix-device; the repository's root conftest adds --device to it).
+DEVICE_DEST = "pnmix_device"
+#: The suite's test directory: a run whose paths reach it is the suite's (`active`).
+SUITE_DIR = Path(__file__).parent.resolve()
+_ACTIVE = pytest.StashKey[bool]()
+
+
+def resolve_device(config: pytest.Config) -> torch.device:
+    """The device the `device` fixture gives (auto: CUDA when available); UsageError for CUDA without one."""
+    choice = config.getoption(DEVICE_DEST)
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda was asked for but torch.cuda.is_available() is False")
+    return torch.device(choice)
+
+
+def active(config: pytest.Config) -> bool:
+    """Whether this run is the suite's: implementations named, or a path (or --pyargs name) of the run inside the
+    conformance package or above it. Otherwise the plug-in, loaded by every pytest run where the package is
+    installed, changes nothing."""
+    if _ACTIVE in config.stash:
+        return config.stash[_ACTIVE]
+    found = bool(_chosen(config))
+    for arg in config.args:
+        target = arg.split("::")[0]
+        if config.getoption("pyargs", False) and target.split(".")[0] == SUITE_DIR.name:
+            found = True
+        path = Path(config.invocation_params.dir, target).resolve()
+        found = found or path == SUITE_DIR or path in SUITE_DIR.parents or SUITE_DIR in path.parents
+    config.stash[_ACTIVE] = found
+    return found
+
+
+def suite_id(item: pytest.Item) -> str:
+    """A test's node id as the suite names it, from its package folder on ("conformance/test_p1_packing.py::..."),
+    wherever pytest's root is: an installed suite's ids are relative to the root pytest chose (the package folder
+    itself, or the directory it runs in)."""
+    path = Path(item.path).resolve()
+    _, sep, rest = item.nodeid.partition("::")
+    if path.is_relative_to(SUITE_DIR):
+        return path.relative_to(SUITE_DIR.parent).as_posix() + sep + rest
+    return item.nodeid
 
 
 def _chosen(config: pytest.Config) -> list[str]:
@@ -87,6 +158,12 @@ def _chosen(config: pytest.Config) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    config.stash[_IMPLS], config.stash[_ORIGINS], config.stash[_NAMES], config.stash[_RECORDS] = [], {}, {}, []
+    if not active(config):
+        return
+    profiles.activate(config)
     names = _chosen(config)
     if not names:
         try:
@@ -127,7 +204,15 @@ def implementations(config: pytest.Config) -> list:
     return config.stash[_IMPLS]
 
 
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    """The device of the properties (--device / --pnmix-device, PNMIX_DEVICE; auto: CUDA when available)."""
+    return resolve_device(pytestconfig)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    if not active(config):
+        return []
     lines = []
     for impl in implementations(config):
         caps = impl.capabilities
@@ -141,7 +226,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "impl" in metafunc.fixturenames:
+    if "impl" in metafunc.fixturenames and active(metafunc.config):
         impls = implementations(metafunc.config)
         metafunc.parametrize("impl", impls, ids=[impl.name for impl in impls])
 
@@ -241,17 +326,19 @@ def _known_failure_files(config: pytest.Config) -> list[tuple[KnownFailures, lis
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not active(config):
+        return
     if _chosen(config):  # checking named implementations never runs the suite's mutation tests
-        meta = [item for item in items if item.nodeid.startswith(META)]
+        meta = [item for item in items if suite_id(item).startswith(META)]
         if meta:
             config.hook.pytest_deselected(items=meta)
-            items[:] = [item for item in items if not item.nodeid.startswith(META)]
-    collected_files = {item.nodeid.split("::")[0] for item in items}
+            items[:] = [item for item in items if not suite_id(item).startswith(META)]
+    collected_files = {suite_id(item).split("::")[0] for item in items}
     for known, owners in _known_failure_files(config):
         # a file bound to a factory marks only its implementations' tests, whatever its ids say
         theirs = items if known.factory is None else [it for it in items if any(_impl_of(it) is o for o in owners)]
         for nodeid, reason in known.lines:
-            matched = [it for it in theirs if it.nodeid == nodeid or it.nodeid.startswith(nodeid + "[")]
+            matched = [it for it in theirs if suite_id(it) == nodeid or suite_id(it).startswith(nodeid + "[")]
             for item in matched:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
             if owners and not matched and nodeid.split("::")[0] in collected_files:
@@ -259,17 +346,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _impl_of(item: pytest.Item):
-    """The implementation a test runs on; None for a test that takes none."""
+    """The implementation a test runs on; None for a test that takes none (or in a run that is not the suite's)."""
+    if not active(item.config):
+        return None
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("impl") if callspec is not None else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip a property whose capability the implementation does not claim, before it runs."""
-    harness.forget_fitted()
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or "impl" not in callspec.params:
+    if _impl_of(item) is None:
         return
+    harness.forget_fitted()
+    callspec = item.callspec
     handle = getattr(item.obj, "hypothesis", None)
     if handle is not None:  # each example the property runs is counted (`harness.TALLY`)
         handle.inner_test = harness.counting(handle.inner_test)
@@ -290,8 +379,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     """A property is skipped only when none of its examples fits the claims (each that does not is
     dropped, `harness.drop`); one that ran some examples and had every drawn case dropped passed on
     the examples that ran. A test of one fixed case counts as one example."""
-    callspec = getattr(pyfuncitem, "callspec", None)
-    if callspec is None or "impl" not in callspec.params:
+    if _impl_of(pyfuncitem) is None:
         return (yield)
     tally, drawn = harness.TALLY, hasattr(pyfuncitem.obj, "hypothesis")
     try:
@@ -400,9 +488,9 @@ def skip_reason(report: pytest.TestReport, call: pytest.CallInfo) -> str:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = (yield).get_result()
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or "impl" not in callspec.params:
+    if _impl_of(item) is None:
         return
+    callspec = item.callspec
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         raised = call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception)
         if hasattr(report, "wasxfail"):
@@ -425,8 +513,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
                 "version": impl.version,
                 "origin": item.config.stash[_ORIGINS].get(impl.name, impl.name),
                 "property": item.originalname,
-                "module": item.nodeid.split("::")[0],
-                "nodeid": item.nodeid,
+                "module": suite_id(item).split("::")[0],
+                "nodeid": suite_id(item),
                 "outcome": outcome,
                 "reason": reason,
                 # the failing example, fitted to the claims (and shrunk): also for a known failure
@@ -484,7 +572,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         Path(config.rootpath) / "reports" / "inputs" / f"conformance-{utc_stamp()}.json"
     )
     # the device the `device` fixture gave the tests (--device, auto: CUDA when available)
-    choice = config.getoption("--device", "auto")
+    choice = config.getoption(DEVICE_DEST)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
     data = record(
         "conformance",

@@ -60,7 +60,14 @@ def require_triton() -> tuple[int, int]:
     """Check the installed triton against `MIN_TRITON` (TritonVersionError naming both versions), mend what its
     interpreter needs (`_interpreter_index`), and return its (major, minor). Run when this module is imported, before
     any kernel is defined (`pnmix.kernels` imports it first)."""
-    import triton  # after TRITON_INTERPRET is decided above
+    try:
+        import triton  # after TRITON_INTERPRET is decided above
+    except ModuleNotFoundError:
+        need = ".".join(map(str, MIN_TRITON))
+        raise TritonVersionError(
+            f"pnmix's Triton kernels need triton>={need}, which is not installed: pip install 'pnmix[triton]' (a "
+            "CUDA build of torch brings its own triton); backend='reference' runs without it"
+        ) from None
 
     installed = getattr(triton, "__version__", "unknown")
     try:

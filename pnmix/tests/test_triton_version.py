@@ -31,10 +31,22 @@ def test_supported_versions_pass(monkeypatch, version, expected):
 
 
 def test_the_declared_range_is_the_checked_one():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
-        declared = re.findall(r'^\s*"triton([^"]*)"', f.read(), flags=re.MULTILINE)
-    assert declared == [f">={'.'.join(map(str, _runtime.MIN_TRITON))}"]
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    # triton is the `triton` extra's alone: the core install (the spec, pnmix.hf's reference backend) needs none
+    assert project["optional-dependencies"]["triton"] == [f"triton>={'.'.join(map(str, _runtime.MIN_TRITON))}"]
+    assert not [r for r in project["dependencies"] if re.match(r"triton\b", r)]
+
+
+def test_the_triton_cache_without_triton_says_which_extra_to_install():
+    code = "import sys\nsys.modules['triton'] = None\nimport pnmix.hf\nprint('imported')\npnmix.PNMixCache\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and done.stdout == "imported\n"  # the spec's path needs no triton
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("pnmix._runtime.TritonVersionError: pnmix's Triton kernels need triton>=3.6, which is not")
+    assert "pip install 'pnmix[triton]'" in last, done.stderr[-2000:]
 
 
 def test_loading_the_triton_cache_with_an_older_triton_fails_with_the_versions():
