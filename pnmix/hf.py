@@ -9,7 +9,7 @@ Prefill runs exact attention and hands the model's own post-RoPE query states to
 which selects its channels once (Eq. 6); every decode step appends the new key/value and reads
 the packed cache through the implementation's decode attention (the reference on the CPU,
 the Triton kernels on CUDA), without a dense dequantized cache in the model's hands. Sequences
-in a batch must have equal lengths: a padding mask is rejected, since padding would enter the
+in a batch may be padded on the left: each row then has its own cache (`pnmix.rows`), so padding never enters the
 saliency and the sinks. Beam search reorders rows where the caches can select them (`select_rows`);
 cropping (assisted and prompt-lookup decoding) needs `PNMixHFCache(..., croppable=True)` and goes back
 into the last forward only (`PNMixHFCache.crop`).
@@ -39,6 +39,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface
 
+from pnmix.rows import RowCaches
 from reference import PNMixConfig, attention_ref
 from reference.channels.deferred import check_finite_mode
 from reference.contract.implementation import ReferenceImplementation
@@ -72,9 +73,12 @@ class TokenBitsSchedule:
 @dataclasses.dataclass(frozen=True)
 class LayerMask:
     """The mask `pnmix_mask` gives the model for a layer: causal attention over the last
-    `window` positions up to each query's own (all of them: None)."""
+    `window` positions up to each query's own (all of them: None); `pads`: each row's leading padding
+    positions, read from the model's padding mask where a forward has more than one token (None: no row padded,
+    or a decode step, which keeps its prompt's)."""
 
     window: int | None
+    pads: tuple[int, ...] | None = None
 
     def __getattr__(self, name: str):
         raise AttributeError(
@@ -226,6 +230,7 @@ class PNMixLayer(CacheLayerMixin):
         self.owner: PNMixHFCache | None = None  # the Cache this layer belongs to, which rolls forwards back
         # [queries (a prefill's), keys, values] of the last forward, where the owner can crop into it
         self.kept: list | None = None
+        self.pads: tuple[int, ...] | None = None  # a left-padded batch: each row's leading padding positions
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -292,7 +297,12 @@ class PNMixLayer(CacheLayerMixin):
                 self._tail = self.cache.leftover_keys(), key_states
             self.cache.append(key_states, value_states, self.schedule(self.cache.length, key_states.shape[2]))
         else:
-            if self.stepwise:
+            if self.stepwise and isinstance(self.cache, RowCaches):  # each row's own residual and new tokens
+                self._tail = [
+                    (torch.cat([rk, key_states[b : b + 1]], dim=2), torch.cat([rv, value_states[b : b + 1]], dim=2))
+                    for b, (rk, rv) in enumerate(self.cache.residual())
+                ]
+            elif self.stepwise:
                 res_k, res_v = self.cache.residual()
                 self._tail = torch.cat([res_k, key_states], dim=2), torch.cat([res_v, value_states], dim=2)
             self.cache.append(key_states, value_states)
@@ -324,7 +334,17 @@ class PNMixLayer(CacheLayerMixin):
                 f"stepwise=True: the caches of impl={_name(self.impl)!r} have no attend_stepwise (the "
                 "protocol's optional stepwise attention); feed one token per forward, or build without stepwise"
             )
-        if self.schedule is not None:  # a per-token precision cache: the prompt's bits
+        if self.pads is not None:  # a left-padded batch: a cache per row, from the row's own tokens
+            if self.schedule is not None:
+                raise UnsupportedOperation(
+                    "PN-Mix: a padded batch with a per-token precision config (its bits follow positions): run the "
+                    "sequences separately"
+                )
+            made = iter([cache])
+            cache = RowCaches.prefill(
+                lambda: next(made, None) or self.impl.create(self.config), self.pads, query_states, k, v
+            )
+        elif self.schedule is not None:  # a per-token precision cache: the prompt's bits
             cache.prefill(query_states, k, v, self.schedule(0, k.shape[2]))
         else:
             cache.prefill(query_states, k, v)
@@ -392,6 +412,7 @@ class PNMixLayer(CacheLayerMixin):
         """Back to a layer that has seen nothing: no tensor of the last sequence is kept."""
         self.cache, self._pending, self.is_initialized, self.stale = None, None, False, None
         self._exact, self._tail, self._values, self._seen, self.attended = None, None, None, 0, False
+        self.pads = None
 
     def unselectable(self) -> str | None:
         """Why this layer cannot keep a subset of its batch rows (None: it can)."""
@@ -417,7 +438,12 @@ class PNMixLayer(CacheLayerMixin):
                 return None
             if isinstance(held, tuple):
                 return tuple(rows(x) for x in held)
+            if isinstance(held, list):  # one entry per row (a padded batch's stepwise tails)
+                return [held[i] for i in index.tolist()]
             return held.index_select(0, index)
+
+        if self.pads is not None:
+            self.pads = tuple(self.pads[i] for i in index.tolist())
 
         self._pending, self._exact, self._tail, self._values = (
             rows(self._pending),
@@ -440,6 +466,8 @@ class PNMixLayer(CacheLayerMixin):
         for held in (self._exact, self._pending):
             if held is not None:
                 return held[0].shape[0]
+        if isinstance(self.cache, RowCaches):
+            return self.cache.batch
         return self.cache.dequantize()[0].shape[0] if self.cache is not None else 0
 
     def crop(self, max_length: int) -> None:
@@ -859,7 +887,8 @@ def _implementation_backend(
 def rewindable(cache) -> bool:
     """Whether a layer's cache has the protocol's optional checkpoints: `checkpoint()`, `roll_back(saved)`
     (to that state, any number of times until released) and `release(saved)`."""
-    return all(callable(getattr(cache, name, None)) for name in ("checkpoint", "roll_back", "release"))
+    inner = cache.caches[0] if isinstance(cache, RowCaches) else cache  # a padded batch's: its rows'
+    return all(callable(getattr(inner, name, None)) for name in ("checkpoint", "roll_back", "release"))
 
 
 def _check_arguments(kwargs: dict, dropout: float) -> None:
@@ -871,11 +900,17 @@ def _check_arguments(kwargs: dict, dropout: float) -> None:
         raise ValueError(f"PN-Mix attention cannot honour the attention argument {name}={value!r} this model passes")
 
 
-def exact_attention(query, key, value, scaling: float, window: int | None, softcap: float | None) -> torch.Tensor:
+def exact_attention(
+    query, key, value, scaling: float, window: int | None, softcap: float | None, pads=None, first: int = 0
+) -> torch.Tensor:
     """Causal attention of the last query.shape[2] positions over the last key.shape[2] positions,
     each query seeing the last `window` positions up to its own (all, with None), logits
-    softcapped as cap * tanh(logits / cap) when given. [B, H, T, d] in, [B, H, T, d] out."""
+    softcapped as cap * tanh(logits / cap) when given. [B, H, T, d] in, [B, H, T, d] out.
+    pads: each row's leading padding positions, which no query of the row sees; `first`: the position of
+    key 0 (the keys are positions first .. first + T_k - 1)."""
     t_q, t_k = query.shape[2], key.shape[2]
+    if pads is not None and first < max(pads):  # some padding is among these keys
+        return _padded_attention(query, key, value, scaling, window, softcap, pads, first)
     if softcap is not None:  # SDPA cannot cap logits: the spec's attention can
         return attention_ref(query, key, value, scale=scaling, causal=True, softcap=softcap, window=window)
     # SDPA as transformers calls it: no mask where none is needed, decided on the host (no sync)
@@ -889,6 +924,30 @@ def exact_attention(query, key, value, scaling: float, window: int | None, softc
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=causal and t_q > 1, scale=scaling, enable_gqa=True
     )
+
+
+def _padded_attention(query, key, value, scaling, window, softcap, pads, first: int) -> torch.Tensor:
+    """`exact_attention` where some keys are a row's padding: masked out for every query of the row, but a padding
+    query's own position, so that no softmax row is empty (a padding position's output is never read by a real
+    token, which sees no padding)."""
+    t_q, t_k, device = query.shape[2], key.shape[2], query.device
+    k_pos = torch.arange(first, first + t_k, device=device)
+    q_pos = k_pos[t_k - t_q :]
+    sees = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        sees &= k_pos[None, :] > q_pos[:, None] - window
+    real = k_pos[None, :] >= torch.tensor(pads, device=device)[:, None]  # [B, T_k]
+    mask = (sees[None] & real[:, None, :]) | (k_pos[None, None, :] == q_pos[None, :, None])
+    mask = mask[:, None]  # [B, 1, T_q, T_k]
+    if softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
+        )
+    group = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(group, dim=1).float(), value.repeat_interleave(group, dim=1).float()
+    logits = softcap * torch.tanh(query.float() @ k.transpose(-1, -2) * scaling / softcap)
+    weights = torch.softmax(logits.masked_fill(~mask, -math.inf), dim=-1)
+    return (weights @ v).to(query.dtype)
 
 
 def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -945,6 +1004,14 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
     d = query.shape[-1]
     scaling = d**-0.5 if scaling is None else float(scaling)
     window, softcap = attention_mask.window if attention_mask is not None else None, kwargs.get("softcap")
+    pads = attention_mask.pads if attention_mask is not None else None
+    if not layer.started:
+        layer.pads = pads
+    elif pads is not None and pads != layer.pads:
+        raise ValueError(
+            f"the padding of this forward's rows {pads} is not that of their prompt {layer.pads}: a padded batch "
+            "keeps its prompt's left padding"
+        )
     if not layer.started and layer.window is None and softcap is not None and layer.backend == "triton":
         raise ValueError(
             f"softcap={softcap}: the Triton decode kernel does not apply attention logit softcapping "
@@ -954,11 +1021,14 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
         _check_protocol_attention(layer.impl, d, scaling, softcap)
     through_impl = layer.backend == IMPL_BACKEND and layer.started and layer.window is None
     if not layer.started or layer.window is not None:  # the prompt, or a windowed layer
-        out = exact_attention(query, key, value, scaling, window, softcap)
+        first = layer.get_seq_length() - key.shape[2]  # the position of the first key given
+        out = exact_attention(query, key, value, scaling, window, softcap, layer.pads, first)
         if not layer.started:
             if layer.kept is not None:  # a croppable cache builds a cropped prefill again from its queries
                 layer.kept[0] = query
             layer.start(query)
+    elif layer.stepwise and isinstance(layer.cache, RowCaches):
+        out = layer.cache.attend_stepwise(query, layer._tail, scale=scaling, softcap=softcap)
     elif layer.stepwise:
         out = layer.cache.attend_stepwise(query, *layer._tail, scale=scaling, softcap=softcap)
     elif layer.backend == IMPL_BACKEND:
@@ -1040,18 +1110,37 @@ def pnmix_mask(
     """The layer's `LayerMask`: causal attention, over the last local_size positions when the model
     builds a local (sliding-window) mask; anything else (chunked, bidirectional) raises.
 
-    Padding is refused. Padding and the mask function are looked at in the prompt and any
-    multi-token call; one-token decode steps skip both, which would read values back every step
-    (generation extends the mask with ones, and the model's mask function stays the same)."""
+    A left-padded batch gives each row's leading padding (`_pads`); any other padding raises. Padding and the
+    mask function are looked at in the prompt and any multi-token call; one-token decode steps skip both, which
+    would read values back every step (generation extends the mask with ones, and the model's mask function stays
+    the same)."""
     decode_step = q_length == 1 and q_offset != 0
-    if attention_mask is not None and not decode_step and not bool(attention_mask.all()):
-        raise ValueError(
-            "PN-Mix caches need equal-length sequences: this batch is padded (attention_mask has zeros), and "
-            "padding would enter the saliency and the sink tokens; run the sequences separately"
-        )
+    pads = None if attention_mask is None or decode_step else _pads(attention_mask)
     if mask_function is None or decode_step:  # a decode step keeps the mask its prompt was checked with
-        return LayerMask(local_size)
-    return LayerMask(_window(mask_function, local_size))
+        return LayerMask(local_size, pads)
+    return LayerMask(_window(mask_function, local_size), pads)
+
+
+def _pads(attention_mask: torch.Tensor) -> tuple[int, ...] | None:
+    """Each row's leading padding in a padding mask [B, T] (ones: tokens, zeros: padding); None when no row is
+    padded. Left padding only: padding after a token (right padding, holes) would sit inside a row's cache."""
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask of shape {tuple(attention_mask.shape)}: PN-Mix reads a 2D padding mask [batch, length]"
+        )
+    tokens = attention_mask.bool()
+    if bool(tokens.all()):
+        return None
+    pads = (~tokens).sum(dim=-1)
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    if not bool((tokens == (positions[None, :] >= pads[:, None])).all()):
+        raise ValueError(
+            "PN-Mix caches take left padding only: this attention_mask has padding after a token (right padding or "
+            "holes), which would enter a row's cache; pad on the left (tokenizer.padding_side = 'left')"
+        )
+    if bool((pads == tokens.shape[1]).any()):
+        raise ValueError("a row of this batch is all padding: give every row at least one token")
+    return tuple(int(p) for p in pads.tolist())
 
 
 AttentionInterface.register(ATTENTION, pnmix_attention)

@@ -24,9 +24,9 @@ model_args:
 - max_length (default the model's max_position_embeddings), dtype (float32 on the CPU, bfloat16 on
   CUDA by default), device (lm-eval's --device; CUDA when available, and the CPU when a CUDA device is
   asked for without one, as HFLM does), chunk (decode tokens per forward, 256);
-- batch_size: 1. Sequences run one at a time: PN-Mix caches refuse padding (it would enter the
-  saliency and the sinks), so a larger batch is refused rather than silently ignored; the
-  continuations of one context share its cache instead (below).
+- batch_size: 1. Contexts run one at a time (a larger batch is refused rather than silently ignored); the
+  continuations of one context share its cache instead (below). A left-padded batch through the cache is
+  possible (`pnmix.hf`: one cache per row), but this class does not batch contexts yet.
 Everything that can be checked before the weights load is checked first (`benchmarks.accuracy.model_args`), each refusal
 one line naming the argument: the method or implementation, the overrides and their types, the
 model path and its file as it will load (`benchmarks.commands.preflight.model_problem`: a GGUF's header and

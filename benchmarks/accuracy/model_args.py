@@ -269,8 +269,8 @@ def check(model_args: dict) -> Settings:
     overrides = {k: v for k, v in model_args.items() if k not in names}
     if options.batch_size not in (1, "1"):
         raise ModelArgsError(
-            f"model_args batch_size={options.batch_size}: pnmix runs one sequence at a time (PN-Mix "
-            "caches refuse padding, which would enter the saliency and the sinks); use 1"
+            f"model_args batch_size={options.batch_size}: pnmix scores one context at a time (its continuations "
+            "share one pass over it); use 1"
         )
     for name in ("chunk", "max_length"):
         value = getattr(options, name)

@@ -107,7 +107,7 @@ def test_every_method_generates_through_its_packed_cache(smollm, method):
     assert (model.config.to_dict(), dataclasses.asdict(config)) == before  # nothing the user gave is mutated
 
 
-def test_equal_length_batch_and_padding_rejected(smollm):
+def test_equal_length_and_left_padded_batches_and_right_padding_rejected(smollm):
     from pnmix.hf import PNMixHFCache
 
     model, tokenizer = smollm
@@ -123,8 +123,20 @@ def test_equal_length_batch_and_padding_rejected(smollm):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # transformers 5.17 reads no padding token from this GGUF (5.24: <|im_end|>)
         tokenizer.pad_token = "<|im_end|>"
-    padded = tokenizer([PROMPTS[0], PROMPTS[1] + " Explain."], return_tensors="pt", padding=True)
-    with pytest.raises(ValueError, match="this batch is padded"):
+    texts = [PROMPTS[0], PROMPTS[1] + " Explain."]
+    padded = tokenizer(texts, return_tensors="pt", padding=True)
+    assert not bool(padded["attention_mask"].all())  # one row is padded on the left
+    got = generate(model, padded, PNMixHFCache(model.config, PNMixConfig(**SMALL_PAGES), backend="reference"), n=1)
+    for row, text in enumerate(texts):  # each row continues as it does alone
+        alone = tokenizer([text], return_tensors="pt")
+        single = generate(
+            model, alone, PNMixHFCache(model.config, PNMixConfig(**SMALL_PAGES), backend="reference"), n=1
+        )
+        assert got[row, -1] == single[0, -1]
+    tokenizer.padding_side = "right"
+    padded = tokenizer(texts, return_tensors="pt", padding=True)
+    tokenizer.padding_side = "left"  # the fixture's tokenizer is shared
+    with pytest.raises(ValueError, match="left padding only"):
         generate(model, padded, PNMixHFCache(model.config, PNMixConfig(), backend="reference"), n=2)
 
 

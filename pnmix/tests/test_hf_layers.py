@@ -231,14 +231,15 @@ def _feed(model, cache, ids):
         return model(input_ids=ids, past_key_values=cache, use_cache=True).logits
 
 
-def _forward(cache, qkv, window: int | None = None) -> list:
+def _forward(cache, qkv, pads=None) -> list:
     """One forward through every layer of `cache` as the model runs it (update, then its attention), every layer
-    given the same queries, keys and values: what a layer holds then depends on the cache alone."""
+    given the same queries, keys and values (and a left-padded batch's padding): what a layer holds then depends on
+    the cache alone."""
     q, k, v = qkv
     outs = []
     for i, layer in enumerate(cache.layers):
         key, value = cache.update(k, v, i)
-        mask = hf.LayerMask(layer.window)
+        mask = hf.LayerMask(layer.window, pads)
         outs.append(hf.pnmix_attention(None, q, key, value, mask, scaling=q.shape[-1] ** -0.5)[0])
     return outs
 
@@ -257,10 +258,11 @@ def _part(qkv, a: int, b: int):
     return tuple(x[:, :, a:b] for x in qkv)
 
 
-CROPPED = [(m, "reference") for m in ("PN-Mix", "KIVI-2", "Kitty", "FP16")] + [("PN-Mix", "triton")]
+#: The spec's caches of the channel family, and PN-Mix's Triton cache (interpreter on the CPU).
+BACKEND_CASES = [(m, "reference") for m in ("PN-Mix", "KIVI-2", "Kitty", "FP16")] + [("PN-Mix", "triton")]
 
 
-@pytest.mark.parametrize(("method", "backend"), CROPPED, ids=[f"{m}-{b}" for m, b in CROPPED])
+@pytest.mark.parametrize(("method", "backend"), BACKEND_CASES, ids=[f"{m}-{b}" for m, b in BACKEND_CASES])
 @pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_a_cropped_cache_holds_what_a_cache_that_never_saw_the_dropped_tokens_holds(model_type, extra, method, backend):
     model = small_model(model_type, **extra)

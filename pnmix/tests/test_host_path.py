@@ -263,10 +263,11 @@ def test_capture_refuses_what_cannot_be_captured():
 
 
 def test_hf_mask_waits_only_outside_one_token_decode_steps(monkeypatch):
-    ones, padded = torch.ones(2, 9, dtype=torch.bool), torch.ones(2, 9, dtype=torch.bool)
-    padded[0, 0] = False
-    with pytest.raises(ValueError, match="this batch is padded"):
-        pnmix_mask(2, 9, 9, q_offset=0, attention_mask=padded)
+    ones, padded, right = (torch.ones(2, 9, dtype=torch.bool) for _ in range(3))
+    padded[0, 0], right[0, -1] = False, False
+    assert pnmix_mask(2, 9, 9, q_offset=0, attention_mask=padded).pads == (1, 0)  # left padding: read in a prompt
+    with pytest.raises(ValueError, match="left padding only"):
+        pnmix_mask(2, 9, 9, q_offset=0, attention_mask=right)
     grown = torch.cat([ones, ones[:, :1]], 1)
     with counting(monkeypatch) as decode:
         assert pnmix_mask(2, 1, 10, q_offset=9, attention_mask=grown) == LayerMask(None)
