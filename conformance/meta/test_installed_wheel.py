@@ -85,6 +85,9 @@ def impl():
 
 def test_their_own(impl, request):
     assert impl == "theirs" and request.config.getoption("--device") == "theirs"
+    import sys
+
+    assert "pnmix.protocol" not in sys.modules  # no implementation was loaded (the Triton ones live there)
 """
 
 
