@@ -959,6 +959,8 @@ def pnmix_attention(module, query, key, value, attention_mask, scaling=None, dro
             f"PN-Mix: attn_implementation={ATTENTION!r} needs past_key_values=PNMixHFCache(...) "
             "and the keys its update returned"
         )
+    if getattr(layer, "ragged", False):  # rows at their own lengths (`pnmix.ragged`): each row's own attention
+        return layer.attention(module, query, value, attention_mask, scaling, dropout, **kwargs)
     if layer.owner is not None and not layer.owner.model_checked:
         _check_model(layer.owner, getattr(module, "config", None))
     try:

@@ -193,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         args = cli.parse_args()
         if getattr(args, "model", None) == lm_eval_model.MODEL_NAME:
             try:
-                given = {k: getattr(args, k) for k in ("batch_size", "device") if getattr(args, k, None) is not None}
+                given = {
+                    k: getattr(args, k)
+                    for k in ("batch_size", "max_batch_size", "device")
+                    if getattr(args, k, None) is not None
+                }
                 settings = model_args.check({**(args.model_args or {}), **given})
                 if getattr(args, "apply_chat_template", False):
                     model_args.check_chat(settings)

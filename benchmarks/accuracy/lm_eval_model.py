@@ -24,9 +24,15 @@ model_args:
 - max_length (default the model's max_position_embeddings), dtype (float32 on the CPU, bfloat16 on
   CUDA by default), device (lm-eval's --device; CUDA when available, and the CPU when a CUDA device is
   asked for without one, as HFLM does), chunk (decode tokens per forward, 256);
-- batch_size: 1. Contexts run one at a time (a larger batch is refused rather than silently ignored); the
-  continuations of one context share its cache instead (below). A left-padded batch through the cache is
-  possible (`pnmix.hf`: one cache per row), but this class does not batch contexts yet.
+- batch_size (lm-eval's --batch_size): contexts scored or generated together, default 1; "auto" detects it
+  once, as HFLM's auto does (on CUDA the largest of --max_batch_size, default 64, halving until a forward of that
+  many max_length prompts fits; on the CPU, which raises no out-of-memory error, --max_batch_size itself); auto:N
+  is refused. A batch runs its contexts through one forward of the model at a time, each context's cache its own
+  (`pnmix.ragged.RaggedBatch`: each row takes only its own tokens, at its own positions), longest contexts first:
+  the prompts, then the decode sections chunk by chunk, then every context's r-th continuation for each r (each
+  cache rolled back after it), or one greedy token of every unfinished generation. Each row computes what it
+  computes alone, up to the float sums of a batched matmul (log-likelihoods within 1e-4 of batch_size=1, tested);
+  an implementation whose caches have no checkpoints takes batch_size=1 only.
 Everything that can be checked before the weights load is checked first (`benchmarks.accuracy.model_args`), each refusal
 one line naming the argument: the method or implementation, the overrides and their types, the
 model path and its file as it will load (`benchmarks.commands.preflight.model_problem`: a GGUF's header and
@@ -100,13 +106,17 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from tqdm import tqdm
 
 from benchmarks.accuracy.model_args import (
+    AUTO,
+    AUTO_START,
     NO_TEMPLATE,
     UNSCORED,
+    ModelArgsError,
     Settings,
     check,
     check_model,
     check_source,
     context_tags,
+    rows_per_batch,
 )
 from benchmarks.commands.heap import trimmed
 from benchmarks.tasks import DECODE_MARK
@@ -246,6 +256,7 @@ class PNMixLM(TemplateLM):
         self._cache_argument = cache_argument(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._origin: dict = {}  # request args -> (task, doc id), for refusals
+        self._batch_size = self._checked_batch_size()
 
     # -- several processes (lm-eval's own calls; one process: what lm-eval's LM does) ------------
 
@@ -282,6 +293,7 @@ class PNMixLM(TemplateLM):
         self.config, self._max_length = check_model(settings, base.model.config)
         self.model, self.tokenizer, self._device = base.model, base.tokenizer, base._device
         self._cache_argument, self._keeps_logits, self._origin = base._cache_argument, base._keeps_logits, {}
+        self._batch_size = self._checked_batch_size()
 
     def set_cache_hook(self, cache_hook) -> None:
         """lm-eval's request cache (use_cache=BASE: `CachingLM` hands its database here before any lookup)
@@ -387,6 +399,86 @@ class PNMixLM(TemplateLM):
             }
         }
 
+    # -- batches ------------------------------------------------------------------------------------
+
+    def _checked_batch_size(self) -> int | str:
+        """model_args batch_size (`rows_per_batch`), refused above 1 where the caches cannot roll back: a batch
+        scores each row's continuations from its one pass over the context."""
+        size = rows_per_batch(self.settings.options)
+        if size != 1 and not self.rewindable:
+            raise ModelArgsError(
+                f"model_args batch_size={self.settings.options.batch_size}: the caches of "
+                f"impl={self.settings.options.impl} have no checkpoints (the protocol's optional checkpoint/"
+                "roll_back/release), which a batch needs to score each context's continuations; use batch_size=1"
+            )
+        return size
+
+    @functools.cached_property
+    def batch_size(self) -> int:
+        """Contexts per forward: model_args batch_size, or what batch_size=auto found (once, as HFLM's auto): on
+        CUDA the largest of max_batch_size (default 64), halved until a forward of that many max_length prompts
+        through FP16 caches (more memory than any method's) fits; on the CPU, which raises no out-of-memory error
+        to detect, max_batch_size itself."""
+        if self._batch_size != AUTO:
+            return self._batch_size
+        start = self.settings.options.max_batch_size or AUTO_START
+        size = start if self.device.type != "cuda" else largest_fitting(self._try_rows, start)
+        log.info("batch_size=auto: %d contexts per forward (%s)", size, self.device)
+        return size
+
+    def _try_rows(self, n: int) -> None:
+        """One forward of `n` prompts of max_length tokens through FP16 caches, all dropped after it."""
+        from pnmix.hf import PNMixHFCache  # deferred: transformers takes seconds to import
+        from pnmix.ragged import RaggedBatch  # deferred: transformers takes seconds to import
+
+        fp16 = methods.config(FP16, pair_layout=self.config.pair_layout)
+        caches = [PNMixHFCache(self.model.config, fp16, backend="reference", **self._pair_layout) for _ in range(n)]
+        RaggedBatch(caches).forward(self.model, [[self.prefix_token_id] * self.max_length] * n, last_only=True)
+
+    def _contexts(self, contexts: list[tuple[str, list[int], int]]):
+        """(RaggedBatch, logits [vocab] at each context's last position) of (text, tokens, prompt) contexts in one
+        batch: the prompts in one forward, then every decode section chunk by chunk, each row as `_context` runs
+        it alone."""
+        from pnmix.ragged import RaggedBatch  # deferred: transformers takes seconds to import
+
+        batch = RaggedBatch([self._new_cache(text, ids) for text, ids, _ in contexts])
+        lasts = batch.forward(self.model, [ids[:prompt] for _, ids, prompt in contexts], last_only=True)
+        after = self._feed(batch, [ids[prompt:] for _, ids, prompt in contexts], last_only=True)
+        return batch, [(last if more is None else more)[-1] for last, more in zip(lasts, after, strict=True)]
+
+    def _feed(self, batch, tokens: list[list[int] | None], last_only: bool) -> list:
+        """Every row's `tokens` as decode steps, `_step` a forward for every row at once: per row, the logits of
+        every token (or of the last), None for a row given none."""
+        out: list[list[torch.Tensor]] = [[] for _ in tokens]
+        for i in range(0, max((len(t) for t in tokens if t), default=0), self._step):
+            part = [t[i : i + self._step] if t and len(t) > i else None for t in tokens]
+            for b, logits in enumerate(batch.forward(self.model, part, last_only)):
+                if logits is not None:
+                    out[b].append(logits)
+        return [None if not o else o[-1][-1:] if last_only else torch.cat(o) for o in out]
+
+    def _score_batches(self, groups: list, requests, results: list, bar) -> None:
+        """`_loglikelihood_tokens` in batches of `batch_size` contexts, longest first (as HFLM orders them: one
+        batch holds contexts of like length, and the first shows whether memory suffices): the contexts as
+        `_contexts` runs them, then their r-th continuations in one batch for each r, each row rolled back to its
+        checkpoint after it."""
+        groups = sorted(groups, key=lambda group: -len(group[0][0]))
+        for first in trimmed(range(0, len(groups), self.batch_size)):
+            part = groups[first : first + self.batch_size]
+            contexts = [(_text(requests[m[0]][0]), list(ctx), prompt) for (ctx, prompt), m in part]
+            batch, lasts = self._contexts(contexts)
+            saved = [cache.checkpoint() for cache in batch.caches]
+            continuations = [[requests[i][2] for i in members] for _, members in part]
+            for r in range(max(len(c) for c in continuations)):
+                fed = [c[r][:-1] if r < len(c) else None for c in continuations]
+                rests = self._feed(batch, fed, last_only=False)
+                for b, (_, members) in enumerate(part):
+                    if r < len(members):
+                        scored = self._log_p(lasts[b], rests[b], continuations[b][r])
+                        self._scored(requests, results, members[r], scored)
+                        batch.caches[b].roll_back(saved[b])
+                bar.update(sum(r < len(m) for _, m in part))
+
     # -- running a sequence through the cache ------------------------------------------------------
 
     @property
@@ -401,6 +493,11 @@ class PNMixLM(TemplateLM):
         """Whether the continuations of one context share one pass over it (the caches' optional
         checkpoints, `pnmix.hf.rewindable`); otherwise the context runs again for each."""
         return self._features[1]
+
+    @property
+    def _step(self) -> int:
+        """Decode tokens per forward: `chunk`, or one where the caches do not attend stepwise."""
+        return self.settings.options.chunk if self.stepwise else 1
 
     @functools.cached_property
     def _features(self) -> tuple[bool, bool]:
@@ -455,8 +552,7 @@ class PNMixLM(TemplateLM):
 
     def _decode(self, ids: list[int], cache, last_only: bool) -> torch.Tensor | None:
         """Feed `ids` as decode steps, `chunk` a forward (one with impl=): the logits of every one, or of the last."""
-        step = self.settings.options.chunk if self.stepwise else 1
-        rows = [self._forward(ids[i : i + step], cache, last_only) for i in range(0, len(ids), step)]
+        rows = [self._forward(ids[i : i + self._step], cache, last_only) for i in range(0, len(ids), self._step)]
         if not rows:
             return None
         return rows[-1][-1:] if last_only else torch.cat(rows)
@@ -585,21 +681,29 @@ class PNMixLM(TemplateLM):
             groups.setdefault((tuple(context_enc), prompt), []).append(i)
         results: list = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="pnmix loglikelihood")
-        for (context_enc, prompt), members in trimmed(groups.items()):
-            args = requests[members[0]][0]
-            # the text _encode_pair encoded: marks removed, trailing spaces moved into the continuation
-            text = "" if args is None else args[0].replace(DECODE_MARK, "").rstrip()
-            start = functools.partial(self._context, text, list(context_enc), prompt)
-            for i, scored in zip(members, self.score(start, [requests[i][2] for i in members]), strict=True):
-                results[i] = scored
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], scored)
-            bar.update(len(members))
+        if self.batch_size > 1:
+            self._score_batches(list(groups.items()), requests, results, bar)
+        else:
+            for (context_enc, prompt), members in trimmed(groups.items()):
+                start = functools.partial(self._context, _text(requests[members[0]][0]), list(context_enc), prompt)
+                for i, scored in zip(members, self.score(start, [requests[i][2] for i in members]), strict=True):
+                    self._scored(requests, results, i, scored)
+                bar.update(len(members))
         bar.close()
         return results
 
+    def _scored(self, requests, results: list, i: int, scored: tuple[float, bool]) -> None:
+        results[i] = scored
+        if requests[i][0] is not None:
+            self.cache_hook.add_partial("loglikelihood", requests[i][0], scored)
+
     def _score(self, cache, last: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
-        rest = self._decode(continuation[:-1], cache, last_only=False)
+        return self._log_p(last, self._decode(continuation[:-1], cache, last_only=False), continuation)
+
+    @staticmethod
+    def _log_p(last: torch.Tensor, rest: torch.Tensor | None, continuation: list[int]) -> tuple[float, bool]:
+        """(log p, is greedy) of `continuation` from the logits before its first token (`last`) and at each of its
+        tokens but the last (`rest`)."""
         logits = last[None] if rest is None else torch.cat([last[None], rest])
         log_p = torch.log_softmax(logits.double(), dim=-1)
         target = torch.tensor(continuation, device=log_p.device)
@@ -632,12 +736,42 @@ class PNMixLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy decoding through the cache, one token a forward, until a stop string (and the end-of-text
         token, as HFLM adds it), the end-of-text token or max_gen_toks."""
+        if self.batch_size > 1:
+            return self._generate_batches(requests, disable_tqdm)
         out = []
         for request in trimmed(tqdm(requests, disable=disable_tqdm, desc="pnmix generate_until")):
             ask = self.generation(request)
             cache, last = self._context(ask.text, ask.context_enc, ask.prompt)
             out.append(self.generated(cache, last, ask))
             self.cache_hook.add_partial("generate_until", request.args, out[-1])
+        return out
+
+    def _generate_batches(self, requests, disable_tqdm: bool) -> list[str]:
+        """`generate_until` in batches of `batch_size` requests, longest context first: the contexts as `_contexts`
+        runs them, then one greedy token for every unfinished row a forward, each row stopping on its own."""
+        asks = [self.generation(request) for request in requests]
+        order = sorted(range(len(asks)), key=lambda i: -len(asks[i].context_enc))
+        out: list = [None] * len(asks)
+        bar = tqdm(total=len(asks), disable=disable_tqdm, desc="pnmix generate_until")
+        for first in trimmed(range(0, len(order), self.batch_size)):
+            rows = order[first : first + self.batch_size]
+            batch, lasts = self._contexts([(asks[i].text, asks[i].context_enc, asks[i].prompt) for i in rows])
+            tokens: list[list[int]] = [[] for _ in rows]
+            done = [False] * len(rows)
+            while not all(done):
+                for b, i in enumerate(rows):
+                    if not done[b]:
+                        tokens[b].append(int(lasts[b].argmax()))
+                        done[b] = self._stops(tokens[b], asks[i].limit, asks[i].until)
+                if not all(done):
+                    fed = [None if stop else t[-1:] for stop, t in zip(done, tokens, strict=True)]
+                    new = batch.forward(self.model, fed, last_only=True)
+                    lasts = [last if more is None else more[-1] for last, more in zip(lasts, new, strict=True)]
+            for b, i in enumerate(rows):
+                out[i] = postprocess_generated_text(self.tok_decode(tokens[b]), asks[i].until, None)
+                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+            bar.update(len(rows))
+        bar.close()
         return out
 
     def generation(self, request) -> Generation:
@@ -667,8 +801,33 @@ class PNMixLM(TemplateLM):
         tokens: list[int] = []
         while True:
             tokens.append(int(last.argmax()))
-            if tokens[-1] == self.eot_token_id or len(tokens) >= limit:
-                return tokens
-            if any(s and s in self.tok_decode(tokens) for s in until):
+            if self._stops(tokens, limit, until):
                 return tokens
             last = self._forward(tokens[-1:], cache, last_only=True)[-1]
+
+    def _stops(self, tokens: list[int], limit: int, until: list[str]) -> bool:
+        """Whether greedy decoding ends after `tokens`: the end-of-text token, max_gen_toks, or a stop string."""
+        if tokens[-1] == self.eot_token_id or len(tokens) >= limit:
+            return True
+        return any(s and s in self.tok_decode(tokens) for s in until)
+
+
+def _text(args) -> str:
+    """The text `_encode_pair` encoded of a request's (context, continuation) args: marks removed, trailing spaces
+    moved into the continuation ("" for a rolling window's, which has no args)."""
+    return "" if args is None else args[0].replace(DECODE_MARK, "").rstrip()
+
+
+def largest_fitting(attempt, start: int) -> int:
+    """The largest of start, start // 2, ..., 1 for which `attempt(n)` raises no CUDA out-of-memory error (as HFLM's
+    batch_size=auto halves); out of memory at 1 is raised."""
+    n = start
+    while True:
+        try:
+            attempt(n)
+            return n
+        except torch.cuda.OutOfMemoryError:
+            if n == 1:
+                raise
+            n //= 2
+            torch.cuda.empty_cache()

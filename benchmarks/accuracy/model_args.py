@@ -57,8 +57,8 @@ class Options:
     dtype: str | None = None
     device: str | None = None
     chunk: int = 256
-    batch_size: int | str = 1
-    max_batch_size: int | None = None  # lm-eval passes it; unused (no batches)
+    batch_size: int | str = 1  # contexts per forward (`rows_per_batch`), or "auto"
+    max_batch_size: int | None = None  # lm-eval's --max_batch_size: where batch_size=auto starts
     trust_remote_code: bool = False  # lm-eval passes it; nothing remote is ever loaded
 
 
@@ -262,16 +262,36 @@ def _template(value: str | None) -> str | None:
     return path.read_text()
 
 
+#: batch_size=auto: detected on CUDA (`PNMixLM` halves from max_batch_size until a batch of max_length fits).
+AUTO = "auto"
+#: Where batch_size=auto starts without --max_batch_size (lm-eval's HFLM starts there too).
+AUTO_START = 64
+
+
+def rows_per_batch(options: Options) -> int | str:
+    """model_args batch_size as lm-eval gives it (an int, its text, or "auto"): a positive int, or AUTO."""
+    value = options.batch_size
+    if options.max_batch_size is not None and options.max_batch_size < 1:
+        raise ModelArgsError(f"max_batch_size={options.max_batch_size}: expected a positive int")
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 1:
+        return text
+    if isinstance(text, str) and text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ModelArgsError(
+        f"model_args batch_size={value!r}: expected a positive int or 'auto' (lm-eval's auto:N, detected again N "
+        "times over a run, is not taken: give auto or a number)"
+    )
+
+
 def check(model_args: dict) -> Settings:
     """Every model_args check that needs no weights (module doc); ModelArgsError otherwise."""
     names = {f.name for f in dataclasses.fields(Options)}
     options = Options(**typed(Options, {k: v for k, v in model_args.items() if k in names}))
     overrides = {k: v for k, v in model_args.items() if k not in names}
-    if options.batch_size not in (1, "1"):
-        raise ModelArgsError(
-            f"model_args batch_size={options.batch_size}: pnmix scores one context at a time (its continuations "
-            "share one pass over it); use 1"
-        )
+    rows_per_batch(options)
     for name in ("chunk", "max_length"):
         value = getattr(options, name)
         if value is not None and value < 1:

@@ -237,7 +237,7 @@ def test_overrides_apply_on_top_of_the_method_and_an_implementations_preset(tiny
         ({"group_size": 64.0}, "group_size=64.0: expected an int"),
         ({"frobnicate": 1}, "frobnicate=1: neither an option"),
         ({"group_size": 12}, "group_size=12"),  # the configuration's own check, naming the override
-        ({"batch_size": 8}, "batch_size=8"),
+        ({"batch_size": "auto:2"}, "batch_size='auto:2'"),
         ({"budget": 3.5}, "budget/allocation with method=PN-Mix"),
         ({"method": "TriAxialKV", "allocation": "ALLOC"}, "budget=None: a.json allocates bits at budgets [3.5, 4.0]"),
         ({"method": "TriAxialKV", "allocation": "ALLOC", "budget": 3.5, "group_size": 64}, "group_size=64"),
