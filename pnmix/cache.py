@@ -135,7 +135,8 @@ class _Checkpoint:
 
     host: tuple
     rows: dict[str, tuple[_Rows, torch.Tensor, int]]
-    overwritten: list[tuple[_Rows, torch.Tensor]] = dataclasses.field(default_factory=list)
+    # (buffer, the tensor written, what its held rows held): a selection since may have replaced the tensor
+    overwritten: list[tuple[_Rows, torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
 
 
 class _NoBackward(torch.autograd.Function):
@@ -366,7 +367,15 @@ class PNMixCache:
         (a static residual after a flush) logs what it overwrote in every open checkpoint. Taking
         one adds no device work (a decode step stays capturable)."""
         cp = _Checkpoint(
-            (self.length, self.saliency_computations, self.cache_layout, self._counts, dict(self._fixed)),
+            (
+                self.length,
+                self.saliency_computations,
+                self.cache_layout,
+                self._counts,
+                dict(self._fixed),
+                self._high_index,
+                self._semaphores,
+            ),
             {name: (r, r.data, r.used) for name, r in self._rows.items()},
         )
         self._open.append(cp)
@@ -375,12 +384,21 @@ class PNMixCache:
     def roll_back(self, cp: _Checkpoint) -> None:
         """Back to the state of `cp`, which stays open (the continuations of one context each return to
         it); the checkpoints taken after it are dropped. Rewrites the device counts."""
-        self.length, self.saliency_computations, self.cache_layout, self._counts, self._fixed = cp.host
+        (
+            self.length,
+            self.saliency_computations,
+            self.cache_layout,
+            self._counts,
+            self._fixed,
+            self._high_index,
+            self._semaphores,
+        ) = cp.host
         self._rows = {name: r for name, (r, _, _) in cp.rows.items()}
         for r, data, used in cp.rows.values():
             r.data, r.used = data, used
-        for r, old in reversed(cp.overwritten):
-            r.data[:, :, : old.shape[2]] = old
+        for r, written, old in reversed(cp.overwritten):
+            if r.data is written:  # else written after a selection, in a tensor this state does not hold
+                r.data[:, :, : old.shape[2]] = old
         if self._counts is not None:
             self._counts.copy_(torch.tensor([*self.layout[:LAYOUT_COUNTS], 0], dtype=torch.int32))
         cp.overwritten.clear()  # restored: what is overwritten from here on is logged afresh
@@ -389,6 +407,32 @@ class PNMixCache:
     def release(self, cp: _Checkpoint) -> None:
         """`cp` will not be returned to (its log of overwritten rows is dropped)."""
         self._open.remove(cp)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` ([B'] integers in [0, B), rows may repeat), in that order: beam search's
+        reorder and a batch's expansion or selection (the protocol's optional method, as
+        `reference.ReferenceCache.select_rows`). Every row's selection, groups and scales are its own, so each kept
+        row holds what that row held; a preallocated cache keeps its capacity. Refused for a capturable cache (a
+        captured step holds its buffers' addresses). All or nothing; open checkpoints still return to the rows
+        before it."""
+        self._require_prefill()
+        self._refuse_if_failed()
+        if self._page is not None:
+            raise ValueError(
+                "select_rows: a capturable cache's captured steps hold its buffers' addresses, which a selection "
+                "replaces; build the cache without capturable=True for beam search"
+            )
+        index = validation.check_rows("index", index, self.cache_layout.batch).to(self._device)
+        data = {name: r.data.index_select(0, index) for name, r in self._rows.items()}
+        fixed = {name: t.index_select(0, index) for name, t in self._fixed.items()}
+        high = None if self._high_index is None else self._high_index.index_select(0, index)
+        semaphores = None
+        if self._semaphores is not None:  # zero between launches: only their number follows the batch
+            semaphores = self._semaphores.new_zeros(index.numel() * self.cache_layout.kv_heads)
+        for name, r in self._rows.items():  # nothing above changed the cache; from here nothing can fail
+            r.data = data[name]
+        self._fixed, self._high_index, self._semaphores = fixed, high, semaphores
+        self.cache_layout = dataclasses.replace(self.cache_layout, batch=index.numel())
 
     def _check_capturable(self, t: object) -> None:
         if self.check_finite == "eager" and isinstance(t, torch.Tensor) and _capturing(t):
@@ -468,7 +512,7 @@ class PNMixCache:
             quantize(queue[:, :, :flush].contiguous())
             if rows.static:  # overwrites the held rows: they are the head of the queue
                 for cp in self._open:
-                    cp.overwritten.append((rows, queue[:, :, : rows.used]))
+                    cp.overwritten.append((rows, rows.data, queue[:, :, : rows.used]))
             rows.replace(queue[:, :, flush:])
         if self.code_order == "fragment" and step.flush:
             self._reorder({name: self._page_rows(name, first, step.flush) for name in REORDERED})

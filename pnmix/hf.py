@@ -790,6 +790,9 @@ class PNMixHFCache(Cache):
         except BaseException:
             self.roll_back(saved)
             raise
+        finally:  # a checkpoint left open would log every later overwrite of a preallocated buffer
+            for layer, state in zip(self.layers, saved, strict=True):
+                layer.release(state)
         self._drop_last()  # its checkpoints hold the rows before the selection
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:

@@ -82,27 +82,56 @@ def test_fp16_beam_search_is_dynamic_caches(model_type, extra):
     assert got.shape == expected.shape and cache.get_seq_length() == expected.shape[1] - 1
 
 
+def test_beam_search_runs_on_the_triton_cache():
+    model = small_model("llama").to(torch.float16)
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("pnmix")
+    cache = hf.PNMixHFCache(model.config, _config(model, "PN-Mix"), backend="triton")
+    got = generate(model, ids, cache, **BEAMS)
+    assert got.shape[0] == BEAMS["num_return_sequences"] and cache.layers[0].cache.layout.n_quantized > 0
+    assert cache.layers[0].keys.shape[0] == BEAMS["num_beams"]
+
+
 def _batch_forward(model, cache, ids):
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
         model(input_ids=ids[:, :3], past_key_values=cache, use_cache=True)
 
 
-@pytest.mark.parametrize("method", ["PN-Mix", "KIVI-2", "Kitty", "FP16"])
-def test_selected_rows_hold_what_those_rows_hold_alone(method):
+SELECTION_CASES = [(m, "reference", None) for m in ("PN-Mix", "KIVI-2", "Kitty", "FP16")] + [
+    ("PN-Mix", "triton", None),
+    ("PN-Mix", "triton", 64),  # preallocated: the selection keeps the capacity, a later flush overwrites held rows
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "backend", "capacity"), SELECTION_CASES, ids=[f"{m}-{b}-{c or 'dynamic'}" for m, b, c in SELECTION_CASES]
+)
+def test_selected_rows_hold_what_those_rows_hold_alone(method, backend, capacity):
     model = small_model("llama")
     model.set_attn_implementation("pnmix")
+    dtype = torch.float16 if backend == "triton" else torch.float32  # what each backend's caches take
+    model = model.to(dtype)
     config = _config(model, method)
     ids = torch.randint(3, 128, (3, 21), generator=torch.Generator().manual_seed(2))
     rows = torch.tensor([2, 0, 2, 1])
-    selected, alone = (hf.PNMixHFCache(model.config, config, backend="reference") for _ in range(2))
+    selected, alone = (hf.PNMixHFCache(model.config, config, backend=backend, max_cache_len=capacity) for _ in range(2))
     _batch_forward(model, selected, ids)
+    before = selected.checkpoint()  # open across the selection and a flush after it: still returns to 3 rows
     selected.select_rows(rows)
     _batch_forward(model, alone, ids[rows])
     for i, (mine, theirs) in enumerate(zip(selected.layers, alone.layers, strict=True)):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values), f"layer {i}"
-    q = torch.randn(4, 4, 1, 16)
+    q = torch.randn(4, 4, 1, 16, dtype=dtype)
     torch.testing.assert_close(selected.layers[1].cache.attend(q), alone.layers[1].cache.attend(q), rtol=0, atol=0)
+    step = torch.randint(3, 128, (4, 9), generator=torch.Generator().manual_seed(3))  # 21 + 3 + 9: a page flushes
+    for cache in (selected, alone):
+        with torch.no_grad():
+            model(input_ids=step, past_key_values=cache, use_cache=True)
+    for i, (mine, theirs) in enumerate(zip(selected.layers, alone.layers, strict=True)):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values), f"layer {i} after"
+    selected.roll_back(before)
+    assert selected.layers[1].keys.shape[0] == 3 and selected.get_seq_length() == 24
 
 
 def _held(cache) -> list:
