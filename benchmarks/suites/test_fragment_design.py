@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.conftest import points
 from benchmarks.efficiency import harness
 from benchmarks.efficiency.workloads import SCALES, kernel_fragment
+from benchmarks.plugin import points
 from reference import PNMixConfig, token_layout
 
 KV_HEADS, GQA = 8, 4  # one Qwen3-8B layer

@@ -27,9 +27,9 @@ import time
 import pytest
 import torch
 
-from benchmarks.conftest import points, skip_unclaimed
 from benchmarks.efficiency import compiled, harness
 from benchmarks.efficiency.workloads import SCALES, kernel_decode, kernel_launch
+from benchmarks.plugin import points, skip_unclaimed
 from conformance.harness import judge
 from pnmix import _runtime
 from reference import storage_model

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.conftest import points
 from benchmarks.efficiency import harness
 from benchmarks.efficiency.workloads import SCALES, kernel_ptx
+from benchmarks.plugin import points
 from benchmarks.suites.test_kernels import bytes_read
 from conformance.harness import judge
 

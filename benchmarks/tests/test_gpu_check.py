@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.commands import gpu_check, ncu, specializations
-from benchmarks.conftest import points
+from benchmarks.plugin import points
 from reference.records import device_name
 
 

@@ -1,6 +1,7 @@
-"""The suite from an installed package: a wheel of this repository, installed in a fresh virtual environment, runs
-`pytest --pyargs conformance --impl fp16 --hypothesis-profile ci` to a verdict, away from the checkout. The plug-in
-comes in through its pytest11 entry point, the known-failure files as package data.
+"""The suites from an installed package: a wheel of this repository, installed in a fresh virtual environment, runs
+`pytest --pyargs conformance --impl fp16 --hypothesis-profile ci` to a verdict, and a benchmark suite with
+`pytest --pyargs benchmarks.suites...`, away from the checkout. The plug-ins come in through their pytest11 entry
+points, the known-failure files as package data; in another project they change nothing.
 
 The fresh environment takes this package from the wheel alone; its dependencies (torch, hypothesis, ...) come from
 the test environment's site-packages through a path file, so the test needs no download (a path file's folder is
@@ -68,11 +69,19 @@ def test_the_installed_wheel_runs_the_suite_to_a_verdict(tmp_path):
     assert all(r["module"].startswith("conformance/test_p") for r in results), {r["module"] for r in results}
     assert {r["outcome"] for r in results} <= {"passed", "skipped", "measured", "xfailed"}
     assert sum(r["outcome"] == "passed" for r in results) >= 20
+    bench = tmp_path / "bench.json"
+    argv = [str(python), "-m", "pytest", "--pyargs", "benchmarks.suites.test_fig6_memory", "-k", "feasibility"]
+    options = ["--bench-scale", "tiny", "--benchmark-only", "--pnmix-budget-gib", "0", "--benchmark-json", str(bench)]
+    proc = _run([*argv, *options, "-p", "no:cacheprovider", "-q"], work)
+    assert "1 passed" in proc.stdout and "PN-Mix memory feasibility model" in proc.stdout, proc.stdout[-2000:]
+    (timed,) = json.loads(bench.read_text())["benchmarks"]
+    assert timed["group"] == "fig6-model" and timed["extra_info"]["suite"] == "fig6-model"
 
 
 UNRELATED_CONFTEST = """
 def pytest_addoption(parser):
-    parser.addoption("--device", default="theirs")  # a name many projects use
+    for name in ("--device", "--model-path", "--budget-gib", "--share-gpu", "--eval-speed"):  # names many use
+        parser.addoption(name, default="theirs")
 """
 UNRELATED_TEST = """
 import pytest
@@ -83,24 +92,35 @@ def impl():
     return "theirs"
 
 
-def test_their_own(impl, request):
-    assert impl == "theirs" and request.config.getoption("--device") == "theirs"
+@pytest.fixture
+def record():
+    return "theirs"
+
+
+def test_their_own(impl, record, request):
+    options = [request.config.getoption(name) for name in ("--device", "--model-path", "--budget-gib")]
+    assert impl == record == "theirs" and options == ["theirs"] * 3
     import sys
 
+    from benchmarks import plugin
+
     assert "pnmix.protocol" not in sys.modules  # no implementation was loaded (the Triton ones live there)
+    assert not plugin.active(request.config)  # no GPU taken, no memory capped
 """
 
 
 def test_the_plugin_changes_nothing_in_a_project_that_is_not_the_suite(tmp_path):
-    """Installed, the plug-in is loaded by every pytest run of the environment: in another project (its own
-    --device option, its own `impl` fixture) it loads no implementation, parametrizes nothing, writes nothing."""
+    """Installed, the plug-ins are loaded by every pytest run of the environment: in another project (its own
+    --device, --model-path, --budget-gib, ... options, its own `impl` and `record` fixtures) they load no
+    implementation, take no GPU, parametrize nothing, print nothing, write nothing."""
     (tmp_path / "conftest.py").write_text(UNRELATED_CONFTEST)
     (tmp_path / "test_theirs.py").write_text(UNRELATED_TEST)
     before = sorted(p.name for p in tmp_path.iterdir())
     pytest_in = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-    assert "--pnmix-device" in _run([*pytest_in, "--help"], tmp_path).stdout  # loaded, through its entry point
+    helped = _run([*pytest_in, "--help"], tmp_path).stdout
+    assert "--pnmix-device" in helped and "--pnmix-budget-gib" in helped  # loaded, through their entry points
     proc = _run([*pytest_in, "-q", "-rA"], tmp_path)
     assert "1 passed" in proc.stdout and "test_their_own[" not in proc.stdout, proc.stdout
-    assert "pnmix conformance" not in proc.stdout
+    assert "pnmix conformance" not in proc.stdout and "PN-Mix memory" not in proc.stdout
     theirs = {"__pycache__", ".benchmarks"}  # Python's, and pytest-benchmark's storage, which it makes in any project
     assert sorted(p.name for p in tmp_path.iterdir() if p.name not in theirs) == before

@@ -1,8 +1,17 @@
-"""Options and fixtures of the benchmark suites (`benchmarks/suites/`).
+"""pytest plug-in of the benchmark suites (`benchmarks/suites/`): their options, fixtures and hooks. Registered as
+the `pytest11` entry point named `benchmarks.plugin` (`benchmarks.entry`, which loads this module where the `test`
+extra is installed), so that an installed package runs the suites (`pytest --pyargs benchmarks.suites
+--benchmark-only ...`), and named by the repository's root conftest.py for a checkout that is not installed.
 
     pytest benchmarks --benchmark-only [--bench-scale full|tiny|all] [--budget-gib 40]
         [--throughput-protocol sampled|full] [--model-path DIR] [--share-gpu] [--impl NAME ...]
         --benchmark-json PATH
+
+Installed, it is loaded by every pytest run of the environment, so it stays inert unless the run is the suites':
+a path of the run (or a --pyargs name) inside `benchmarks/suites` or above it (`conformance.runs.runs_inside`).
+Inert, it adds its options and a marker and nothing else: no GPU is taken, no implementation is loaded, nothing is
+printed. Options whose names other projects use too are the plug-in's as --pnmix-budget-gib, --pnmix-eval-speed,
+--pnmix-model-path and --pnmix-share-gpu; the repository's conftest adds the short names (`add_short_names`).
 
 Full-scale points need CUDA and skip without it; tiny points run wherever the suite runs
 (CUDA if present, else the CPU under the Triton interpreter). The figures are in each
@@ -26,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,7 +43,12 @@ from tabulate import tabulate
 
 from benchmarks.efficiency import extra_info, harness, memory, plugins
 from benchmarks.efficiency.workloads import SCALES, in_short_sweep
+from conformance.runs import runs_inside
 from reference import records
+
+#: The suites' folder: a run whose paths (or --pyargs names) reach it is the suites' run (`active`).
+SUITES_DIR = Path(__file__).parent.joinpath("suites").resolve()
+SUITES_MODULE = "benchmarks.suites"
 
 OPTIONS = {
     "--bench-scale": (
@@ -65,14 +80,48 @@ OPTIONS = {
 }
 
 
+#: Options named as other projects may name theirs: --pnmix-NAME here, NAME in the repository (`add_short_names`).
+SHARED_NAMES = ("--budget-gib", "--eval-speed", "--model-path", "--share-gpu")
+
+
+def dest(name: str) -> str:
+    """Where an option's value is read (`config.getoption(dest(name))`), whichever name set it: prefixed, since
+    pytest refuses a second option of the same destination (another project's --model-path has model_path)."""
+    return "pnmix_" + name.removeprefix("--").replace("-", "_")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pnmix benchmarks")
     for name, (kwargs, text) in OPTIONS.items():
-        group.addoption(name, help=text, **kwargs)
+        flag = "--pnmix-" + name.removeprefix("--") if name in SHARED_NAMES else name
+        group.addoption(
+            flag, dest=dest(name), help=text + ("" if flag == name else f"; in the repository {name}"), **kwargs
+        )
+
+
+def add_short_names(parser: pytest.Parser) -> None:
+    """The repository's names of the options an installed plug-in registers as --pnmix-NAME (one setting each)."""
+    for name in SHARED_NAMES:
+        kwargs, text = OPTIONS[name]
+        parser.addoption(name, dest=dest(name), help=text, **kwargs)
+
+
+_ACTIVE = pytest.StashKey[bool]()
+_SUITE_TESTS = pytest.StashKey[set]()  # node ids of the suites' tests collected in this run
+
+
+def active(config: pytest.Config) -> bool:
+    """Whether this run is the suites' (module doc): otherwise the plug-in changes nothing."""
+    if _ACTIVE not in config.stash:
+        config.stash[_ACTIVE] = runs_inside(config, SUITES_DIR, SUITES_MODULE)
+    return config.stash[_ACTIVE]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scale, short = config.getoption("--bench-scale"), config.getoption("--bench-sweep") == "short"
+    config.stash[_SUITE_TESTS] = {i.nodeid for i in items if Path(i.path).resolve().is_relative_to(SUITES_DIR)}
+    if not active(config):
+        return
+    scale, short = config.getoption(dest("--bench-scale")), config.getoption(dest("--bench-sweep")) == "short"
     named = config.stash[_PLUGINS]
 
     def wanted(work) -> bool:
@@ -116,13 +165,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "bench_points(workloads=fn): the test's `work` is every point of workloads, and of each --impl"
     )
-    try:  # --impl is the conformance suite's option (root conftest); without its plug-in, PNMIX_IMPL alone
+    config.stash[_PLUGINS] = {}
+    if not active(config):
+        return
+    try:  # --impl is the conformance plug-in's option; without that plug-in, PNMIX_IMPL alone
         config.stash[_PLUGINS] = plugins.load(plugins.requested(config.getoption("--impl", default=None) or []))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     # Decided at start-up, so that a worker without a GPU of its own stops the run with the reason.
     if torch.cuda.is_available():
-        worker, share = os.environ.get("PYTEST_XDIST_WORKER"), config.getoption("--share-gpu")
+        worker, share = os.environ.get("PYTEST_XDIST_WORKER"), config.getoption(dest("--share-gpu"))
         try:
             config.stash[_GPU_INDEX] = harness.worker_gpu(worker, torch.cuda.device_count(), share)
         except ValueError as error:
@@ -139,9 +191,9 @@ class GpuSession:
 
 @pytest.fixture(scope="session", autouse=True)
 def gpu_session(pytestconfig) -> GpuSession:
-    """This process's GPU and memory cap, set before the first test of the session runs."""
-    requested = pytestconfig.getoption("--budget-gib")
-    if not torch.cuda.is_available():
+    """This process's GPU and memory cap, set before the first test of the session runs (the suites' run only)."""
+    requested = pytestconfig.getoption(dest("--budget-gib"))
+    if not active(pytestconfig) or not torch.cuda.is_available():
         return GpuSession(torch.device("cpu"), False, None, requested)
     device, cap = harness.take_gpu(pytestconfig.stash[_GPU_INDEX], requested)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -176,7 +228,7 @@ class Models:
 
 @pytest.fixture(scope="session")
 def models(pytestconfig, bench_device) -> Models:
-    return Models(bench_device, pytestconfig.getoption("--model-path"))
+    return Models(bench_device, pytestconfig.getoption(dest("--model-path")))
 
 
 @pytest.fixture(scope="session")
@@ -263,7 +315,8 @@ def record(request, benchmark, gpu_session, implementations):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not any(r.nodeid.startswith("benchmarks/suites") for r in terminalreporter.stats.get("passed", [])):
+    suites = config.stash.get(_SUITE_TESTS, set())
+    if not active(config) or not any(r.nodeid in suites for r in terminalreporter.stats.get("passed", [])):
         return
     rows = memory.comparison(memory.ARCHITECTURES["Qwen3-8B"])
     terminalreporter.section("PN-Mix memory feasibility model (computed, Qwen3-8B, 40 GiB) vs the paper")
