@@ -1029,8 +1029,8 @@ def _attend(layer, query, key, value, attention_mask, scaling, dropout, **kwargs
         first = layer.get_seq_length() - key.shape[2]  # the position of the first key given
         out = exact_attention(query, key, value, scaling, window, softcap, layer.pads, first)
         if not layer.started:
-            if layer.kept is not None:  # a croppable cache builds a cropped prefill again from its queries
-                layer.kept[0] = query
+            if layer.kept is not None and layer.window is None:  # a cropped prefill is built again from its queries
+                layer.kept[0] = query  # (a windowed layer keeps exact keys and values alone: no queries)
             layer.start(query)
     elif layer.stepwise and isinstance(layer.cache, RowCaches):
         out = layer.cache.attend_stepwise(query, layer._tail, scale=scaling, softcap=softcap)

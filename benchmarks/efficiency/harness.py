@@ -147,7 +147,9 @@ def benchmarked_ms(benchmark, fn: Callable[[], object], device: torch.device, re
         benchmark.pedantic(call, setup=setup, rounds=reps, warmup_rounds=warmup, iterations=1)
     except _Stopped as stop:
         raise stop.error from None
-    readings = CLOCK.readings[first:]
+    finally:
+        readings = CLOCK.readings[first:]
+        CLOCK.readings.clear()  # read once: a session's readings are not kept
     if len(readings) != 2 * (warmup + reps):
         raise RuntimeError(
             "benchmarked_ms: the benchmark's timer is not harness.CLOCK; mark the test "
@@ -179,6 +181,7 @@ def untimed(benchmark) -> None:
         benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     finally:
         CLOCK.void = False
+        CLOCK.readings.clear()
 
 
 def _figures(walls: list[float], gpus: list[float] | None) -> dict:
