@@ -140,6 +140,37 @@ def test_equal_length_and_left_padded_batches_and_right_padding_rejected(smollm)
         generate(model, padded, PNMixHFCache(model.config, PNMixConfig(), backend="reference"), n=2)
 
 
+def test_fp16_follows_dynamic_cache_through_padding_beams_and_prompt_lookup_on_smollm2(smollm):
+    """transformers' own cache behaviours on the real model: a left-padded batch, beam search and prompt-lookup
+    decoding (crops) through FP16 return what `DynamicCache` returns, token for token."""
+    from transformers import DynamicCache
+
+    from pnmix.hf import PNMixHFCache, cache_argument
+    from reference.methods import METHODS
+
+    model, tokenizer = smollm
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # transformers 5.17 reads no padding token from this GGUF (5.24: <|im_end|>)
+        tokenizer.pad_token = "<|im_end|>"
+    padded = tokenizer([PROMPTS[0], PROMPTS[1] + " Explain."], return_tensors="pt", padding=True)
+    repeated = encode(tokenizer, PROMPTS[0] + " " + PROMPTS[0])  # prompt lookup finds candidates in it
+    runs = [
+        (padded, {}),
+        (encode(tokenizer, PROMPTS[1]), {"num_beams": 2}),
+        (repeated, {"prompt_lookup_num_tokens": 3}),
+    ]
+    fp16 = METHODS["FP16"]()
+
+    def run(inputs, how, cache):
+        return model.generate(**inputs, max_new_tokens=8, do_sample=False, **{cache_argument(model): cache}, **how)
+
+    for inputs, how in runs:
+        with exact_attention(model):
+            expected = run(inputs, how, DynamicCache(config=model.config))
+        got = run(inputs, how, PNMixHFCache(model.config, fp16, backend="reference", croppable=True))
+        assert torch.equal(got, expected), how
+
+
 def test_crop_raises(smollm):
     from pnmix.hf import PNMixHFCache, UnsupportedOperation
 

@@ -44,7 +44,7 @@ def small_model(model_type: str, **extra):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            config = CONFIG_MAPPING[model_type](**TINY, **extra)
+            config = CONFIG_MAPPING[model_type](**{**TINY, **extra})  # extra replaces a TINY value
             model_class = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             module = importlib.import_module(model_class.__module__)
         except Exception as error:  # a config that needs more than TINY, a missing optional dependency

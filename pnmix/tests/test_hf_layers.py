@@ -15,6 +15,10 @@ from reference.contract.implementation import ReferenceImplementation
 from reference.methods import METHODS
 
 FAMILIES = [("llama", {}), ("gemma2", {"sliding_window": 8})]
+#: The model configurations on which transformers' own cache behaviours are checked against `DynamicCache`: besides
+#: the two above (Gemma 2 with its logit softcapping and a window), Qwen2, Gemma and an MQA Llama (one KV head).
+CONFIGURATIONS = [*FAMILIES, ("qwen2", {}), ("gemma", {}), ("llama", {"num_key_value_heads": 1})]
+CONFIGURATION_IDS = ["llama", "gemma2-window", "qwen2", "gemma", "llama-mqa"]
 
 
 def _config(model, method: str):
@@ -35,12 +39,12 @@ def _run(model_type: str, extra: dict, method: str, **generation):
     return expected, dynamic, got, cache
 
 
-@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.parametrize(("model_type", "extra"), CONFIGURATIONS, ids=CONFIGURATION_IDS)
 def test_fp16_layers_hold_what_dynamic_caches_layers_hold(model_type, extra):
     expected, dynamic, got, cache = _run(model_type, extra, "FP16")
     assert torch.equal(got, expected)
     assert cache.get_max_length() == dynamic.get_max_length()
-    assert any(layer.is_sliding for layer in dynamic.layers) == bool(extra)
+    assert any(layer.is_sliding for layer in dynamic.layers) == ("sliding_window" in extra)
     for i, (mine, theirs) in enumerate(zip(cache.layers, dynamic.layers, strict=True)):
         assert mine.get_max_length() == theirs.get_max_length(), f"layer {i}"
         if i == 0:  # the same inputs: the same tensors
@@ -72,7 +76,7 @@ def test_a_layer_holds_nothing_before_its_first_update():
 BEAMS = {"num_beams": 3, "num_return_sequences": 2}
 
 
-@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.parametrize(("model_type", "extra"), CONFIGURATIONS, ids=CONFIGURATION_IDS)
 def test_fp16_beam_search_is_dynamic_caches(model_type, extra):
     """Beam search reorders every layer's rows (`reorder_cache`): FP16 through the cache returns the beams
     `DynamicCache` returns, token for token; PN-Mix runs it to the end."""
@@ -242,7 +246,7 @@ def _speculative(model_type: str, extra: dict, method: str, how: str, croppable:
 
 
 @pytest.mark.parametrize("how", sorted(SPECULATION))
-@pytest.mark.parametrize(("model_type", "extra"), FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.parametrize(("model_type", "extra"), CONFIGURATIONS, ids=CONFIGURATION_IDS)
 def test_fp16_speculative_decoding_is_dynamic_caches(model_type, extra, how):
     """Assisted and prompt-lookup decoding crop the candidates the model rejected: FP16 through the cache returns
     what `DynamicCache` returns, token for token, with crops that dropped tokens; PN-Mix runs it to the end."""

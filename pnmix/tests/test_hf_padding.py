@@ -7,7 +7,15 @@ from transformers import DynamicCache
 
 import pnmix.hf as hf
 from pnmix.tests.test_hf_families import small_model
-from pnmix.tests.test_hf_layers import BACKEND_CASES, FAMILIES, _config, _forward, _tokens
+from pnmix.tests.test_hf_layers import (
+    BACKEND_CASES,
+    CONFIGURATION_IDS,
+    CONFIGURATIONS,
+    FAMILIES,
+    _config,
+    _forward,
+    _tokens,
+)
 
 LENGTHS = (30, 21, 12)  # the longest row unpadded, the others padded on the left
 
@@ -32,7 +40,7 @@ def _generate(model, ids, mask, cache):
 
 
 @pytest.mark.parametrize("extra", [0, 3], ids=["padded", "extra-padding"])
-@pytest.mark.parametrize(("model_type", "extra_config"), FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.parametrize(("model_type", "extra_config"), CONFIGURATIONS, ids=CONFIGURATION_IDS)
 def test_fp16_generates_what_dynamic_cache_generates_for_a_padded_batch(model_type, extra_config, extra):
     model = small_model(model_type, **extra_config)
     ids, mask = _padded(LENGTHS, extra)
