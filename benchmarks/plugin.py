@@ -17,9 +17,9 @@ Full-scale points need CUDA and skip without it; tiny points run wherever the su
 (CUDA if present, else the CPU under the Triton interpreter). The figures are in each
 benchmark's `extra_info`. pytest-benchmark's own statistics are the figure where a suite times model steps
 (Fig. 7: the decode step; Fig. 6c: the decode steps at the sampled lengths, or the decode window; grouped
-"SUITE (SCALE)"), so that `pytest-benchmark compare --group-by=group` compares them; the kernel, fragment and
-PTX suites still time the whole point (their figures come from `harness.device_ms`'s held batches
-of calls, which pytest-benchmark's rounds cannot express).
+"SUITE (SCALE)") and where the kernel suites time decode calls (`harness.device_ms`'s per-call device times,
+handed over by `harness.reported_ms`), so that `pytest-benchmark compare --group-by=group` compares them; the
+fragment-order and PTX design suites, which time several variants in one point, time the whole point.
 
 --impl (the conformance suite's option, or its PNMIX_IMPL) adds implementations timed beside the
 built-in methods at the kernel, Fig. 7 and Fig. 6c points (`benchmarks.efficiency.plugins`); a name that

@@ -1,5 +1,6 @@
 """The benchmark suites' result: a pytest-benchmark file whose every benchmark carries the measured figures in its
-`extra_info` (pytest-benchmark's own statistics time the whole point). This module states it once: the shared
+`extra_info` (pytest-benchmark's own statistics are the figure's calls where a suite times them with
+`harness.CLOCK`, else the whole point). This module states it once: the shared
 record every point writes (`record`, filled by the suites' `record` fixture), what each suite adds (`EXTRA_INFO`),
 and the file's schema (`KIND`). Its tables and figures are the report's performance and memory sections, which
 read many such files together.

@@ -387,6 +387,16 @@ def test_oom_before_any_call(benchmark):
 def test_another_timer_is_refused(benchmark):
     with pytest.raises(RuntimeError, match="harness.CLOCK"):
         harness.benchmarked_ms(benchmark, lambda: None, CPU, reps=2, warmup=0)
+
+
+@pytest.mark.benchmark(timer=harness.CLOCK)
+def test_reported(benchmark):
+    harness.reported_ms(benchmark, [1.5, 2.0, 0.25])
+
+
+def test_reported_needs_the_clock(benchmark):
+    with pytest.raises(RuntimeError, match="harness.CLOCK"):
+        harness.reported_ms(benchmark, [1.0])
 """
 
 
@@ -408,6 +418,23 @@ def test_the_benchmark_statistics_are_the_timed_calls_and_a_point_out_of_memory_
     before = rows["test_oom_before_any_call"]
     assert before["extra_info"]["oom"] is True and before["stats"]["rounds"] == 1
     assert math.isnan(before["stats"]["median"])
+    # times measured elsewhere (a kernel's device times) are the statistics, one round each
+    reported = rows["test_reported"]["stats"]
+    assert reported["data"] == pytest.approx([1.5e-3, 2.0e-3, 0.25e-3], rel=1e-9) and reported["rounds"] == 3
+
+
+def test_the_kernel_suite_statistics_are_its_timed_calls(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "kernel.json"
+    suite = [sys.executable, "-m", "pytest", "benchmarks/suites/test_kernels.py", "--bench-scale", "tiny"]
+    argv = [*suite, "-k", "bandwidth and PN-Mix", "-q", "-p", "no:cacheprovider", "--benchmark-json", str(out)]
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (point, *_) = json.loads(out.read_text())["benchmarks"]
+    info, stats = point["extra_info"], point["stats"]
+    assert point["options"]["timer"] == "CLOCK" and stats["rounds"] == info["reps"] == len(info["rounds_ms"])
+    assert [s * 1e3 for s in stats["data"]] == pytest.approx(info["rounds_ms"], rel=1e-9)
+    assert stats["median"] * 1e3 == pytest.approx(info["ms"], rel=1e-9)
 
 
 def test_pytest_benchmark_compare_on_two_runs_of_fig7_prints_their_decode_step_times(tmp_path):

@@ -504,8 +504,9 @@ def _tiny(entries: list[dict]) -> str:
         f"shared with other work, where a point's time can vary several-fold between runs; {one} of "
         f"{len(entries)} points ran one round (no spread measured within the run)." + spread + " wall ms: "
         "pytest-benchmark's median "
-        "over the point's rounds; timed: what a round timed (one decode step, where the suite times the figure's "
-        "calls; else the whole point: building, filling and every timed call); rounds: its min-max over them; "
+        "over the point's rounds; timed: what a round timed (one decode step or one kernel call, where the suite "
+        "times the figure's calls; else the whole point: building, filling and every timed call); rounds: its "
+        "min-max over them; "
         "across runs: the slowest over the fastest median of the same point in the runs given.\n"
     )
     heads = ["suite", "method", "point", "figure", "value", "wall ms", "timed", "rounds", "across runs"]
